@@ -1,0 +1,28 @@
+# Two commands: `make serve` and `make test`. Both install what they need.
+#
+# llama-cpp-python is compiled once into .wheelhouse/ with CPU flags detected
+# from this machine (never AMX). For a GPU or a Mac, set LLAMA_CMAKE_ARGS,
+# e.g. LLAMA_CMAKE_ARGS="-DGGML_CUDA=ON" make serve  (see README).
+
+VENV ?= .venv
+ARGS ?=
+PYTEST_ARGS ?=
+
+export VENV
+
+.PHONY: install serve test bench clean
+
+install:
+	@scripts/install.sh
+
+serve: install
+	$(VENV)/bin/turbospark serve $(ARGS)
+
+test: install
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(VENV)/bin/python bench/overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

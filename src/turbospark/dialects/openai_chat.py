@@ -1,0 +1,297 @@
+"""OpenAI Chat Completions: wire models and pure translations.
+
+In: a ``/v1/chat/completions`` body to the internal :class:`ChatRequest`.
+Out: the engine's result to ``chat.completion`` JSON, or to the SSE chunk
+sequence: role chunk, content deltas, finish chunk, optional usage chunk
+(``stream_options.include_usage``), ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..engine.types import GenerationConfig, StopReason
+from ..generation import ChatRequest, Final
+from .common import BadRequest, new_id, sse_data, text_of, unix_time
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    include_usage: bool = False
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[Any] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class ChatCompletionRequest(BaseModel):
+    """The fields we act on; unknown fields are accepted and ignored, the way
+    OpenAI-compatible servers treat newer SDK parameters."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+    stop: str | list[str] | None = None
+    n: int | None = Field(default=None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    reasoning_effort: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    timings: bool | None = None
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 16:
+            raise ValueError("at most 16 stop sequences are supported")
+        return v
+
+
+def _sampling(body: Any, config: GenerationConfig) -> None:
+    """Sampling fields shared by Chat Completions and Completions."""
+    if body.temperature is not None:
+        config.temperature = body.temperature
+    if body.top_p is not None:
+        config.top_p = body.top_p
+    if body.top_k is not None:
+        config.top_k = body.top_k
+    if body.min_p is not None:
+        config.min_p = body.min_p
+    if body.seed is not None:
+        config.seed = body.seed
+    if body.presence_penalty is not None:
+        config.presence_penalty = body.presence_penalty
+    if body.frequency_penalty is not None:
+        config.frequency_penalty = body.frequency_penalty
+    rp = body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty
+    if rp is not None:
+        config.repeat_penalty = rp
+    if body.stop is not None:
+        config.stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
+    if body.n not in (None, 1):
+        raise BadRequest("only n=1 is supported", "n")
+    if body.logit_bias:
+        try:
+            config.logit_bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in body.logit_bias.items()}
+        except ValueError:
+            raise BadRequest("logit_bias keys must be token ids", "logit_bias") from None
+    if body.ignore_eos:
+        config.ignore_eos = True
+    if body.logprobs or body.top_logprobs:
+        raise BadRequest("logprobs are not supported by this server", "logprobs")
+
+
+def _tool_calls_for_template(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Templates expect ``function.arguments`` as an object; the wire has a
+    JSON string."""
+    out = []
+    for call in calls:
+        fn = dict(call.get("function") or {})
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                fn["arguments"] = orjson.loads(args) if args.strip() else {}
+            except orjson.JSONDecodeError:
+                pass
+        out.append({**call, "function": fn, **fn})
+    return out
+
+
+def to_messages(messages: list[Message], images: list[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        if role == "function":
+            role = "tool"
+        if m.content is None and not m.tool_calls and role != "assistant":
+            raise BadRequest(f"'messages[{i}].content' is required for role {m.role!r}", f"messages[{i}].content")
+        msg: dict[str, Any] = {
+            "role": role,
+            "content": text_of(m.content, images=images, where=f"messages[{i}].content"),
+        }
+        if m.name:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = _tool_calls_for_template(m.tool_calls)
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
+
+
+def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]]:
+    """Returns the internal request and any warnings for the client."""
+    warnings: list[str] = []
+    if body.reasoning_effort is not None and body.reasoning_effort not in REASONING_EFFORTS:
+        raise BadRequest(
+            f"unknown reasoning_effort {body.reasoning_effort!r}; "
+            f"expected one of: {', '.join(REASONING_EFFORTS)}",
+            "reasoning_effort",
+        )
+    if body.response_format is not None and body.response_format.type != "text":
+        raise BadRequest(
+            f"response_format {body.response_format.type!r} is not supported yet", "response_format"
+        )
+    images: list[Any] = []
+    messages = to_messages(body.messages, images)
+    if images:
+        warnings.append(f"{len(images)} image part(s) ignored: this model has no vision support")
+    config = GenerationConfig()
+    _sampling(body, config)
+    config.session_key = body.prompt_cache_key or body.user
+    budget = body.max_completion_tokens or body.max_tokens
+    req = ChatRequest(
+        messages=messages,
+        tools=body.tools or None,
+        config=config,
+        max_tokens_explicit=budget is not None,
+    )
+    if budget is not None:
+        config.max_new_tokens = budget
+    return req, warnings
+
+
+def finish_reason(reason: StopReason) -> str:
+    if reason is StopReason.TOOL_CALLS:
+        return "tool_calls"
+    if reason is StopReason.MAX_TOKENS:
+        return "length"
+    return "stop"
+
+
+def usage(final: Final) -> dict[str, Any]:
+    p, c = final.prompt_tokens, final.completion_tokens
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": final.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+def timings(final: Final) -> dict[str, Any]:
+    """llama.cpp server's per-response ``timings`` object (opt-in)."""
+    r = final.result
+    prompt_n = r.prompt_tokens - r.reused_prefix_tokens
+    prompt_ms = r.prefill_seconds * 1000.0
+    predicted_ms = r.decode_seconds * 1000.0
+    return {
+        "cache_n": r.reused_prefix_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / r.prefill_seconds if r.prefill_seconds else 0.0,
+        "predicted_n": r.new_tokens,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / r.new_tokens if r.new_tokens else 0.0,
+        "predicted_per_second": r.new_tokens / r.decode_seconds if r.decode_seconds else 0.0,
+    }
+
+
+class ChatRenderer:
+    """Renders one response (non-streamed JSON or the SSE chunk sequence)."""
+
+    def __init__(self, model_name: str, include_usage: bool = False, want_timings: bool = False):
+        self.id = new_id("chatcmpl-")
+        self.created = unix_time()
+        self.model = model_name
+        self.include_usage = include_usage
+        self.want_timings = want_timings
+
+    def response(self, final: Final) -> dict[str, Any]:
+        out = {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "turbospark",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": final.text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": finish_reason(final.result.reason),
+                }
+            ],
+            "usage": usage(final),
+        }
+        if self.want_timings:
+            out["timings"] = timings(final)
+        return out
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        chunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "turbospark",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def role_frame(self) -> bytes:
+        return sse_data(self._chunk({"role": "assistant", "content": ""}))
+
+    def text_frame(self, text: str) -> bytes:
+        return sse_data(self._chunk({"content": text}))
+
+    def final_frames(self, final: Final) -> bytes:
+        last = self._chunk({}, finish_reason(final.result.reason))
+        if self.want_timings:
+            last["timings"] = timings(final)
+        out = sse_data(last)
+        if self.include_usage:
+            out += sse_data(
+                {
+                    "id": self.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "system_fingerprint": "turbospark",
+                    "choices": [],
+                    "usage": usage(final),
+                }
+            )
+        return out + b"data: [DONE]\n\n"

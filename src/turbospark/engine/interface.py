@@ -1,0 +1,54 @@
+"""The model interface (REFERENCE.md §3): what the generation core, the
+registry and the routes may ask of a model. A decorator that wraps a model
+(``observe.ReportingModel``) must implement every member by delegation, and a
+test holds it to that."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from .types import CancelFlag, GenerationConfig, Progress, RawDecodeResult
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    model_id: str
+    aliases: tuple[str, ...]
+    supports_chat: bool
+    supports_embeddings: bool
+    vision: Any
+    default_reasoning: Any
+    default_system: str | None
+
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def max_context(self) -> int: ...
+
+    def info(self) -> dict[str, Any]: ...
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def detokenize(self, tokens: list[int]) -> str: ...
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kw: Any) -> list[int]: ...
+    def prompt_ids(self, text: str) -> list[int]: ...
+    def check_admission(self, n_prompt: int, max_new: int) -> None: ...
+    def default_max_new(self, n_prompt: int, default: int) -> int: ...
+    def load(self) -> dict[str, Any]: ...
+    async def run_completion(
+        self,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        images: Any,
+        cancel: CancelFlag,
+        on_progress: Callable[[Progress], None],
+    ) -> RawDecodeResult: ...
+    def encode(self, texts: list[str]) -> list[list[float]]: ...
+
+
+#: Every member a decorator has to delegate.
+MEMBERS: tuple[str, ...] = tuple(
+    name
+    for name in (*ChatModel.__annotations__, *vars(ChatModel))
+    if not name.startswith("_")
+)

@@ -1,0 +1,234 @@
+"""The llama.cpp-backed chat model: the model interface of REFERENCE.md §3.
+
+It renders prompts with the GGUF's chat template, admits requests (empty
+prompts and context overflows are clean errors, never silent truncation), and
+hands generation to its scheduler thread. ``run_completion`` is the ONE
+generation entry point every dialect goes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .channel import Channel
+from .llama import ContextOptions, LlamaContext, LlamaModelFile, default_threads
+from .scheduler import Job, Scheduler
+from .template import TURN_END_MARKERS, ChatTemplate
+from .types import (
+    AdmissionError,
+    CancelFlag,
+    EngineError,
+    GenerationConfig,
+    Progress,
+    RawDecodeResult,
+)
+
+
+@dataclass
+class ModelOptions:
+    """How to load and run one model (CLI flags / config map onto this)."""
+
+    path: str
+    id: str | None = None
+    aliases: tuple[str, ...] = ()
+    ctx: int = 4096
+    threads: int = 0
+    parallel: int = 1
+    session_slots: int = 0  # 0 = same as parallel
+    prefix_reuse: bool = True
+    max_queue: int = 0
+    batch: int = 512
+    prefill_chunk: int = 256
+    gpu_layers: int = -1
+    default_system: str | None = None
+    chat_template: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def derive_id(path: str) -> str:
+    """A short model id from a file name: ``SmolLM2-135M-Instruct.Q4_1.gguf``
+    becomes ``smollm2-135m-instruct``."""
+    name = os.path.basename(path)
+    if name.lower().endswith(".gguf"):
+        name = name[:-5]
+    head = name.split(".")[0] if "." in name else name
+    return head.lower()
+
+
+class LlamaChatModel:
+    """A loaded GGUF serving chat/completion requests through its scheduler."""
+
+    supports_chat = True
+    supports_embeddings = False
+    vision = None
+    default_reasoning = None
+
+    def __init__(
+        self, opts: ModelOptions, progress: Callable[[float], None] | None = None
+    ) -> None:
+        self.opts = opts
+        self.file = LlamaModelFile(opts.path, n_gpu_layers=opts.gpu_layers, progress=progress)
+        try:
+            slots = max(opts.session_slots or opts.parallel, opts.parallel, 1)
+            ctx_len = opts.ctx or self.file.n_ctx_train
+            self.ctx = LlamaContext(
+                self.file,
+                ContextOptions(
+                    n_ctx=ctx_len,
+                    n_batch=opts.batch,
+                    n_ubatch=opts.batch,
+                    n_seq_max=slots,
+                    n_threads=opts.threads or default_threads(),
+                ),
+            )
+        except Exception:
+            self.file.close()
+            raise
+        self.model_id = opts.id or derive_id(opts.path)
+        self.aliases = tuple(opts.aliases)
+        self.default_system = opts.default_system
+        bos = self.file.token_text(self.file.bos) if self.file.bos >= 0 else ""
+        eos = self.file.token_text(self.file.eos) if self.file.eos >= 0 else ""
+        self.template = ChatTemplate(opts.chat_template or self.file.chat_template(), bos, eos)
+        self.end_turn_tokens = self._end_turn_tokens()
+        self.scheduler = Scheduler(
+            self.file,
+            self.ctx,
+            parallel=opts.parallel,
+            prefix_reuse=opts.prefix_reuse,
+            max_queue=opts.max_queue,
+            prefill_chunk=opts.prefill_chunk,
+            end_turn_tokens=self.end_turn_tokens,
+            name=self.model_id,
+        )
+
+    # ------------------------------------------------------------ interface
+    @property
+    def tokenizer(self) -> "LlamaChatModel":
+        return self
+
+    @property
+    def vocab_size(self) -> int:
+        return self.file.n_vocab
+
+    @property
+    def max_context(self) -> int:
+        return self.ctx.n_ctx_seq
+
+    def info(self) -> dict[str, Any]:
+        md = self.file.metadata
+        return {
+            "id": self.model_id,
+            "aliases": list(self.aliases),
+            "path": self.opts.path,
+            "architecture": md.get("general.architecture", ""),
+            "name": md.get("general.name", ""),
+            "description": self.file.describe(),
+            "parameters": self.file.n_params,
+            "size_bytes": self.file.size_bytes,
+            "context": self.max_context,
+            "context_train": self.file.n_ctx_train,
+            "parallel": self.scheduler.parallel,
+            "session_slots": len(self.scheduler.slots),
+            "quantization": md.get("general.file_type", ""),
+            "chat_template": self.template.source,
+        }
+
+    def _end_turn_tokens(self) -> frozenset[int]:
+        out = set()
+        if self.file.eot >= 0:
+            out.add(self.file.eot)
+        for t in self.file.eog_tokens:
+            text = self.file.token_text(t)
+            if text in TURN_END_MARKERS and text in self.template.source:
+                out.add(t)
+        return frozenset(out)
+
+    # -- tokenizer -----------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.file.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.file.detokenize(tokens)
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """Messages to prompt token ids through the model's own template."""
+        if self.default_system and not any(m.get("role") == "system" for m in messages):
+            messages = [{"role": "system", "content": self.default_system}, *messages]
+        text = self.template.render(messages, tools=tools, **template_kwargs)
+        bos = self.template.bos_token
+        add_bos = self.file.add_bos and not (bos and text.startswith(bos))
+        ids = self.file.tokenize(text, add_bos, True)
+        return ids
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """A raw prompt (no chat template), BOS per the model."""
+        return self.file.tokenize(text, self.file.add_bos, False)
+
+    # -- admission -----------------------------------------------------------
+    def check_admission(self, n_prompt: int, max_new: int) -> None:
+        if n_prompt <= 0:
+            raise AdmissionError("the prompt is empty", "messages")
+        if max_new <= 0:
+            raise AdmissionError("max_tokens must be at least 1", "max_tokens")
+        limit = self.max_context
+        if n_prompt + max_new > limit:
+            raise AdmissionError(
+                f"this request needs {n_prompt} prompt tokens + {max_new} new tokens = "
+                f"{n_prompt + max_new} tokens, but the model's context is {limit} tokens",
+                "max_tokens",
+            )
+
+    def default_max_new(self, n_prompt: int, default: int) -> int:
+        """The default budget, clipped to what the context still has room for."""
+        return max(1, min(default, self.max_context - n_prompt))
+
+    # -- generation ----------------------------------------------------------
+    async def run_completion(
+        self,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        images: Any,
+        cancel: CancelFlag,
+        on_progress: Callable[[Progress], None],
+    ) -> RawDecodeResult:
+        if images:
+            raise AdmissionError("this model does not accept images", "images")
+        self.check_admission(len(prompt_ids), config.max_new_tokens)
+        channel = Channel(asyncio.get_running_loop())
+        self.scheduler.submit(Job(list(prompt_ids), config, cancel, channel))
+        try:
+            while True:
+                for item in await channel.get():
+                    if isinstance(item, Progress):
+                        on_progress(item)
+                    elif isinstance(item, RawDecodeResult):
+                        return item
+                    elif isinstance(item, BaseException):
+                        raise item
+                    else:  # pragma: no cover
+                        raise EngineError(f"unexpected scheduler item {item!r}")
+        except asyncio.CancelledError:
+            cancel.cancel("the client went away")
+            raise
+
+    def load(self) -> dict[str, Any]:
+        """What the scheduler is doing now (for /api/ps, /v1/slots, gauges)."""
+        sch = self.scheduler
+        return {"running": sch.running, "waiting": sch.waiting, "slots": sch.slot_view()}
+
+    def encode(self, texts: list[str]) -> list[list[float]]:
+        raise AdmissionError(f"model {self.model_id!r} does not support embeddings", "model")
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.ctx.close()
+        self.file.close()

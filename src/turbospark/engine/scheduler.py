@@ -1,0 +1,458 @@
+"""The scheduler thread: the only code that touches a model's llama context.
+
+Each step builds ONE batch holding the next token of every decoding sequence
+plus prefill chunks of newly admitted ones (decoders first, so a long prompt
+never starves them), runs ``llama_decode`` once, and samples every sequence
+that produced logits with its own sampler chain.
+
+Sequences live in session slots (llama.cpp sequence ids). A slot keeps a
+record of the exact token ids in its KV after its turn ends, so the next
+request that extends that conversation prefills only what is new.
+
+Time attribution: a batch step's wall time is split among the sequences in it
+in proportion to the tokens each contributed; a sequence's share counts as
+prefill while it feeds prompt tokens and as decode once it feeds sampled
+tokens. Sampling time is charged to the sequence sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .detok import StopMatcher, Utf8Stream
+from .llama import Batch, LlamaContext, LlamaModelFile
+from .sampling import SamplerChain
+from .types import (
+    AdmissionError,
+    CancelFlag,
+    EngineError,
+    GenerationConfig,
+    Overloaded,
+    Progress,
+    RawDecodeResult,
+    StopReason,
+)
+
+log = logging.getLogger("turbospark.engine")
+
+
+class Sink:
+    """Where a job's progress and result go (see :class:`channel.Channel`)."""
+
+    def put(self, item: Any) -> None: ...
+
+
+@dataclass(eq=False)
+class Job:
+    prompt: list[int]
+    config: GenerationConfig
+    cancel: CancelFlag
+    sink: Sink
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(eq=False)
+class Slot:
+    """One llama.cpp sequence id and the record of what its KV holds."""
+
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)
+    owner: str = ""
+    session_key: str | None = None
+    last_used: float = 0.0
+    busy: bool = False
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "id": self.seq_id,
+            "state": "busy" if self.busy else ("parked" if self.tokens else "empty"),
+            "owner": self.owner,
+            "session_key": self.session_key,
+            "tokens_cached": len(self.tokens),
+            "last_used": self.last_used,
+        }
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    # compare in blocks first: list slices compare in C
+    step = 64
+    while i + step <= n and a[i : i + step] == b[i : i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Seq:
+    """A running sequence: one job in one slot."""
+
+    __slots__ = (
+        "job", "slot", "chain", "pending", "fed", "n_past", "last_token", "decoding",
+        "new_tokens", "generated", "utf8", "stops", "text", "out", "reused", "evicted",
+        "prefill_s", "decode_s", "admitted_at", "max_new", "finished",
+    )
+
+    def __init__(self, job: Job, slot: Slot, chain: SamplerChain, reused: int, evicted: bool):
+        self.job = job
+        self.slot = slot
+        self.chain = chain
+        self.pending = job.prompt[reused:]
+        self.fed = 0  # how many of `pending` are in the KV
+        self.n_past = reused
+        self.last_token = -1
+        self.decoding = False
+        self.new_tokens = 0
+        self.generated: list[int] = []
+        self.utf8 = Utf8Stream()
+        self.stops = StopMatcher(job.config.stop)
+        self.text: list[str] = []
+        self.out: list[str] = []
+        self.reused = reused
+        self.evicted = evicted
+        self.prefill_s = 0.0
+        self.decode_s = 0.0
+        self.admitted_at = time.perf_counter()
+        self.max_new = job.config.max_new_tokens
+        self.finished = False
+
+
+class Scheduler:
+    """Owns a llama context and runs every generation of one model."""
+
+    def __init__(
+        self,
+        model: LlamaModelFile,
+        ctx: LlamaContext,
+        *,
+        parallel: int = 1,
+        prefix_reuse: bool = True,
+        max_queue: int = 0,
+        prefill_chunk: int = 256,
+        end_turn_tokens: frozenset[int] = frozenset(),
+        name: str = "model",
+        on_step: Callable[[], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.ctx = ctx
+        self.parallel = max(1, parallel)
+        self.prefix_reuse = prefix_reuse
+        self.max_queue = max_queue
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.end_turn_tokens = end_turn_tokens
+        self.slots = [Slot(i) for i in range(ctx.opts.n_seq_max)]
+        self._batch = Batch(ctx.opts.n_batch)
+        self._waiting: deque[Job] = deque()
+        self._active: list[Seq] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._on_step = on_step
+        self._pieces = model.pieces
+        self._eog = model.eog_tokens
+        self._thread = threading.Thread(target=self._run, name=f"turbospark-{name}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ API
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise EngineError("the model is shutting down")
+            if self.max_queue and len(self._waiting) >= self.max_queue:
+                raise Overloaded(
+                    f"the wait list is full ({self.max_queue} requests waiting); try again shortly"
+                )
+            self._waiting.append(job)
+            self._cond.notify()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._active)
+
+    def slot_view(self) -> list[dict[str, Any]]:
+        return [s.snapshot() for s in self.slots]
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # ----------------------------------------------------------------- loop
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._waiting and not self._active:
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    self._drop_cancelled_waiting()
+                    admitted = self._admit_locked()
+                for job, slot, extension in admitted:
+                    self._start(job, slot, extension)
+                if self._active:
+                    self._step()
+                    if self._on_step is not None:
+                        self._on_step()
+        except Exception as exc:  # pragma: no cover - defensive: never die silently
+            log.exception("scheduler crashed")
+            for seq in list(self._active):
+                self._fail(seq, EngineError(f"engine failure: {exc}"))
+        finally:
+            with self._cond:
+                self._stopping = True
+                waiting, self._waiting = list(self._waiting), deque()
+            for job in waiting:
+                job.sink.put(EngineError("the model was unloaded before this request ran"))
+            for seq in list(self._active):
+                self._fail(seq, EngineError("the model was unloaded during this request"))
+
+    def _drop_cancelled_waiting(self) -> None:
+        if not any(j.cancel.cancelled for j in self._waiting):
+            return
+        keep: deque[Job] = deque()
+        for job in self._waiting:
+            if job.cancel.cancelled:
+                job.sink.put(self._cancelled_result(job))
+            else:
+                keep.append(job)
+        self._waiting = keep
+
+    def _cancelled_result(self, job: Job) -> RawDecodeResult:
+        return RawDecodeResult(
+            prompt_tokens=len(job.prompt), new_tokens=0, prefill_seconds=0.0,
+            decode_seconds=0.0, reason=StopReason.CANCELLED,
+            queue_seconds=time.perf_counter() - job.submitted_at,
+        )
+
+    # ------------------------------------------------------------ admission
+    def _cells_in_use(self, exclude: Slot) -> int:
+        used = 0
+        for seq in self._active:
+            used += len(seq.job.prompt) + seq.max_new
+        for s in self.slots:
+            if s is not exclude and not s.busy:
+                used += len(s.tokens)
+        return used
+
+    def _admit_locked(self) -> list[tuple[Job, Slot, bool]]:
+        admitted: list[tuple[Job, Slot, bool]] = []
+        while self._waiting and len(self._active) + len(admitted) < self.parallel:
+            job = self._waiting[0]
+            choice = self._choose_slot(job, taken={s for _, s, _ in admitted})
+            if choice is None:
+                break
+            slot, extension = choice
+            need = len(job.prompt) + job.config.max_new_tokens
+            reserved = sum(len(j.prompt) + j.config.max_new_tokens for j, _, _ in admitted)
+            if self._cells_in_use(slot) + reserved + need > self.ctx.n_ctx:
+                if not self._free_parked_cells(need + reserved, keep=slot):
+                    break  # wait for running sequences to finish (FIFO)
+            self._waiting.popleft()
+            slot.busy = True
+            admitted.append((job, slot, extension))
+        return admitted
+
+    def _free_parked_cells(self, need: int, keep: Slot) -> bool:
+        """Drop parked conversations (least recently used first) until `need`
+        more cells fit. False if running sequences alone leave no room."""
+        parked = sorted(
+            (s for s in self.slots if not s.busy and s is not keep and s.tokens),
+            key=lambda s: s.last_used,
+        )
+        for s in parked:
+            if self._cells_in_use(keep) + need <= self.ctx.n_ctx:
+                return True
+            self.ctx.seq_rm(s.seq_id)
+            s.tokens = []
+        return self._cells_in_use(keep) + need <= self.ctx.n_ctx
+
+    def _choose_slot(self, job: Job, taken: set[Slot]) -> tuple[Slot, bool] | None:
+        """The slot that best extends this conversation, else an empty one,
+        else the least recently used. Returns (slot, is_same_conversation)."""
+        free = [s for s in self.slots if not s.busy and s not in taken]
+        if not free:
+            return None
+        cfg = job.config
+        mine = [s for s in free if s.owner == cfg.owner and s.tokens]
+        if cfg.session_key is not None:
+            for s in mine:
+                if s.session_key == cfg.session_key:
+                    return s, True
+            mine = [s for s in mine if s.session_key is None]
+        if self.prefix_reuse and mine:
+            best, best_lcp = None, 0
+            for s in mine:
+                lcp = common_prefix(s.tokens, job.prompt)
+                if lcp > best_lcp:
+                    best, best_lcp = s, lcp
+            if best is not None and best_lcp * 2 >= len(best.tokens):
+                return best, True
+        empty = [s for s in free if not s.tokens]
+        if empty:
+            return empty[0], False
+        return min(free, key=lambda s: s.last_used), False
+
+    def _start(self, job: Job, slot: Slot, extension: bool) -> None:
+        cfg = job.config
+        if job.cancel.cancelled:
+            slot.busy = False
+            job.sink.put(self._cancelled_result(job))
+            return
+        evicted = bool(slot.tokens) and not extension
+        same_owner = slot.owner == cfg.owner
+        reuse = 0
+        if self.prefix_reuse and same_owner and slot.tokens:
+            reuse = min(common_prefix(slot.tokens, job.prompt), len(job.prompt) - 1)
+        if reuse < len(slot.tokens):
+            if not self.ctx.seq_rm(slot.seq_id, reuse, -1):
+                self.ctx.seq_rm(slot.seq_id)
+                reuse = 0
+        slot.tokens = job.prompt[:reuse]
+        slot.owner = cfg.owner
+        slot.session_key = cfg.session_key
+        try:
+            chain = SamplerChain(self.model, cfg)
+        except Exception as exc:
+            slot.busy = False
+            job.sink.put(exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
+            return
+        self._active.append(Seq(job, slot, chain, reuse, evicted))
+
+    # ----------------------------------------------------------------- step
+    def _step(self) -> None:
+        batch = self._batch
+        batch.clear()
+        for seq in list(self._active):
+            if seq.job.cancel.cancelled:
+                self._finish(seq, StopReason.CANCELLED)
+        if not self._active:
+            return
+        plan: list[tuple[Seq, int, int]] = []  # (seq, tokens fed, output index or -1)
+        for seq in self._active:
+            if seq.decoding:
+                idx = batch.add(seq.last_token, seq.n_past, seq.slot.seq_id, True)
+                plan.append((seq, 1, idx))
+        for seq in self._active:
+            if seq.decoding or batch.room <= 0:
+                continue
+            remaining = len(seq.pending) - seq.fed
+            take = min(remaining, batch.room, self.prefill_chunk)
+            done = take == remaining
+            chunk = seq.pending[seq.fed : seq.fed + take]
+            idx = batch.add_run(chunk, seq.n_past, seq.slot.seq_id, done)
+            plan.append((seq, take, idx if done else -1))
+        if not plan:
+            return
+        t0 = time.perf_counter()
+        rc = self.ctx.decode(batch)
+        if rc == 1:
+            # no KV room: drop parked conversations and retry once
+            self._free_parked_cells(batch.n, keep=plan[0][0].slot)
+            rc = self.ctx.decode(batch)
+        dt = time.perf_counter() - t0
+        if rc != 0:
+            err = EngineError(f"llama_decode failed (code {rc})")
+            for seq, _, _ in plan:
+                self.ctx.seq_rm(seq.slot.seq_id)
+                seq.slot.tokens = []
+                self._fail(seq, err)
+            return
+        total = batch.n
+        for seq, k, idx in plan:
+            share = dt * k / total
+            if seq.decoding:
+                seq.decode_s += share
+                seq.slot.tokens.append(seq.last_token)
+                seq.n_past += 1
+            else:
+                seq.prefill_s += share
+                seq.slot.tokens.extend(seq.pending[seq.fed : seq.fed + k])
+                seq.fed += k
+                seq.n_past += k
+            if idx >= 0:
+                self._sample(seq, idx)
+        for seq, _, _ in plan:
+            if seq.out and not seq.finished:
+                seq.job.sink.put(Progress("".join(seq.out), 1))
+                seq.out.clear()
+
+    def _sample(self, seq: Seq, idx: int) -> None:
+        t0 = time.perf_counter()
+        token = seq.chain.sample(self.ctx.ptr, idx)
+        dt = time.perf_counter() - t0
+        if seq.decoding:
+            seq.decode_s += dt
+        else:
+            seq.prefill_s += dt
+            seq.decoding = True
+        seq.new_tokens += 1
+        if token in self._eog:
+            self._finish(
+                seq, StopReason.END_OF_TURN if token in self.end_turn_tokens else StopReason.EOS
+            )
+            return
+        seq.generated.append(token)
+        text = seq.utf8.feed(self._pieces[token])
+        if text:
+            emit, hit = seq.stops.feed(text)
+            if emit:
+                seq.out.append(emit)
+                seq.text.append(emit)
+            if hit:
+                self._finish(seq, StopReason.STOP_STRING, flush=False)
+                return
+        if seq.new_tokens >= seq.max_new:
+            self._finish(seq, StopReason.MAX_TOKENS)
+            return
+        seq.last_token = token
+
+    # -------------------------------------------------------------- endings
+    def _release(self, seq: Seq) -> None:
+        seq.finished = True
+        seq.chain.close()
+        seq.slot.busy = False
+        seq.slot.last_used = time.time()
+        if seq in self._active:
+            self._active.remove(seq)
+
+    def _finish(self, seq: Seq, reason: StopReason, flush: bool = True) -> None:
+        if flush:
+            tail, _ = seq.stops.feed(seq.utf8.flush())
+            tail += seq.stops.flush()
+            if tail:
+                seq.out.append(tail)
+                seq.text.append(tail)
+        if seq.out:
+            seq.job.sink.put(Progress("".join(seq.out), 0))
+            seq.out.clear()
+        self._release(seq)
+        seq.job.sink.put(
+            RawDecodeResult(
+                prompt_tokens=len(seq.job.prompt),
+                new_tokens=seq.new_tokens,
+                prefill_seconds=seq.prefill_s,
+                decode_seconds=seq.decode_s,
+                reason=reason,
+                reused_prefix_tokens=seq.reused,
+                session_slot_evicted=seq.evicted,
+                queue_seconds=seq.admitted_at - seq.job.submitted_at,
+                text="".join(seq.text),
+                token_ids=seq.generated,
+                slot=seq.slot.seq_id,
+            )
+        )
+
+    def _fail(self, seq: Seq, error: Exception) -> None:
+        self._release(seq)
+        seq.job.sink.put(error)

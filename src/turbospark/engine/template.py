@@ -1,0 +1,103 @@
+"""Chat templates: the GGUF's own ``tokenizer.chat_template``, rendered in a
+sandboxed Jinja2 environment the way Hugging Face's tokenizers do.
+
+A template is code shipped inside a model file, so it runs sandboxed: no
+attribute access to Python internals, no mutation of passed-in objects.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+import jinja2
+import orjson
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .types import AdmissionError
+
+#: Used when a GGUF carries no template: ChatML, the most common format.
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+#: Strings that templates use to close a turn; a token whose text is one of
+#: these ends the turn (``endOfTurn``) rather than the stream (``eos``).
+TURN_END_MARKERS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "<|endofturn|>",
+    "<|END_OF_TURN_TOKEN|>",
+    "</s>",
+)
+
+
+class TemplateError(AdmissionError):
+    """The template refused the conversation (e.g. roles must alternate)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(f"chat template: {message}", "messages")
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **_: Any) -> str:
+    option = orjson.OPT_INDENT_2 if indent else 0
+    text = orjson.dumps(value, option=option | orjson.OPT_NON_STR_KEYS).decode()
+    if ensure_ascii:
+        text = text.encode("ascii", "backslashreplace").decode()
+    return text
+
+
+def _strftime_now(fmt: str) -> str:
+    return _dt.datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special-token strings it expects."""
+
+    def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = source or CHATML
+        self.is_default = source is None
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined
+        )
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
+        try:
+            self._template = env.from_string(self.source)
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"the model's chat template does not compile: {exc}") from exc
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
+        try:
+            return self._template.render(
+                messages=messages,
+                tools=tools or None,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                **extra,
+            )
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"chat template failed to render: {exc}", "messages") from exc
+        except (TypeError, KeyError, IndexError, AttributeError, ValueError) as exc:
+            raise TemplateError(
+                f"chat template failed to render these messages: {exc}", "messages"
+            ) from exc

@@ -1,0 +1,125 @@
+"""Plain data that crosses the engine boundary. Nothing here knows HTTP."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass, field
+
+
+class StopReason(str, enum.Enum):
+    """Why a generation ended. The values are the event contract's strings."""
+
+    END_OF_TURN = "endOfTurn"
+    TOOL_CALLS = "toolCalls"
+    EOS = "eos"
+    STOP_STRING = "stopString"
+    MAX_TOKENS = "maxTokens"
+    CANCELLED = "cancelled"
+
+
+@dataclass(slots=True)
+class GenerationConfig:
+    """Everything the engine needs to decode one sequence.
+
+    ``temperature <= 0`` means greedy. Penalties follow llama.cpp's meaning:
+    ``repeat_penalty`` 1.0, ``presence_penalty`` and ``frequency_penalty``
+    0.0 are off.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    stop: tuple[str, ...] = ()
+    #: Token id -> additive logit bias (OpenAI ``logit_bias``).
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    #: Never end on an end-of-generation token (llama.cpp's ``ignore_eos``).
+    ignore_eos: bool = False
+    #: GBNF grammar constraining the output (llama.cpp syntax), if any.
+    grammar: str | None = None
+    #: Tenant partition for KV reuse: a slot is never reused across keys.
+    owner: str = ""
+    #: Explicit session key (prompt_cache_key, user, x-session-id ...).
+    session_key: str | None = None
+    #: Speculative prompt-lookup decoding allowed for this request.
+    speculative: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(slots=True)
+class Progress:
+    """Text produced since the previous progress report for one sequence."""
+
+    text: str
+    tokens: int  # tokens sampled in this report (liveness only, never usage)
+
+
+@dataclass(slots=True)
+class RawDecodeResult:
+    """What the engine measured for one generation (the truth for usage)."""
+
+    prompt_tokens: int
+    new_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    reason: StopReason
+    reused_prefix_tokens: int = 0
+    session_slot_evicted: bool = False
+    queue_seconds: float = 0.0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    #: The full generated text (after stop-string trimming).
+    text: str = ""
+    #: Generated token ids (the EOG token that ended a turn is not included).
+    token_ids: list[int] = field(default_factory=list)
+    slot: int = -1
+
+
+class CancelFlag:
+    """Set by whoever gives up on a request (a disconnected client); polled
+    by the scheduler once per step. A queued request that is cancelled never
+    runs."""
+
+    __slots__ = ("_event", "reason")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        self.reason = reason
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (llama.cpp error, ...)."""
+
+
+class AdmissionError(ValueError):
+    """A request the engine refuses before running it (a clean 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class Overloaded(RuntimeError):
+    """The wait list is full (a 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

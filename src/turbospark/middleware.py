@@ -1,0 +1,99 @@
+"""The observing middleware: ``requestStarted``/``requestFinished`` for EVERY
+HTTP request, including the 404s, 401s and rejected bodies no handler sees.
+
+Pure ASGI on purpose: Starlette's ``BaseHTTPMiddleware`` buffers and breaks
+streaming responses. The request id is minted here and put in the scope's
+``state`` so the handler's own events carry the same id.
+
+When ``requestFinished`` fires: for a success it is sent with the response
+headers (for a streamed response that is when the stream starts; for a
+non-streamed one the handler has already done all its work); for an error it
+waits for the body so the message can be taken from it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from .dialects.errors import error_message
+from .observe import REQUEST_ID_KEY, Observer, RequestFinished, RequestIds, RequestStarted, now_ms, record
+
+Scope = dict[str, Any]
+MAX_ERROR_BODY = 64 * 1024
+
+
+class ObserveMiddleware:
+    def __init__(self, app: Any, ids: RequestIds, observer_ref: Any) -> None:
+        self.app = app
+        self.ids = ids
+        #: a zero-argument callable returning the current observer (or None),
+        #: so observers can be attached after the app is built
+        self.observer_ref = observer_ref
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = self.ids.next()
+        scope.setdefault("state", {})[REQUEST_ID_KEY] = rid
+        observer: Observer | None = self.observer_ref()
+        header = (b"x-request-id", str(rid).encode())
+        if observer is None:
+
+            async def tagged_send(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", []), header]}
+                await send(message)
+
+            await self.app(scope, receive, tagged_send)
+            return
+        started = time.perf_counter()
+        method, path = scope.get("method", ""), scope.get("path", "")
+        record(observer, lambda: RequestStarted(id=rid, at_ms=now_ms(), method=method, path=path))
+        status = 0
+        error_body = bytearray()
+        done = False
+
+        def finish(error: str | None) -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            ms = int((time.perf_counter() - started) * 1000)
+            record(observer, lambda: RequestFinished(id=rid, status=status, duration_ms=ms, error=error))
+
+        async def observed_send(message: dict[str, Any]) -> None:
+            nonlocal status
+            kind = message["type"]
+            if kind == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), header]}
+                status = int(message["status"])
+                if status < 400:
+                    finish(None)
+            elif kind == "http.response.body" and status >= 400 and not done:
+                if len(error_body) < MAX_ERROR_BODY:
+                    error_body.extend(message.get("body", b"")[: MAX_ERROR_BODY - len(error_body)])
+                if not message.get("more_body", False):
+                    finish(_message_from(bytes(error_body), status))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observed_send)
+        except BaseException as exc:
+            if not done:
+                status = status or 500
+                finish(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            raise
+        if not done:  # a response that never completed its body
+            finish(None if status < 400 else _message_from(bytes(error_body), status))
+
+
+def _message_from(body: bytes, status: int) -> str:
+    try:
+        msg = error_message(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        msg = body.decode("utf-8", "replace").strip() or None
+    return msg or f"HTTP {status}"

@@ -1,0 +1,419 @@
+"""The one place turbospark reports what it is doing.
+
+A request's facts come from two places because neither can see the other's:
+the ASGI middleware knows method, path, status and wall duration for EVERY
+request (404s, 401s and rejected bodies included) but nothing about tokens;
+the generation path knows tokens and timings but nothing about HTTP. So a
+request yields ``requestStarted``/``requestFinished`` from the middleware and
+``requestRouted``/``generated`` from the handler and the model decorator, all
+tied together by one id the middleware mints.
+
+Token counts come off the engine's :class:`RawDecodeResult`, never off a count
+of streamed chunks (special tokens render empty, partial UTF-8 is withheld,
+reasoning goes elsewhere: a chunk count is wrong by a varying amount).
+
+Sinks (JSONL, SSE, Prometheus, ...) live in their own modules and consume
+these events; nothing else computes metrics on the side.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, runtime_checkable
+
+import orjson
+
+if TYPE_CHECKING:
+    from .engine.types import CancelFlag, GenerationConfig, Progress, RawDecodeResult
+
+log = logging.getLogger("turbospark.observe")
+
+RequestId = int
+
+#: Key under which the middleware stores the request id in the ASGI scope's
+#: ``state`` dict (Starlette exposes it as ``request.state``). A namespaced
+#: string so no other layer collides with it.
+REQUEST_ID_KEY = "turbospark_request_id"
+
+
+def now_ms() -> int:
+    """Milliseconds since the Unix epoch, to place an event on a timeline."""
+    return time.time_ns() // 1_000_000
+
+
+class RequestIds:
+    """Monotonic id source, one per running server. Thread-safe.
+
+    ``itertools.count`` advances atomically under the GIL, which is all that
+    uniqueness needs.
+    """
+
+    def __init__(self, start: int = 1) -> None:
+        self._counter = itertools.count(start)
+
+    def next(self) -> RequestId:
+        return next(self._counter)
+
+
+# --------------------------------------------------------------------------
+# Events. Serialized as JSON objects tagged by "kind" with camelCase fields.
+# --------------------------------------------------------------------------
+
+
+class ServerEvent:
+    """Base of every event; ``to_dict`` gives the wire shape."""
+
+    kind: ClassVar[str]
+    _fields: ClassVar[tuple[tuple[str, str], ...]]  # (attribute, camelCase)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for attr, key in self._fields:
+            out[key] = getattr(self, attr)
+        return out
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _event(kind: str):
+    """Class decorator: a slotted dataclass event with its camelCase map."""
+
+    def wrap(cls):
+        cls = dataclass(frozen=True, slots=True)(cls)
+        cls.kind = kind
+        cls._fields = tuple((f, _camel(f)) for f in cls.__dataclass_fields__)
+        return cls
+
+    return wrap
+
+
+@_event("requestStarted")
+class RequestStarted(ServerEvent):
+    """From the middleware, before any handler runs, for every request."""
+
+    id: RequestId
+    at_ms: int
+    method: str
+    path: str
+
+
+@_event("requestRouted")
+class RequestRouted(ServerEvent):
+    """From a handler once the body is parsed and a model chosen.
+
+    ``requested`` and ``served`` are separate because they differ on every
+    single-model fallback (Claude Code asks for ``claude-sonnet-...``).
+    """
+
+    id: RequestId
+    requested: str | None
+    served: str
+    stream: bool
+
+
+@_event("generated")
+class Generated(ServerEvent):
+    """One completed generation, straight off the engine's result.
+
+    There is deliberately no time-to-first-token field: the timer starts
+    only once the request holds the engine. Queue wait for a non-streamed
+    request is ``durationMs - prefill - decode``.
+    """
+
+    id: RequestId
+    model: str
+    prompt_tokens: int
+    new_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    stop_reason: str
+    reused_prefix_tokens: int
+    session_slot_evicted: bool
+
+
+@_event("requestFinished")
+class RequestFinished(ServerEvent):
+    """From the middleware. For a streamed response it fires when the stream
+    starts (the headers went out); ``generated`` closes the streamed turn."""
+
+    id: RequestId
+    status: int
+    duration_ms: int
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = ServerEvent.to_dict(self)
+        if self.error is None:
+            del out["error"]
+        return out
+
+
+@_event("modelAttached")
+class ModelAttached(ServerEvent):
+    at_ms: int
+    model: str
+
+
+@_event("modelDetached")
+class ModelDetached(ServerEvent):
+    at_ms: int
+    model: str
+
+
+EVENT_TYPES: tuple[type[ServerEvent], ...] = (
+    RequestStarted,
+    RequestRouted,
+    Generated,
+    RequestFinished,
+    ModelAttached,
+    ModelDetached,
+)
+
+
+# --------------------------------------------------------------------------
+# Observers.
+# --------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """Where events go.
+
+    ``record`` is called from request-handling code, including the engine's
+    scheduler thread, so it must not block and should be cheap.
+    """
+
+    def record(self, event: ServerEvent) -> None: ...
+
+
+def record(observer: Observer | None, build: Callable[[], ServerEvent]) -> None:
+    """Build the event only when somebody listens, and never let an observer
+    break the request that reported it."""
+    if observer is None:
+        return
+    try:
+        observer.record(build())
+    except Exception:  # an observer must never break a request
+        log.exception("observer raised; event dropped")
+
+
+class FanOut:
+    """Sends every event to several observers; one raising spoils nothing."""
+
+    def __init__(self, observers: Iterable[Observer]) -> None:
+        self.observers: tuple[Observer, ...] = tuple(observers)
+
+    def record(self, event: ServerEvent) -> None:
+        for obs in self.observers:
+            try:
+                obs.record(event)
+            except Exception:
+                log.exception("observer %r raised; event dropped for it", obs)
+
+
+def combine(observers: Iterable[Observer | None]) -> Observer | None:
+    """None when nobody listens (so no event is ever built), the observer
+    itself when there is one, a :class:`FanOut` otherwise."""
+    present = [o for o in observers if o is not None]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    return FanOut(present)
+
+
+@dataclass
+class Drained:
+    events: list[dict[str, Any]]
+    dropped: int
+
+
+class RingObserver:
+    """A bounded ring for embedding hosts: by count and by serialized bytes.
+
+    The oldest events are evicted first; :meth:`drain` hands each event out
+    once and reports how many were dropped since the previous drain.
+    """
+
+    def __init__(self, max_events: int = 2000, max_bytes: int = 1 << 20) -> None:
+        if max_events < 1 or max_bytes < 1:
+            raise ValueError("ring limits must be positive")
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self._ring: deque[tuple[dict[str, Any], int]] = deque()
+        self._bytes = 0
+        self._dropped = 0
+        self._lock = threading.Lock()
+
+    def record(self, event: ServerEvent) -> None:
+        data = event.to_dict()
+        size = len(orjson.dumps(data))
+        with self._lock:
+            self._ring.append((data, size))
+            self._bytes += size
+            while len(self._ring) > self.max_events or (
+                self._bytes > self.max_bytes and len(self._ring) > 1
+            ):
+                _, old = self._ring.popleft()
+                self._bytes -= old
+                self._dropped += 1
+
+    def drain(self, max_events: int | None = None) -> Drained:
+        with self._lock:
+            n = len(self._ring) if max_events is None else min(max_events, len(self._ring))
+            items = [self._ring.popleft() for _ in range(n)]
+            self._bytes -= sum(size for _, size in items)
+            dropped, self._dropped = self._dropped, 0
+        return Drained([data for data, _ in items], dropped)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ring)
+
+
+@dataclass
+class ListObserver:
+    """Keeps every event in memory; for tests and short scripts."""
+
+    events: list[ServerEvent] = field(default_factory=list)
+
+    def record(self, event: ServerEvent) -> None:
+        self.events.append(event)
+
+    def of(self, request_id: RequestId) -> list[ServerEvent]:
+        return [e for e in list(self.events) if getattr(e, "id", None) == request_id]
+
+
+# --------------------------------------------------------------------------
+# The reporting decorator around a model's one generation call.
+# --------------------------------------------------------------------------
+
+
+class ReportingModel:
+    """A chat model that reports every generation it runs.
+
+    A decorator on ``run_completion`` rather than a parameter threaded through
+    the generation core, because that method is the choke point every dialect
+    already goes through. Every other method DELEGATES explicitly: a default
+    here would silently override the wrapped model's answer (a system prompt,
+    embeddings support) the moment an observer is configured.
+    """
+
+    def __init__(self, inner: Any, observer: Observer, request_id: RequestId) -> None:
+        self.inner = inner
+        self.observer = observer
+        self.request_id = request_id
+
+    # -- delegated, never defaulted -------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.inner.model_id
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return self.inner.aliases
+
+    @property
+    def supports_chat(self) -> bool:
+        return self.inner.supports_chat
+
+    @property
+    def supports_embeddings(self) -> bool:
+        return self.inner.supports_embeddings
+
+    @property
+    def vision(self) -> Any:
+        return self.inner.vision
+
+    @property
+    def default_reasoning(self) -> Any:
+        return self.inner.default_reasoning
+
+    @property
+    def default_system(self) -> str | None:
+        return self.inner.default_system
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.inner.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    def info(self) -> dict[str, Any]:
+        return self.inner.info()
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.inner.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.inner.detokenize(tokens)
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> list[int]:
+        return self.inner.render_chat(messages, tools, **kw)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        return self.inner.prompt_ids(text)
+
+    def check_admission(self, n_prompt: int, max_new: int) -> None:
+        return self.inner.check_admission(n_prompt, max_new)
+
+    def default_max_new(self, n_prompt: int, default: int) -> int:
+        return self.inner.default_max_new(n_prompt, default)
+
+    def load(self) -> dict[str, Any]:
+        return self.inner.load()
+
+    def encode(self, texts: list[str]) -> list[list[float]]:
+        return self.inner.encode(texts)
+
+    # -- the one generation entry point ---------------------------------
+    async def run_completion(
+        self,
+        prompt_ids: list[int],
+        config: "GenerationConfig",
+        images: Any,
+        cancel: "CancelFlag",
+        on_progress: Callable[["Progress"], None],
+    ) -> "RawDecodeResult":
+        result = await self.inner.run_completion(prompt_ids, config, images, cancel, on_progress)
+        # A failure raises past this line and is NOT recorded here: the
+        # handler turns it into a status the middleware reports.
+        record(
+            self.observer,
+            lambda: Generated(
+                id=self.request_id,
+                model=self.inner.model_id,
+                prompt_tokens=result.prompt_tokens,
+                new_tokens=result.new_tokens,
+                prefill_seconds=result.prefill_seconds,
+                decode_seconds=result.decode_seconds,
+                stop_reason=result.reason.value,
+                reused_prefix_tokens=result.reused_prefix_tokens,
+                session_slot_evicted=result.session_slot_evicted,
+            ),
+        )
+        return result
+
+
+def observed(model: Any, observer: Observer | None, request_id: RequestId | None) -> Any:
+    """The model a handler should use: the bare one when nobody listens."""
+    if observer is None or request_id is None:
+        return model
+    return ReportingModel(model, observer, request_id)

@@ -1,0 +1,150 @@
+"""Glue shared by every route module: state, body parsing, routing, errors,
+disconnect watching. Dialect specifics stay in ``turbospark.dialects``."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ..dialects.common import BadRequest, parse_json_object
+from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded
+from ..observe import REQUEST_ID_KEY, Observer, RequestIds, RequestRouted, observed, record
+from ..registry import Capability, Registry, Route, RoutingError
+
+log = logging.getLogger("turbospark.http")
+
+ErrorShape = Callable[..., dict[str, Any]]
+
+
+@dataclass
+class ServerState:
+    """Everything a handler needs; lives on ``app.state.turbospark``."""
+
+    registry: Registry
+    observer: Observer | None = None
+    ids: RequestIds = field(default_factory=RequestIds)
+    started_at: float = field(default_factory=time.time)
+    version: str = "0"
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.turbospark
+
+
+def request_id(request: Request) -> int | None:
+    return request.scope.get("state", {}).get(REQUEST_ID_KEY)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    return parse_json_object(await request.body())
+
+
+def route_model(
+    request: Request, requested: str | None, capability: Capability, stream: bool
+) -> tuple[Any, Route]:
+    """Resolve the model, report ``requestRouted``, and hand back the model
+    the handler must use (wrapped to report ``generated`` if observed)."""
+    st = state_of(request)
+    route = st.registry.resolve(requested, capability)
+    rid = request_id(request)
+    if rid is not None:
+        record(
+            st.observer,
+            lambda: RequestRouted(id=rid, requested=requested, served=route.served, stream=stream),
+        )
+    return observed(route.model, st.observer, rid), route
+
+
+def error_response(shape: ErrorShape, exc: BaseException) -> Response:
+    """Map any exception to (status, body in the dialect's shape)."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, BadRequest):
+        status, body = exc.status, shape(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+        headers.update(exc.headers)
+    elif isinstance(exc, RoutingError):
+        status = exc.status
+        body = shape(status, exc.message, type=None, param=exc.param, code=exc.code)
+    elif isinstance(exc, AdmissionError):
+        status, body = 400, shape(400, str(exc), type="invalid_request_error", param=exc.param, code=None)
+    elif isinstance(exc, Overloaded):
+        status = 503
+        body = shape(503, str(exc), type=None, param=None, code="overloaded")
+        headers["Retry-After"] = str(exc.retry_after)
+    elif isinstance(exc, EngineError):
+        status, body = 500, shape(500, f"engine error: {exc}", type="server_error", param=None, code=None)
+    else:
+        log.exception("unhandled error", exc_info=exc)
+        status = 500
+        body = shape(500, f"internal error: {type(exc).__name__}", type="server_error", param=None, code=None)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def endpoint(shape: ErrorShape) -> Callable[[Callable[[Request], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]]:
+    """Turn every failure of a handler into a response in its dialect's shape;
+    nothing a client sends can produce an unshaped 500."""
+
+    def deco(fn: Callable[[Request], Awaitable[Response]]):
+        @functools.wraps(fn)
+        async def wrapper(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except Exception as exc:  # noqa: BLE001 - mapped to a dialect error
+                return error_response(shape, exc)
+
+        return wrapper
+
+    return deco
+
+
+class DisconnectWatch:
+    """Cancels a generation when the client disconnects, even while it is
+    still queued (nothing is being sent yet, so nothing else would notice)."""
+
+    def __init__(self, request: Request, cancel: CancelFlag) -> None:
+        self.request = request
+        self.cancel = cancel
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        receive = self.request.receive
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.cancel.cancel("the client disconnected")
+                return
+
+    async def __aenter__(self) -> "DisconnectWatch":
+        self._task = asyncio.ensure_future(self._watch())
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def sse_response(frames: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> StreamingResponse:
+    h = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    if headers:
+        h.update(headers)
+    return StreamingResponse(frames, media_type="text/event-stream", headers=h)
+
+
+def warning_headers(warnings: list[str]) -> dict[str, str]:
+    if not warnings:
+        return {}
+    return {"X-Turbospark-Warning": "; ".join(warnings)}

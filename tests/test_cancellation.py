@@ -1,0 +1,74 @@
+"""A client that leaves stops its generation and frees the engine."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+LONG = [{"role": "user", "content": "Write a very long and detailed story about a dragon who learns to cook."}]
+
+
+def start_stream(base_url: str, max_tokens: int = 3000):
+    client = httpx.Client(timeout=60)
+    cm = client.stream("POST", base_url + "/v1/chat/completions", json={
+        "model": "m", "messages": LONG, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    })
+    r = cm.__enter__()
+    lines = r.iter_lines()
+    first = next(lines)
+    assert first.startswith("data: ")
+    r.lines = lines  # keep the iterator alive: collecting it closes the stream
+    return client, cm, r
+
+
+def test_cut_stream_frees_engine(base_url, hub, oai):
+    client, cm, r = start_stream(base_url)
+    rid = r.headers["x-request-id"]
+    cm.__exit__(None, None, None)  # the client goes away after the first chunk
+    client.close()
+    cut_at = time.monotonic()
+    gen = hub.wait_kind(rid, "generated", timeout=10)
+    assert gen.stop_reason == "cancelled"
+    assert gen.new_tokens < 3000
+    assert time.monotonic() - cut_at < 5  # generous: the contract is about one second
+
+    raw = oai.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
+    )
+    nid = raw.headers["x-request-id"]
+    assert raw.parse().choices[0].message.content is not None
+    g2 = hub.wait_kind(nid, "generated")
+    f2 = hub.wait_kind(nid, "requestFinished")
+    queued_ms = f2.duration_ms - (g2.prefill_seconds + g2.decode_seconds) * 1000
+    assert queued_ms < 2000, f"the next request waited {queued_ms:.0f} ms for the engine"
+
+
+def test_queued_request_whose_client_left_never_runs(base_url, hub):
+    client, cm, r = start_stream(base_url, max_tokens=400)
+    a_id = int(r.headers["x-request-id"])
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base_url + "/v1/chat/completions", timeout=0.5, json={
+            "model": "m", "messages": [{"role": "user", "content": "queued"}], "max_tokens": 50,
+        })
+    b_id = min(e.id for e in list(hub.events) if e.kind == "requestStarted" and e.id > a_id)
+    gen_b = hub.wait_kind(b_id, "generated", timeout=10)
+    assert gen_b.stop_reason == "cancelled" and gen_b.new_tokens == 0
+    assert gen_b.prefill_seconds == 0 and gen_b.decode_seconds == 0
+    # A was never disturbed by B leaving
+    assert not any(e.kind == "generated" for e in hub.of(a_id))
+    cm.__exit__(None, None, None)
+    client.close()
+    assert hub.wait_kind(a_id, "generated", timeout=10).stop_reason == "cancelled"
+
+
+def test_non_stream_client_timeout_cancels(base_url, hub):
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base_url + "/v1/chat/completions", timeout=0.7, json={
+            "model": "m", "messages": LONG, "max_tokens": 3000, "temperature": 0,
+        })
+    rid = max(e.id for e in list(hub.events) if e.kind == "requestStarted")
+    gen = hub.wait_kind(rid, "generated", timeout=10)
+    assert gen.stop_reason == "cancelled"
+    assert 0 < gen.new_tokens < 3000

@@ -1,0 +1,68 @@
+"""`turbospark serve` as a user runs it: start-up summary, a request, the
+event log, and a clean Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def turbospark(*args: str) -> list[str]:
+    return [sys.executable, "-m", "turbospark.cli", *args]
+
+
+def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
+    log = tmp_path / "events.jsonl"
+    proc = subprocess.Popen(
+        turbospark("serve", "--port", "0", "--event-log", str(log), "--ctx", "2048"),
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        lines: list[str] = []
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                url = m.group(1)
+        assert url, "".join(lines)
+        text = "".join(lines)
+        assert "loading SmolLM2-135M-Instruct.Q4_1.gguf" in text  # progress display
+        assert "model smollm2-135m" in text and "context 2048" in text  # start-up summary
+        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert r.status_code == 200
+        assert httpx.get(url + "/health").json()["state"] == "ready"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "shutting down" in err
+    events = [json.loads(x) for x in log.read_text().splitlines()]
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "modelAttached"
+    assert "generated" in kinds and kinds.count("requestFinished") == 2
+
+
+def test_models_lists_catalog():
+    out = subprocess.run(turbospark("models"), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    assert re.search(r"smollm2-135m\s+installed", out.stdout)
+
+
+def test_missing_model_exits_2(tmp_path):
+    out = subprocess.run(turbospark("serve", "--model", str(tmp_path / "nope.gguf")),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "nope.gguf" in out.stderr

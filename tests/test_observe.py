@@ -1,0 +1,160 @@
+"""The event layer: shapes, ring, fan-out, the reporting decorator."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+from turbospark.engine.interface import MEMBERS
+from turbospark.observe import (
+    FanOut,
+    Generated,
+    ModelAttached,
+    ModelDetached,
+    ReportingModel,
+    RequestFinished,
+    RequestIds,
+    RequestRouted,
+    RequestStarted,
+    RingObserver,
+    combine,
+    record,
+)
+from turbospark.sinks.jsonl import JsonlSink
+
+
+def sample_events():
+    return [
+        RequestStarted(id=1, at_ms=5, method="POST", path="/v1/x"),
+        RequestRouted(id=1, requested=None, served="m", stream=True),
+        Generated(id=1, model="m", prompt_tokens=3, new_tokens=4, prefill_seconds=0.5,
+                  decode_seconds=0.25, stop_reason="endOfTurn", reused_prefix_tokens=2,
+                  session_slot_evicted=False),
+        RequestFinished(id=1, status=200, duration_ms=9),
+        RequestFinished(id=2, status=400, duration_ms=1, error="bad"),
+        ModelAttached(at_ms=1, model="m"),
+        ModelDetached(at_ms=2, model="m"),
+    ]
+
+
+def test_event_shapes_are_the_contract():
+    keys = [set(e.to_dict()) for e in sample_events()]
+    assert keys == [
+        {"kind", "id", "atMs", "method", "path"},
+        {"kind", "id", "requested", "served", "stream"},
+        {"kind", "id", "model", "promptTokens", "newTokens", "prefillSeconds", "decodeSeconds",
+         "stopReason", "reusedPrefixTokens", "sessionSlotEvicted"},
+        {"kind", "id", "status", "durationMs"},  # error omitted when none
+        {"kind", "id", "status", "durationMs", "error"},
+        {"kind", "atMs", "model"},
+        {"kind", "atMs", "model"},
+    ]
+    kinds = [e.to_dict()["kind"] for e in sample_events()]
+    assert kinds == ["requestStarted", "requestRouted", "generated", "requestFinished",
+                     "requestFinished", "modelAttached", "modelDetached"]
+    assert json.loads(sample_events()[1].to_json())["requested"] is None
+
+
+def test_request_ids_are_monotonic():
+    ids = RequestIds()
+    seen = [ids.next() for _ in range(100)]
+    assert seen == sorted(seen) and len(set(seen)) == 100
+
+
+def test_no_observer_builds_nothing():
+    def build():
+        raise AssertionError("an event was built with nobody listening")
+
+    record(None, build)
+    assert combine([None, None]) is None
+
+
+def test_raising_observer_is_contained():
+    class Boom:
+        def record(self, event):
+            raise RuntimeError("boom")
+
+    got = []
+
+    class Keep:
+        def record(self, event):
+            got.append(event)
+
+    fan = FanOut([Boom(), Keep()])
+    record(fan, lambda: ModelAttached(at_ms=1, model="m"))
+    assert len(got) == 1
+    record(Boom(), lambda: ModelAttached(at_ms=1, model="m"))  # does not raise
+
+
+def test_ring_drops_oldest_by_count():
+    ring = RingObserver(max_events=3)
+    for i in range(5):
+        ring.record(RequestStarted(id=i, at_ms=0, method="GET", path="/"))
+    d = ring.drain()
+    assert [e["id"] for e in d.events] == [2, 3, 4]
+    assert d.dropped == 2
+    d2 = ring.drain()
+    assert d2.events == [] and d2.dropped == 0  # each event and each drop reported once
+
+
+def test_ring_drops_oldest_by_bytes_and_drain_max():
+    one = len(RequestStarted(id=0, at_ms=0, method="GET", path="/").to_json())
+    ring = RingObserver(max_events=1000, max_bytes=one * 4)
+    for i in range(10):
+        ring.record(RequestStarted(id=i, at_ms=0, method="GET", path="/"))
+    assert len(ring) == 4
+    first = ring.drain(3)
+    assert [e["id"] for e in first.events] == [6, 7, 8] and first.dropped == 6
+    rest = ring.drain(10)
+    assert [e["id"] for e in rest.events] == [9] and rest.dropped == 0
+    ring.record(RequestStarted(id=10, at_ms=0, method="GET", path="/"))
+    assert len(ring) == 1  # the byte budget was given back by the drain
+
+
+def test_ring_rejects_silly_limits():
+    with pytest.raises(ValueError):
+        RingObserver(max_events=0)
+
+
+def test_reporting_model_delegates_every_member():
+    missing = [m for m in MEMBERS if m not in vars(ReportingModel)]
+    assert missing == [], f"ReportingModel would fall back to a default for: {missing}"
+    assert inspect.iscoroutinefunction(ReportingModel.run_completion)
+
+
+def test_reporting_model_answers_with_the_inner_model():
+    class Inner:
+        model_id = "inner"
+        aliases = ("a",)
+        supports_chat = False
+        supports_embeddings = True
+        vision = None
+        default_reasoning = "high"
+        default_system = "be brief"
+        tokenizer = "tok"
+        vocab_size = 7
+        max_context = 99
+
+        def info(self):
+            return {"x": 1}
+
+        def encode(self, texts):
+            return [[1.0]] * len(texts)
+
+    wrapped = ReportingModel(Inner(), FanOut([]), 1)
+    assert (wrapped.model_id, wrapped.aliases, wrapped.supports_chat, wrapped.supports_embeddings) == (
+        "inner", ("a",), False, True)
+    assert (wrapped.default_reasoning, wrapped.default_system, wrapped.max_context) == ("high", "be brief", 99)
+    assert wrapped.encode(["a", "b"]) == [[1.0], [1.0]]
+
+
+def test_jsonl_sink_writes_every_event(tmp_path):
+    path = tmp_path / "events.jsonl"
+    sink = JsonlSink(str(path))
+    for e in sample_events():
+        sink.record(e)
+    sink.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines == [e.to_dict() for e in sample_events()]
