@@ -16,6 +16,7 @@ from .dialects.errors import ollama_error, openai_error
 from .middleware import ObserveMiddleware
 from .observe import Observer
 from .registry import Registry
+from .routes import anthropic, completions, embeddings, ollama, responses
 from .routes import openai as openai_routes
 from .routes.common import JSONResponse, ServerState, state_of
 
@@ -48,6 +49,11 @@ def build_app(registry: Registry, observer: Observer | None = None) -> Starlette
     routes = [
         Route("/health", health, methods=["GET"]),
         *openai_routes.routes,
+        *completions.routes,
+        *responses.routes,
+        *embeddings.routes,
+        *anthropic.routes,
+        *ollama.routes,
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.turbospark = state

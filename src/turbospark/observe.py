@@ -380,7 +380,7 @@ class ReportingModel:
     def load(self) -> dict[str, Any]:
         return self.inner.load()
 
-    def encode(self, texts: list[str]) -> list[list[float]]:
+    def encode(self, texts: list[str]) -> Any:
         return self.inner.encode(texts)
 
     # -- the one generation entry point ---------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from .types import CancelFlag, GenerationConfig, Progress, RawDecodeResult
+from .types import CancelFlag, Embeddings, GenerationConfig, Progress, RawDecodeResult
 
 
 @runtime_checkable
@@ -43,7 +43,7 @@ class ChatModel(Protocol):
         cancel: CancelFlag,
         on_progress: Callable[[Progress], None],
     ) -> RawDecodeResult: ...
-    def encode(self, texts: list[str]) -> list[list[float]]: ...
+    def encode(self, texts: list[str]) -> "Embeddings": ...
 
 
 #: Every member a decorator has to delegate.

@@ -225,7 +225,7 @@ class LlamaChatModel:
         sch = self.scheduler
         return {"running": sch.running, "waiting": sch.waiting, "slots": sch.slot_view()}
 
-    def encode(self, texts: list[str]) -> list[list[float]]:
+    def encode(self, texts: list[str]) -> Any:
         raise AdmissionError(f"model {self.model_id!r} does not support embeddings", "model")
 
     def close(self) -> None:

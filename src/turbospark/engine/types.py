@@ -85,6 +85,19 @@ class RawDecodeResult:
     slot: int = -1
 
 
+@dataclass(slots=True)
+class Embeddings:
+    """What ``encode`` returns: one unit-norm vector per input text, and the
+    number of tokens each input was (for usage)."""
+
+    vectors: list[list[float]]
+    token_counts: list[int]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.token_counts)
+
+
 class CancelFlag:
     """Set by whoever gives up on a request (a disconnected client); polled
     by the scheduler once per step. A queued request that is cancelled never

@@ -1,0 +1,3 @@
+"""anthropic routes (being written)."""
+
+routes: list = []

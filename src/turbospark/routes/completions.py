@@ -1,0 +1,3 @@
+"""completions routes (being written)."""
+
+routes: list = []

@@ -1,0 +1,3 @@
+"""embeddings routes (being written)."""
+
+routes: list = []

@@ -1,0 +1,3 @@
+"""ollama routes (being written)."""
+
+routes: list = []

@@ -1,0 +1,3 @@
+"""responses routes (being written)."""
+
+routes: list = []

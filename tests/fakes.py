@@ -1,0 +1,128 @@
+"""A scripted model for the edge cases a real model cannot be made to produce
+(an engine failure mid-stream, a particular tool-call syntax). Never the only
+test of a feature: every feature is also tested on the real model."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from turbospark.engine.types import (
+    AdmissionError,
+    CancelFlag,
+    EngineError,
+    GenerationConfig,
+    Progress,
+    RawDecodeResult,
+    StopReason,
+)
+
+
+@dataclass
+class Script:
+    """What the next generation produces: text pieces, then an ending."""
+
+    pieces: list[str]
+    reason: StopReason = StopReason.END_OF_TURN
+    fail_after: int | None = None  # raise EngineError after this many pieces
+    delay: float = 0.0
+
+
+@dataclass
+class ScriptedModel:
+    """Implements the model interface (engine/interface.py) from scripts.
+
+    Tokenization is one token per whitespace-separated word, so counts are
+    predictable. Each call to ``run_completion`` pops the next script (the
+    last one repeats)."""
+
+    model_id: str = "scripted"
+    aliases: tuple[str, ...] = ()
+    scripts: list[Script] = field(default_factory=lambda: [Script(["Hello", " world"])])
+    supports_chat: bool = True
+    supports_embeddings: bool = False
+    vision: Any = None
+    default_reasoning: Any = None
+    default_system: str | None = None
+    context: int = 4096
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tokenizer(self) -> "ScriptedModel":
+        return self
+
+    @property
+    def vocab_size(self) -> int:
+        return 1000
+
+    @property
+    def max_context(self) -> int:
+        return self.context
+
+    def info(self) -> dict[str, Any]:
+        return {"id": self.model_id, "context": self.context, "parameters": 0, "size_bytes": 0,
+                "architecture": "scripted", "description": "scripted test model", "aliases": list(self.aliases),
+                "parallel": 1, "session_slots": 1, "chat_template": "", "quantization": ""}
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return [hash(w) % 1000 for w in text.split()]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return " ".join(str(t) for t in tokens)
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> list[int]:
+        self.calls.append({"messages": messages, "tools": tools, **kw})
+        text = " ".join(f"<{m['role']}> {m.get('content') or ''}" for m in messages) + " <assistant>"
+        return self.tokenize(text)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        self.calls.append({"prompt": text})
+        return self.tokenize(text) or [0]
+
+    def check_admission(self, n_prompt: int, max_new: int) -> None:
+        if n_prompt + max_new > self.context:
+            raise AdmissionError(f"{n_prompt} + {max_new} > {self.context}", "max_tokens")
+
+    def default_max_new(self, n_prompt: int, default: int) -> int:
+        return max(1, min(default, self.context - n_prompt))
+
+    def load(self) -> dict[str, Any]:
+        return {"running": 0, "waiting": 0, "slots": []}
+
+    def encode(self, texts: list[str]) -> list[list[float]]:
+        raise AdmissionError("the scripted model does not embed", "model")
+
+    async def run_completion(
+        self,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        images: Any,
+        cancel: CancelFlag,
+        on_progress: Callable[[Progress], None],
+    ) -> RawDecodeResult:
+        script = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
+        if self.calls:
+            self.calls[-1]["config"] = config
+        out: list[str] = []
+        reason = script.reason
+        for i, piece in enumerate(script.pieces):
+            if script.fail_after is not None and i >= script.fail_after:
+                raise EngineError("scripted failure mid-generation")
+            if cancel.cancelled:
+                reason = StopReason.CANCELLED
+                break
+            if len(out) >= config.max_new_tokens:
+                reason = StopReason.MAX_TOKENS
+                break
+            if script.delay:
+                await asyncio.sleep(script.delay)
+            out.append(piece)
+            on_progress(Progress(piece, 1))
+        else:
+            if script.fail_after is not None and script.fail_after >= len(script.pieces):
+                raise EngineError("scripted failure at the end of generation")
+        return RawDecodeResult(
+            prompt_tokens=len(prompt_ids), new_tokens=len(out), prefill_seconds=0.001,
+            decode_seconds=0.001 * max(1, len(out)), reason=reason, text="".join(out),
+        )
