@@ -7,6 +7,10 @@ import time
 import httpx
 import pytest
 
+from turbospark import ListObserver, Server
+from turbospark.catalog import resolve_model
+from turbospark.engine.model import LlamaChatModel, ModelOptions
+
 LONG = [{"role": "user", "content": "Write a very long and detailed story about a dragon who learns to cook."}]
 
 
@@ -32,7 +36,7 @@ def test_cut_stream_frees_engine(base_url, hub, oai):
     gen = hub.wait_kind(rid, "generated", timeout=10)
     assert gen.stop_reason == "cancelled"
     assert gen.new_tokens < 3000
-    assert time.monotonic() - cut_at < 5  # generous: the contract is about one second
+    assert time.monotonic() - cut_at < 10  # generous (noisy 2-core CI): the contract is about one second
 
     raw = oai.chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
@@ -45,7 +49,21 @@ def test_cut_stream_frees_engine(base_url, hub, oai):
     assert queued_ms < 2000, f"the next request waited {queued_ms:.0f} ms for the engine"
 
 
-def test_queued_request_whose_client_left_never_runs(base_url, hub):
+@pytest.fixture(scope="module")
+def single():
+    """A server whose model runs one sequence at a time, so requests queue."""
+    path, _ = resolve_model("smollm2-135m")
+    model = LlamaChatModel(ModelOptions(path=path, id="single", parallel=1))
+    obs = ListObserver()
+    srv = Server(models=[model], observer=obs).start()
+    yield srv, obs
+    srv.stop()
+    model.close()
+
+
+def test_queued_request_whose_client_left_never_runs(single):
+    srv, hub = single
+    base_url = srv.url
     client, cm, r = start_stream(base_url, max_tokens=400)
     a_id = int(r.headers["x-request-id"])
     with pytest.raises(httpx.ReadTimeout):
@@ -53,14 +71,24 @@ def test_queued_request_whose_client_left_never_runs(base_url, hub):
             "model": "m", "messages": [{"role": "user", "content": "queued"}], "max_tokens": 50,
         })
     b_id = min(e.id for e in list(hub.events) if e.kind == "requestStarted" and e.id > a_id)
-    gen_b = hub.wait_kind(b_id, "generated", timeout=10)
+    gen_b = wait_kind(hub, b_id, "generated")
     assert gen_b.stop_reason == "cancelled" and gen_b.new_tokens == 0
     assert gen_b.prefill_seconds == 0 and gen_b.decode_seconds == 0
     # A was never disturbed by B leaving
     assert not any(e.kind == "generated" for e in hub.of(a_id))
     cm.__exit__(None, None, None)
     client.close()
-    assert hub.wait_kind(a_id, "generated", timeout=10).stop_reason == "cancelled"
+    assert wait_kind(hub, a_id, "generated").stop_reason == "cancelled"
+
+
+def wait_kind(obs, rid, kind, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in obs.of(rid):
+            if e.kind == kind:
+                return e
+        time.sleep(0.02)
+    raise AssertionError(f"no {kind} event for request {rid}")
 
 
 def test_non_stream_client_timeout_cancels(base_url, hub):

@@ -12,11 +12,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from . import __version__
-from .dialects.errors import ollama_error, openai_error
-from .middleware import ObserveMiddleware
+from .dialects.errors import shape_for_path
+from .auth import Auth
+from .middleware import AuthMiddleware, LeaseMiddleware, ObserveMiddleware
 from .observe import Observer
 from .registry import Registry
-from .routes import anthropic, completions, embeddings, ollama, responses
+from .routes import admin, anthropic, completions, embeddings, ollama, responses
 from .routes import openai as openai_routes
 from .routes.common import JSONResponse, ServerState, state_of
 
@@ -36,15 +37,13 @@ async def http_error(request: Request, exc: Exception) -> Response:
         message = f"method {request.method} is not allowed on {path}"
     else:
         message = exc.detail or f"HTTP {exc.status_code}"
-    if path.startswith("/api/"):
-        body: dict[str, Any] = ollama_error(exc.status_code, message)
-    else:
-        code = "not_found" if exc.status_code == 404 else None
-        body = openai_error(exc.status_code, message, code=code)
+    shape = shape_for_path(path)
+    code = "not_found" if exc.status_code == 404 else None
+    body: dict[str, Any] = shape(exc.status_code, message, type=None, param=None, code=code)
     return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
-def build_app(registry: Registry, observer: Observer | None = None) -> Starlette:
+def build_app(registry: Registry, observer: Observer | None = None, auth: Auth | None = None) -> Starlette:
     state = ServerState(registry=registry, observer=observer, version=__version__)
     routes = [
         Route("/health", health, methods=["GET"]),
@@ -54,10 +53,15 @@ def build_app(registry: Registry, observer: Observer | None = None) -> Starlette
         *embeddings.routes,
         *anthropic.routes,
         *ollama.routes,
+        *admin.routes,
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.turbospark = state
-    # The middleware wraps the whole app (outside Starlette's own error
-    # handling) so it sees the final status of every request.
+    # Outermost first: observe (sees every request, 401s included), then
+    # auth (refuses before any body is read), then leases (released once the
+    # response, streams included, is complete). All sit outside Starlette's
+    # own error handling, so they see every request's final status.
+    app.add_middleware(LeaseMiddleware)
+    app.add_middleware(AuthMiddleware, auth=auth or Auth())
     app.add_middleware(ObserveMiddleware, ids=state.ids, observer_ref=lambda: state.observer)
     return app

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import sys
 import time
 from typing import Any
 
 from . import __version__
 from .catalog import CATALOG, DEFAULT_MODEL, ModelNotFound, resolve_model
+
+
+DEFAULT_PARALLEL = 4
 
 
 def _progress_printer(label: str):
@@ -32,74 +34,119 @@ def _progress_printer(label: str):
     return show
 
 
+#: serve flags that map onto model options; None on the command line means
+#: "not given", so a config file value is kept
+MODEL_FLAGS = {
+    "ctx": "ctx", "threads": "threads", "parallel": "parallel", "session_slots": "session_slots",
+    "draft_max": "draft_max", "max_queue": "max_queue", "keep_alive": "keep_alive",
+}
+FLAG_DEFAULTS = {"ctx": 4096, "parallel": DEFAULT_PARALLEL}
+
+
+def _fail(message: str) -> int:
+    print(f"turbospark: {message}", file=sys.stderr)
+    return 2
+
+
+def _model_options(args: argparse.Namespace) -> list[Any]:
+    """Models from --config and --model, with explicit flags applied last."""
+    from .config import load_config
+    from .loading import options_for
+
+    opts: list[Any] = []
+    server: dict[str, Any] = {}
+    if args.config:
+        cfg = load_config(args.config)
+        opts.extend(cfg.models)
+        server = cfg.server
+    base = {k: v for k, v in FLAG_DEFAULTS.items()}
+    for arg in args.model or ([] if opts else [DEFAULT_MODEL]):
+        opts.append(options_for(arg, **base))
+    for o in opts:
+        for flag, attr in MODEL_FLAGS.items():
+            value = getattr(args, flag)
+            if value is not None:
+                setattr(o, attr, value)
+        if args.prefix_reuse is not None:
+            o.prefix_reuse = args.prefix_reuse == "on"
+        if args.speculative is not None:
+            o.speculative = args.speculative == "ngram"
+    for key in ("host", "port", "event_log", "max_resident"):
+        if getattr(args, key) is None:
+            setattr(args, key, server.get(key, {"host": "127.0.0.1", "port": 8080, "max_resident": 0}.get(key)))
+    args.api_key = list(args.api_key or []) + list(server.get("api_keys", []))
+    args.admin_key = list(args.admin_key or []) + list(server.get("admin_keys", []))
+    return opts
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import build_app
-    from .engine.model import LlamaChatModel, ModelOptions
+    from .auth import from_config, refuse_open_bind
+    from .config import ConfigError
+    from .engine.memory import MemoryRefused
+    from .loading import load_spec, populate
     from .observe import combine
     from .registry import Registry, RegistryError
+    from .server import bind_socket
     from .sinks.jsonl import JsonlSink
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    specs = args.model or [DEFAULT_MODEL]
-    resolved: list[tuple[str, str | None]] = []
     try:
-        for spec in specs:
-            resolved.append(resolve_model(spec))
-    except ModelNotFound as exc:
-        print(f"turbospark: {exc}", file=sys.stderr)
-        return 2
+        options = _model_options(args)
+    except (ConfigError, ModelNotFound) as exc:
+        return _fail(str(exc))
+    auth = from_config(args.api_key, args.admin_key, os.environ)
+    why = refuse_open_bind(args.host, auth)
+    if why:
+        return _fail(why)
 
     sinks: list[Any] = []
     if args.event_log:
         sinks.append(JsonlSink(args.event_log))
     observer = combine(sinks)
-    registry = Registry(observer)
-    models: list[Any] = []
-    try:
-        for path, default_id in resolved:
-            opts = ModelOptions(
-                path=path,
-                id=default_id,
-                ctx=args.ctx,
-                threads=args.threads,
-                parallel=args.parallel,
-                session_slots=args.session_slots,
-                prefix_reuse=args.prefix_reuse == "on",
-            )
-            t0 = time.perf_counter()
-            model = LlamaChatModel(opts, _progress_printer(os.path.basename(path)))
-            models.append(model)
-            registry.attach(model)
-            info = model.info()
-            print(
-                f"  model {model.model_id}: {info['description']}, context {model.max_context}, "
-                f"{info['parallel']} parallel / {info['session_slots']} slots, "
-                f"threads {model.ctx.threads}, loaded in {time.perf_counter() - t0:.1f}s",
-                file=sys.stderr,
-            )
-    except (RegistryError, RuntimeError, FileNotFoundError, ValueError) as exc:
-        print(f"turbospark: {exc}", file=sys.stderr)
-        for m in models:
-            m.close()
-        return 2
+    registry = Registry(observer, loader=load_spec, max_resident=args.max_resident)
+    started = [time.perf_counter()]
 
-    app = build_app(registry, observer)
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    def progress_for(spec: Any):
+        started[0] = time.perf_counter()
+        return _progress_printer(os.path.basename(spec.path))
+
+    def loaded(model: Any) -> None:
+        info = model.info()
+        print(
+            f"  model {model.model_id}: {info['description']}, context {model.max_context}, "
+            f"{info['parallel']} parallel / {info['session_slots']} slots, "
+            f"threads {model.ctx.threads}, loaded in {time.perf_counter() - started[0]:.1f}s",
+            file=sys.stderr,
+        )
+        print(f"    {info['kv_cache']}; speculative: {'ngram' if info['speculative'] else 'off'}",
+              file=sys.stderr)
+
     try:
-        sock.bind((args.host, args.port))
+        models = populate(registry, options, progress_for=progress_for, on_loaded=loaded)
+    except (RegistryError, RuntimeError, FileNotFoundError, ValueError, MemoryRefused) as exc:
+        for entry in registry.entries():
+            if entry.model is not None:
+                entry.model.close()
+        return _fail(str(exc))
+    for entry in registry.entries():
+        if entry.model is None:
+            print(f"  model {entry.id}: configured, loads on first use", file=sys.stderr)
+
+    app = build_app(registry, observer, auth)
+    try:
+        sock = bind_socket(args.host, args.port)
     except OSError as exc:
-        print(f"turbospark: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"turbospark {__version__} listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
-    print("  OpenAI: /v1/chat/completions   events: " + (args.event_log or "(no --event-log)"), file=sys.stderr)
+    print("  auth: " + ("API key required" if auth.api_keys else "off (loopback only)")
+          + "   events: " + (args.event_log or "(no --event-log)"), file=sys.stderr)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     try:
@@ -108,8 +155,10 @@ def _serve(args: argparse.Namespace) -> int:
         pass
     finally:
         print("turbospark: shutting down", file=sys.stderr)
-        for m in models:
-            m.close()
+        for entry in registry.entries():
+            if entry.model is not None:
+                entry.model.close()
+        del models
         for s in sinks:
             s.close()
     return 0
@@ -133,14 +182,29 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="serve models over HTTP")
     s.add_argument("--model", "-m", action="append", help="GGUF path or packaged model name (repeatable)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8080)
-    s.add_argument("--ctx", type=int, default=4096, help="context length in tokens (0 = the model's)")
-    s.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
-    s.add_argument("--parallel", type=int, default=1, help="sequences decoded together")
-    s.add_argument("--session-slots", type=int, default=0, help="conversations kept resident (>= parallel)")
-    s.add_argument("--prefix-reuse", choices=["on", "off"], default="on")
-    s.add_argument("--event-log", metavar="FILE", help="append every event to FILE as JSON lines")
+    s.add_argument("--config", metavar="FILE", help="turbospark.toml with server settings and models")
+    s.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=None, help="port (default 8080; 0 = any free port)")
+    s.add_argument("--ctx", type=int, default=None, help="context per request in tokens (default 4096; 0 = the model's)")
+    s.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    s.add_argument("--parallel", type=int, default=None,
+                   help=f"sequences decoded together in one batch (default {DEFAULT_PARALLEL})")
+    s.add_argument("--session-slots", type=int, default=None,
+                   help="conversations whose KV stays resident (>= parallel; default = parallel)")
+    s.add_argument("--prefix-reuse", choices=["on", "off"], default=None, help="reuse KV prefixes (default on)")
+    s.add_argument("--speculative", choices=["ngram", "off"], default=None,
+                   help="prompt-lookup speculative decoding, exact (default ngram)")
+    s.add_argument("--draft-max", type=int, default=None, help="most tokens drafted per step (default 8)")
+    s.add_argument("--max-queue", type=int, default=None,
+                   help="most requests waiting for a sequence (0 = unbounded); full -> 503")
+    s.add_argument("--keep-alive", type=float, default=None, metavar="SECONDS",
+                   help="unload a model after this long idle; it reloads on the next request")
+    s.add_argument("--max-resident", type=int, default=None,
+                   help="most models in memory at once; least recently used is unloaded (0 = no cap)")
+    s.add_argument("--api-key", action="append", help="require this API key (repeatable; or TURBOSPARK_API_KEY)")
+    s.add_argument("--admin-key", action="append",
+                   help="a separate key for /v1/admin routes (or TURBOSPARK_ADMIN_KEY)")
+    s.add_argument("--event-log", metavar="FILE", default=None, help="append every event to FILE as JSON lines")
     s.add_argument("--verbose", "-v", action="store_true")
     s.set_defaults(func=_serve)
 

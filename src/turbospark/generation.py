@@ -67,16 +67,21 @@ class Final:
         return self.result.reused_prefix_tokens
 
 
-def prepare(model: Any, req: ChatRequest) -> Prepared:
-    """Render and tokenize the prompt and admit it against the context."""
+def render(model: Any, req: ChatRequest) -> list[int]:
+    """The prompt token ids exactly as :func:`prepare` prefills them (token
+    counting endpoints use this, so their count is the real one)."""
     if req.prompt is not None:
         if req.prompt == "":
             raise AdmissionError("the prompt is empty", "prompt")
-        ids = model.prompt_ids(req.prompt)
-    else:
-        if not req.messages:
-            raise AdmissionError("'messages' must contain at least one message", "messages")
-        ids = model.render_chat(req.messages, tools=req.tools, **req.template_kwargs)
+        return model.prompt_ids(req.prompt)
+    if not req.messages:
+        raise AdmissionError("'messages' must contain at least one message", "messages")
+    return model.render_chat(req.messages, tools=req.tools, **req.template_kwargs)
+
+
+def prepare(model: Any, req: ChatRequest) -> Prepared:
+    """Render and tokenize the prompt and admit it against the context."""
+    ids = render(model, req)
     if not ids:
         raise AdmissionError("the prompt is empty", "messages" if req.prompt is None else "prompt")
     config = req.config

@@ -18,10 +18,14 @@ from typing import Any
 
 import orjson
 
-from .dialects.errors import error_message
+from .auth import TENANT_KEY
+from .dialects.errors import error_message, shape_for_path
 from .observe import REQUEST_ID_KEY, Observer, RequestFinished, RequestIds, RequestStarted, now_ms, record
 
 Scope = dict[str, Any]
+#: Where ``routes.common.route_model`` leaves the registry leases a request
+#: holds; :class:`LeaseMiddleware` releases them when the response is done.
+LEASES_KEY = "turbospark_leases"
 MAX_ERROR_BODY = 64 * 1024
 
 
@@ -97,3 +101,51 @@ def _message_from(body: bytes, status: int) -> str:
     except orjson.JSONDecodeError:
         msg = body.decode("utf-8", "replace").strip() or None
     return msg or f"HTTP {status}"
+
+
+class AuthMiddleware:
+    """401s before the body is read, in the error shape of the path's dialect.
+    Sits inside :class:`ObserveMiddleware`, so refusals are observed too."""
+
+    def __init__(self, app: Any, auth: Any) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not self.auth.enabled:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        decision = self.auth.check(scope.get("method", ""), scope.get("path", ""), headers)
+        if not decision.allowed:
+            shape = shape_for_path(scope.get("path", ""))
+            body = orjson.dumps(shape(401, decision.reason, type="authentication_error", param=None, code=None))
+            await send({
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Bearer realm="turbospark"'),
+                ],
+            })
+            await send({"type": "http.response.body", "body": body})
+            return
+        scope.setdefault("state", {})[TENANT_KEY] = decision.tenant
+        await self.app(scope, receive, send)
+
+
+class LeaseMiddleware:
+    """Releases the registry leases a request took (``route_model``) once its
+    response is complete, streams included, so a detached or idle model is
+    unloaded only after the requests using it are done."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            for release in scope.get("state", {}).pop(LEASES_KEY, ()):
+                release()

@@ -1,30 +1,43 @@
-"""Which model serves a request (REFERENCE.md §4). No HTTP types in here.
+"""Which model serves a request (REFERENCE.md §4), and which models are in
+memory. No HTTP types in here.
 
 Resolution, among the models capable of the request (chat vs embeddings):
 
 1. an exact id or alias match wins;
-2. else, if exactly one capable model is loaded, it serves whatever name was
+2. else, if exactly one capable model is known, it serves whatever name was
    asked (clients send ``gpt-4o`` or ``claude-sonnet-...``);
 3. else, no capable model at all: 503;
 4. else 404 ``model_not_found`` naming the models that are available.
 
 Lookups (``GET /v1/models/{id}``, Ollama ``/api/show``) never fall back.
+
+A model is an :class:`Entry`: its names, how to (re)load it (a spec, when the
+registry may load it on demand) and, while resident, the loaded model. Each
+request holds a lease on the entry it was routed to; a detached or idle model
+is unloaded only once its leases are gone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import difflib
+import logging
+import os
 import threading
-from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal
 
 from .observe import ModelAttached, ModelDetached, Observer, now_ms, record
 
+log = logging.getLogger("turbospark.registry")
+
 Capability = Literal["chat", "embeddings"]
+Kind = Literal["chat", "embedding"]
 
 
 class RoutingError(Exception):
-    """A request no loaded model can take; carries its HTTP meaning."""
+    """A request no known model can take; carries its HTTP meaning."""
 
     def __init__(self, status: int, message: str, code: str, param: str | None = "model") -> None:
         super().__init__(message)
@@ -38,39 +51,92 @@ class RegistryError(ValueError):
     """A configuration the registry refuses (duplicate id or alias)."""
 
 
-@dataclass(frozen=True)
+@dataclass
+class ModelSpec:
+    """How the registry (re)loads a model on demand."""
+
+    id: str
+    aliases: tuple[str, ...] = ()
+    kind: Kind = "chat"
+    #: opaque to the registry; handed to the loader
+    options: Any = None
+    #: seconds idle before the model is unloaded (None: stays resident)
+    keep_alive: float | None = None
+    path: str = ""
+
+
+@dataclass(eq=False)
+class Entry:
+    id: str
+    aliases: tuple[str, ...]
+    kind: Kind
+    spec: ModelSpec | None = None
+    model: Any = None
+    leases: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    detached: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    _loading: "asyncio.Future[Any] | None" = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.id, *self.aliases)
+
+    @property
+    def loaded(self) -> bool:
+        return self.model is not None
+
+    def capable(self, capability: Capability) -> bool:
+        if self.model is not None:
+            flag = "supports_chat" if capability == "chat" else "supports_embeddings"
+            return bool(getattr(self.model, flag, capability == "chat"))
+        if capability == "chat":
+            return self.kind == "chat"
+        return True  # llama.cpp models embed; chat models too
+
+
+@dataclass
 class Route:
-    model: Any
+    entry: Entry
     requested: str | None
     served: str
+
+    @property
+    def model(self) -> Any:
+        return self.entry.model
 
     @property
     def fell_back(self) -> bool:
         return self.requested is not None and self.requested != self.served
 
 
-def _capable(model: Any, capability: Capability) -> bool:
-    if capability == "chat":
-        return bool(getattr(model, "supports_chat", True))
-    return bool(getattr(model, "supports_embeddings", False))
+def _base_name(name: str) -> str:
+    """Ollama clients append ``:latest``; treat it as the bare name."""
+    return name[: -len(":latest")] if name.endswith(":latest") else name
 
 
 class Registry:
-    """The models a server holds, addressable by id and aliases."""
+    """The models a server knows, addressable by id and aliases."""
 
-    def __init__(self, observer: Observer | None = None) -> None:
-        self._models: dict[str, Any] = {}
+    def __init__(
+        self,
+        observer: Observer | None = None,
+        loader: Callable[[ModelSpec], Any] | None = None,
+        max_resident: int = 0,
+    ) -> None:
+        self._entries: dict[str, Entry] = {}
         self._lock = threading.RLock()
         self.observer = observer
+        self.loader = loader
+        self.max_resident = max_resident
+        self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     # -- membership ------------------------------------------------------------
-    def _names(self, model: Any) -> list[str]:
-        return [model.model_id, *getattr(model, "aliases", ())]
-
-    def _owner_of(self, name: str) -> str | None:
-        for mid, m in self._models.items():
-            if name in self._names(m):
-                return mid
+    def _owner_of(self, name: str) -> Entry | None:
+        for e in self._entries.values():
+            if name in e.names:
+                return e
         return None
 
     def check_names(self, model_id: str, aliases: tuple[str, ...] | list[str] = ()) -> None:
@@ -78,78 +144,216 @@ class Registry:
         with self._lock:
             seen: set[str] = set()
             for name in [model_id, *aliases]:
+                if not name:
+                    raise RegistryError(f"model {model_id!r} has an empty name")
                 if name in seen:
                     raise RegistryError(f"model {model_id!r} lists the name {name!r} twice")
                 seen.add(name)
                 owner = self._owner_of(name)
                 if owner is not None:
                     raise RegistryError(
-                        f"the name {name!r} of model {model_id!r} is already used by model {owner!r}"
+                        f"the name {name!r} of model {model_id!r} is already used by model {owner.id!r}"
                     )
 
-    def attach(self, model: Any) -> None:
+    def attach(self, model: Any, spec: ModelSpec | None = None) -> Entry:
+        """Add a loaded model (and, with a spec, the means to reload it)."""
+        aliases = tuple(getattr(model, "aliases", ()))
+        kind: Kind = "chat" if getattr(model, "supports_chat", True) else "embedding"
         with self._lock:
-            self.check_names(model.model_id, getattr(model, "aliases", ()))
-            self._models[model.model_id] = model
-        record(self.observer, lambda: ModelAttached(at_ms=now_ms(), model=model.model_id))
+            self.check_names(model.model_id, aliases)
+            entry = Entry(model.model_id, aliases, kind, spec=spec, model=model)
+            entry.info = _info_of(model)
+            self._entries[entry.id] = entry
+        record(self.observer, lambda: ModelAttached(at_ms=now_ms(), model=entry.id))
+        return entry
 
-    def detach(self, model_id: str) -> Any:
+    def configure(self, spec: ModelSpec) -> Entry:
+        """Add a model that is loaded on first use."""
         with self._lock:
-            model = self._models.pop(model_id, None)
-        if model is None:
-            raise KeyError(model_id)
+            self.check_names(spec.id, spec.aliases)
+            entry = Entry(spec.id, spec.aliases, spec.kind, spec=spec)
+            entry.info = {"id": spec.id, "aliases": list(spec.aliases), "path": spec.path,
+                          "size_bytes": _file_size(spec.path)}
+            self._entries[entry.id] = entry
+        return entry
+
+    def detach(self, model_id: str) -> Entry:
+        """Take a model out of routing now; it is unloaded once its in-flight
+        requests are done (see :meth:`unload_when_idle`)."""
+        with self._lock:
+            entry = self._entries.pop(model_id, None)
+            if entry is None:
+                raise KeyError(model_id)
+            entry.detached = True
         record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=model_id))
-        return model
+        return entry
+
+    async def unload_when_idle(self, entry: Entry, poll: float = 0.05) -> None:
+        while entry.leases > 0:
+            await asyncio.sleep(poll)
+        model, entry.model = entry.model, None
+        if model is not None and hasattr(model, "close"):
+            await asyncio.to_thread(model.close)
+
+    def remove(self, model_id: str) -> Entry:
+        """Detach, and unload in the background when idle (needs a loop)."""
+        entry = self.detach(model_id)
+        task = asyncio.ensure_future(self.unload_when_idle(entry))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return entry
+
+    # -- views -----------------------------------------------------------------
+    def entries(self) -> list[Entry]:
+        with self._lock:
+            return list(self._entries.values())
 
     def models(self) -> list[Any]:
-        with self._lock:
-            return list(self._models.values())
+        """The models resident in memory now."""
+        return [e.model for e in self.entries() if e.model is not None]
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.models())
 
     def __len__(self) -> int:
-        return len(self._models)
+        return len(self._entries)
 
     @property
     def state(self) -> str:
-        return "ready" if self._models else "empty"
+        return "ready" if self._entries else "empty"
+
+    def lookup(self, name: str) -> Entry | None:
+        """Exact id or alias (``:latest`` ignored); never falls back."""
+        with self._lock:
+            return self._owner_of(name) or self._owner_of(_base_name(name))
 
     # -- routing ---------------------------------------------------------------
-    def lookup(self, name: str) -> Any | None:
-        """Exact id or alias; never falls back."""
-        with self._lock:
-            owner = self._owner_of(name)
-            return self._models.get(owner) if owner is not None else None
-
     def resolve(self, requested: str | None, capability: Capability = "chat") -> Route:
         with self._lock:
-            capable = [m for m in self._models.values() if _capable(m, capability)]
+            capable = [e for e in self._entries.values() if e.capable(capability)]
             if requested:
-                for m in capable:
-                    if requested in self._names(m):
-                        return Route(m, requested, m.model_id)
+                for name in (requested, _base_name(requested)):
+                    for e in capable:
+                        if name in e.names:
+                            return Route(e, requested, e.id)
             if len(capable) == 1:
-                return Route(capable[0], requested, capable[0].model_id)
+                return Route(capable[0], requested, capable[0].id)
             if not capable:
                 what = "chat" if capability == "chat" else "embeddings"
                 raise RoutingError(
-                    503,
-                    f"no model capable of this request ({what}) is loaded",
-                    "model_not_available",
+                    503, f"no model capable of this request ({what}) is loaded", "model_not_available"
                 )
-            ids = sorted(m.model_id for m in capable)
+            ids = sorted(e.id for e in capable)
             if not requested:
                 raise RoutingError(
-                    400,
-                    f"several models are loaded; name one in 'model': {', '.join(ids)}",
+                    400, f"several models are loaded; name one in 'model': {', '.join(ids)}",
                     "model_required",
                 )
-            names = [n for m in capable for n in self._names(m)]
+            names = [n for e in capable for n in e.names]
             close = difflib.get_close_matches(requested, names, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise RoutingError(
-                404,
-                f"model {requested!r} not found; available models: {', '.join(ids)}.{hint}",
+                404, f"model {requested!r} not found; available models: {', '.join(ids)}.{hint}",
                 "model_not_found",
             )
+
+    async def acquire(self, requested: str | None, capability: Capability = "chat") -> tuple[Route, Callable[[], None]]:
+        """Resolve, load on demand, and lease the model for one request.
+        Call the returned release exactly once when the request is done."""
+        self._ensure_reaper()
+        route = self.resolve(requested, capability)
+        entry = route.entry
+        entry.leases += 1  # leased before any await, so nothing unloads it
+        try:
+            if entry.model is None:
+                await self._load(entry)
+        except BaseException:
+            entry.leases -= 1
+            raise
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                entry.leases -= 1
+                entry.last_used = time.monotonic()
+
+        entry.last_used = time.monotonic()
+        return route, release
+
+    async def _load(self, entry: Entry) -> None:
+        if entry.spec is None or self.loader is None:
+            raise RoutingError(503, f"model {entry.id!r} is not loaded and cannot be reloaded", "model_not_available")
+        if entry._loading is None:
+            entry._loading = asyncio.ensure_future(self._do_load(entry))
+        try:
+            await asyncio.shield(entry._loading)
+        finally:
+            if entry._loading is not None and entry._loading.done():
+                entry._loading = None
+
+    async def _do_load(self, entry: Entry) -> None:
+        await self._make_room(exclude=entry)
+        model = await asyncio.to_thread(self.loader, entry.spec)  # type: ignore[arg-type]
+        entry.model = model
+        entry.info = _info_of(model)
+        record(self.observer, lambda: ModelAttached(at_ms=now_ms(), model=entry.id))
+
+    async def _make_room(self, exclude: Entry) -> None:
+        """Evict least-recently-used idle, reloadable models past the cap."""
+        if not self.max_resident:
+            return
+        resident = [e for e in self.entries() if e.model is not None and e is not exclude]
+        while len(resident) >= self.max_resident:
+            idle = [e for e in resident if e.leases == 0 and e.spec is not None]
+            if not idle:
+                log.warning("max resident models reached and every resident model is busy")
+                return
+            victim = min(idle, key=lambda e: e.last_used)
+            await self._unload(victim, "evicted (max resident models)")
+            resident.remove(victim)
+
+    async def _unload(self, entry: Entry, why: str) -> None:
+        model, entry.model = entry.model, None
+        if model is None:
+            return
+        log.info("unloading %s: %s", entry.id, why)
+        record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=entry.id))
+        if hasattr(model, "close"):
+            await asyncio.to_thread(model.close)
+
+    # -- idle unload -------------------------------------------------------------
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            if any(e.spec is not None and e.spec.keep_alive is not None for e in self.entries()):
+                self._reaper = asyncio.ensure_future(self._reap())
+
+    async def _reap(self, every: float = 0.5) -> None:
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for e in self.entries():
+                ka = e.spec.keep_alive if e.spec is not None else None
+                if ka is not None and e.model is not None and e.leases == 0 and now - e.last_used >= ka:
+                    await self._unload(e, f"idle for {ka:g}s (keep-alive)")
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for task in list(self._closing):
+            await task
+
+
+def _info_of(model: Any) -> dict[str, Any]:
+    try:
+        return dict(model.info())
+    except Exception:  # a model without info() still routes
+        return {"id": model.model_id, "aliases": list(getattr(model, "aliases", ()))}
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

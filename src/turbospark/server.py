@@ -11,66 +11,51 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import uvicorn
 
 from .app import build_app
-from .catalog import DEFAULT_MODEL, resolve_model
-from .engine.model import LlamaChatModel, ModelOptions
+from .auth import Auth
+from .catalog import DEFAULT_MODEL
+from .loading import ModelArg, load_spec, populate
 from .observe import Observer, combine
 from .registry import Registry
 
 log = logging.getLogger("turbospark.server")
-
-ModelSpec = str | ModelOptions | Any
-
-
-def load_model(
-    spec: ModelSpec, defaults: dict[str, Any] | None = None, progress: Callable[[float], None] | None = None
-) -> Any:
-    """A path or catalog name, a :class:`ModelOptions`, or an already-built
-    model object (anything with ``model_id`` and ``run_completion``)."""
-    if isinstance(spec, str):
-        path, default_id = resolve_model(spec)
-        opts = ModelOptions(path=path, id=default_id, **(defaults or {}))
-        return LlamaChatModel(opts, progress)
-    if isinstance(spec, ModelOptions):
-        return LlamaChatModel(spec, progress)
-    return spec
-
 
 class Server:
     """A server on a background thread, with the models loaded in-process."""
 
     def __init__(
         self,
-        models: Iterable[ModelSpec] | None = None,
+        models: Iterable[ModelArg] | None = None,
         *,
         observer: Observer | None = None,
         observers: Iterable[Observer] = (),
         host: str = "127.0.0.1",
         port: int = 0,
         model_defaults: dict[str, Any] | None = None,
+        api_keys: Iterable[str] = (),
+        admin_keys: Iterable[str] = (),
+        max_resident: int = 0,
         log_level: str = "warning",
     ) -> None:
         self.host = host
         self.port = port
         self.observer = combine([observer, *observers])
-        self.registry = Registry(self.observer)
-        self._owned: list[Any] = []
-        for spec in list(models) if models is not None else [DEFAULT_MODEL]:
-            model = load_model(spec, model_defaults)
-            if model is not spec:
-                self._owned.append(model)
-            self.registry.attach(model)
-        self.app = build_app(self.registry, self.observer)
+        self.registry = Registry(self.observer, loader=load_spec, max_resident=max_resident)
+        self.auth = Auth(tuple(api_keys), tuple(admin_keys))
+        chosen = list(models) if models is not None else [DEFAULT_MODEL]
+        self._owned = populate(self.registry, chosen, model_defaults)
+        self.app = build_app(self.registry, self.observer, self.auth)
         self._log_level = log_level
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def url(self) -> str:
@@ -78,25 +63,28 @@ class Server:
         return f"http://{host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "Server":
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
-        self._sock = sock
         config = uvicorn.Config(
             self.app, log_level=self._log_level, access_log=False, lifespan="off",
             timeout_graceful_shutdown=5,
         )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
-            name="turbospark-http",
-            daemon=True,
-        )
+        self._server = server = uvicorn.Server(config)
+
+        def run() -> None:
+            async def main() -> None:
+                self._loop = asyncio.get_running_loop()
+                try:
+                    await server.serve(sockets=[sock])
+                finally:
+                    await self.registry.close()
+
+            asyncio.run(main())
+
+        self._thread = threading.Thread(target=run, name="turbospark-http", daemon=True)
         self._thread.start()
         waited = 0.0
-        while not self._server.started:
+        while not server.started:
             if not self._thread.is_alive():
                 raise RuntimeError("the HTTP server failed to start")
             threading.Event().wait(0.02)
@@ -110,11 +98,14 @@ class Server:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(10)
-        for model in self._owned:
-            try:
-                model.close()
-            except Exception:  # pragma: no cover
-                log.exception("closing %s failed", getattr(model, "model_id", model))
+        # close what this server loaded (models passed in as objects are the
+        # caller's), including models loaded on demand since
+        owned = {id(m) for m in self._owned}
+        for entry in self.registry.entries():
+            if entry.model is not None and (entry.spec is not None or id(entry.model) in owned):
+                if id(entry.model) in owned or entry.spec is not None:
+                    _close(entry.model)
+                    entry.model = None
         self._owned.clear()
 
     def __enter__(self) -> "Server":
@@ -122,3 +113,20 @@ class Server:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _close(model: Any) -> None:
+    try:
+        model.close()
+    except Exception:  # pragma: no cover
+        log.exception("closing %s failed", getattr(model, "model_id", model))
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    if hasattr(os, "set_inheritable"):
+        sock.set_inheritable(True)
+    return sock

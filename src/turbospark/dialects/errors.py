@@ -63,3 +63,13 @@ def error_message(body: Any) -> str | None:
         if isinstance(msg, str):
             return msg
     return None
+
+
+def shape_for_path(path: str):
+    """The error shape a client of this path parses (for errors raised before
+    any handler runs: 401s, unknown routes, wrong methods)."""
+    if path.startswith("/api/") or path == "/api":
+        return ollama_error
+    if path.startswith("/v1/messages") or path.startswith("/messages"):
+        return anthropic_error
+    return openai_error

@@ -29,11 +29,15 @@ class StopMatcher:
     """Finds the earliest stop string in the generated text and withholds any
     tail that could still become one."""
 
-    __slots__ = ("stops", "_buf")
+    __slots__ = ("stops", "_buf", "matched")
 
     def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
         self.stops = tuple(s for s in stops if s)
         self._buf = ""
+        #: The stop string that ended the text (the earliest in it; on a tie
+        #: the first listed), so a dialect can name it (Anthropic
+        #: ``stop_sequence``).
+        self.matched: str | None = None
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, whether a stop string was hit)."""
@@ -45,6 +49,7 @@ class StopMatcher:
             i = buf.find(s)
             if i != -1 and (hit == -1 or i < hit):
                 hit = i
+                self.matched = s
         if hit != -1:
             self._buf = ""
             return buf[:hit], True

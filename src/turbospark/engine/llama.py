@@ -69,6 +69,9 @@ class ContextOptions:
     embeddings: bool = False
     pooling: int = -1  # LLAMA_POOLING_TYPE_UNSPECIFIED
     flash_attn: int = -1  # auto
+    #: None = the process default (TURBOSPARK_KV_UNIFIED); the embedder needs
+    #: True (one ubatch packs sequences of different lengths).
+    kv_unified: bool | None = None
 
 
 def default_threads() -> int:
@@ -281,7 +284,11 @@ class LlamaContext:
         threads = opts.n_threads or default_threads()
         p.n_threads = threads
         p.n_threads_batch = threads
-        p.kv_unified = True
+        p.kv_unified = (
+            opts.kv_unified
+            if opts.kv_unified is not None
+            else os.environ.get("TURBOSPARK_KV_UNIFIED", "0") == "1"
+        )
         p.no_perf = True
         p.embeddings = opts.embeddings
         if opts.embeddings:

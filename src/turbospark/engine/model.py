@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .channel import Channel
-from .llama import ContextOptions, LlamaContext, LlamaModelFile, default_threads
+from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
+from .llama import ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
+from .memory import plan_kv
 from .scheduler import Job, Scheduler
 from .template import TURN_END_MARKERS, ChatTemplate
 from .types import (
     AdmissionError,
     CancelFlag,
+    Embeddings,
     EngineError,
     GenerationConfig,
     Progress,
@@ -34,16 +38,24 @@ class ModelOptions:
     path: str
     id: str | None = None
     aliases: tuple[str, ...] = ()
+    #: "chat" (chat, completions and embeddings) or "embedding" (embeddings only)
+    kind: str = "chat"
+    #: seconds idle before the registry unloads it (None: stays resident)
+    keep_alive: float | None = None
     ctx: int = 4096
     threads: int = 0
-    parallel: int = 1
+    parallel: int = 4
     session_slots: int = 0  # 0 = same as parallel
     prefix_reuse: bool = True
+    #: prompt-lookup speculative decoding (exact; see engine/speculative.py)
+    speculative: bool = True
+    draft_max: int = 8
     max_queue: int = 0
     batch: int = 512
     prefill_chunk: int = 256
     gpu_layers: int = -1
     default_system: str | None = None
+    default_reasoning: str | None = None
     chat_template: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -62,7 +74,7 @@ class LlamaChatModel:
     """A loaded GGUF serving chat/completion requests through its scheduler."""
 
     supports_chat = True
-    supports_embeddings = False
+    supports_embeddings = True
     vision = None
     default_reasoning = None
 
@@ -70,14 +82,20 @@ class LlamaChatModel:
         self, opts: ModelOptions, progress: Callable[[float], None] | None = None
     ) -> None:
         self.opts = opts
+        if opts.kind not in ("chat", "embedding"):
+            raise ValueError(f"model kind must be 'chat' or 'embedding', not {opts.kind!r}")
+        self.supports_chat = opts.kind == "chat"
         self.file = LlamaModelFile(opts.path, n_gpu_layers=opts.gpu_layers, progress=progress)
         try:
             slots = max(opts.session_slots or opts.parallel, opts.parallel, 1)
-            ctx_len = opts.ctx or self.file.n_ctx_train
+            #: --ctx is what ONE request may use (prompt + new tokens); the
+            #: unified KV cache holds that for every session slot.
+            self.seq_ctx = opts.ctx or self.file.n_ctx_train
+            self.kv_plan = plan_kv(self.file, slots, self.seq_ctx)
             self.ctx = LlamaContext(
                 self.file,
                 ContextOptions(
-                    n_ctx=ctx_len,
+                    n_ctx=self.kv_plan.cells,
                     n_batch=opts.batch,
                     n_ubatch=opts.batch,
                     n_seq_max=slots,
@@ -87,9 +105,13 @@ class LlamaChatModel:
         except Exception:
             self.file.close()
             raise
+        self._embedder: Embedder | None = None  # created on first encode()
+        self._embedder_lock = threading.Lock()
+        self._closed = False
         self.model_id = opts.id or derive_id(opts.path)
         self.aliases = tuple(opts.aliases)
         self.default_system = opts.default_system
+        self.default_reasoning = opts.default_reasoning
         bos = self.file.token_text(self.file.bos) if self.file.bos >= 0 else ""
         eos = self.file.token_text(self.file.eos) if self.file.eos >= 0 else ""
         self.template = ChatTemplate(opts.chat_template or self.file.chat_template(), bos, eos)
@@ -102,6 +124,8 @@ class LlamaChatModel:
             max_queue=opts.max_queue,
             prefill_chunk=opts.prefill_chunk,
             end_turn_tokens=self.end_turn_tokens,
+            speculative=opts.speculative and self._can_roll_back(),
+            draft_max=opts.draft_max,
             name=self.model_id,
         )
 
@@ -116,7 +140,17 @@ class LlamaChatModel:
 
     @property
     def max_context(self) -> int:
-        return self.ctx.n_ctx_seq
+        return self.seq_ctx
+
+    def _can_roll_back(self) -> bool:
+        """Speculation removes rejected drafts from the KV; sliding-window and
+        recurrent memories cannot drop a partial sequence."""
+        L = lib()
+        return not (
+            L.llama_model_n_swa(self.file.ptr) > 0
+            or L.llama_model_is_recurrent(self.file.ptr)
+            or L.llama_model_is_hybrid(self.file.ptr)
+        )
 
     def info(self) -> dict[str, Any]:
         md = self.file.metadata
@@ -133,6 +167,9 @@ class LlamaChatModel:
             "context_train": self.file.n_ctx_train,
             "parallel": self.scheduler.parallel,
             "session_slots": len(self.scheduler.slots),
+            "speculative": self.scheduler.speculative,
+            "kv_cache": self.kv_plan.describe(),
+            "kv_cache_bytes": self.kv_plan.kv_bytes,
             "quantization": md.get("general.file_type", ""),
             "chat_template": self.template.source,
         }
@@ -225,10 +262,30 @@ class LlamaChatModel:
         sch = self.scheduler
         return {"running": sch.running, "waiting": sch.waiting, "slots": sch.slot_view()}
 
-    def encode(self, texts: list[str]) -> Any:
-        raise AdmissionError(f"model {self.model_id!r} does not support embeddings", "model")
+    def embedder(self) -> Embedder:
+        """The embedding context, created on first use: servers that never
+        embed never pay for it. ``opts.extra["embed_ctx"]`` and
+        ``["embed_threads"]`` size it."""
+        with self._embedder_lock:
+            if self._closed:
+                raise EngineError(f"model {self.model_id!r} is closed")
+            if self._embedder is None:
+                n_ctx = int(self.opts.extra.get("embed_ctx") or min(self.max_context, DEFAULT_EMBED_CTX))
+                threads = int(self.opts.extra.get("embed_threads") or embed_threads(self.opts.threads))
+                self._embedder = Embedder(self.file, n_ctx=n_ctx, threads=threads)
+            return self._embedder
+
+    def encode(self, texts: list[str]) -> Embeddings:
+        """Blocking (call it from a worker thread); never waits for the chat
+        scheduler, since the embedder has a context of its own."""
+        return self.embedder().encode(texts)
 
     def close(self) -> None:
+        with self._embedder_lock:
+            self._closed = True
+            embedder, self._embedder = self._embedder, None
+        if embedder is not None:
+            embedder.close()
         self.scheduler.close()
         self.ctx.close()
         self.file.close()

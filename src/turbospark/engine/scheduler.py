@@ -27,6 +27,7 @@ from typing import Any, Callable
 from .detok import StopMatcher, Utf8Stream
 from .llama import Batch, LlamaContext, LlamaModelFile
 from .sampling import SamplerChain
+from .speculative import NgramDrafter
 from .types import (
     AdmissionError,
     CancelFlag,
@@ -96,7 +97,8 @@ class Seq:
     __slots__ = (
         "job", "slot", "chain", "pending", "fed", "n_past", "last_token", "decoding",
         "new_tokens", "generated", "utf8", "stops", "text", "out", "reused", "evicted",
-        "prefill_s", "decode_s", "admitted_at", "max_new", "finished",
+        "prefill_s", "decode_s", "admitted_at", "max_new", "finished", "drafter", "drafted",
+        "accepted",
     )
 
     def __init__(self, job: Job, slot: Slot, chain: SamplerChain, reused: int, evicted: bool):
@@ -121,6 +123,9 @@ class Seq:
         self.admitted_at = time.perf_counter()
         self.max_new = job.config.max_new_tokens
         self.finished = False
+        self.drafter: NgramDrafter | None = None
+        self.drafted = 0
+        self.accepted = 0
 
 
 class Scheduler:
@@ -136,6 +141,8 @@ class Scheduler:
         max_queue: int = 0,
         prefill_chunk: int = 256,
         end_turn_tokens: frozenset[int] = frozenset(),
+        speculative: bool = False,
+        draft_max: int = 8,
         name: str = "model",
         on_step: Callable[[], None] | None = None,
     ) -> None:
@@ -146,6 +153,8 @@ class Scheduler:
         self.max_queue = max_queue
         self.prefill_chunk = max(1, prefill_chunk)
         self.end_turn_tokens = end_turn_tokens
+        self.speculative = speculative
+        self.draft_max = draft_max
         self.slots = [Slot(i) for i in range(ctx.opts.n_seq_max)]
         self._batch = Batch(ctx.opts.n_batch)
         self._waiting: deque[Job] = deque()
@@ -236,16 +245,10 @@ class Scheduler:
         )
 
     # ------------------------------------------------------------ admission
-    def _cells_in_use(self, exclude: Slot) -> int:
-        used = 0
-        for seq in self._active:
-            used += len(seq.job.prompt) + seq.max_new
-        for s in self.slots:
-            if s is not exclude and not s.busy:
-                used += len(s.tokens)
-        return used
-
     def _admit_locked(self) -> list[tuple[Job, Slot, bool]]:
+        """FIFO: the head of the wait list gets the next free slot. Every slot
+        has its own KV stream of the per-request context, which admission
+        (``LlamaChatModel.check_admission``) already checked the job fits."""
         admitted: list[tuple[Job, Slot, bool]] = []
         while self._waiting and len(self._active) + len(admitted) < self.parallel:
             job = self._waiting[0]
@@ -253,29 +256,10 @@ class Scheduler:
             if choice is None:
                 break
             slot, extension = choice
-            need = len(job.prompt) + job.config.max_new_tokens
-            reserved = sum(len(j.prompt) + j.config.max_new_tokens for j, _, _ in admitted)
-            if self._cells_in_use(slot) + reserved + need > self.ctx.n_ctx:
-                if not self._free_parked_cells(need + reserved, keep=slot):
-                    break  # wait for running sequences to finish (FIFO)
             self._waiting.popleft()
             slot.busy = True
             admitted.append((job, slot, extension))
         return admitted
-
-    def _free_parked_cells(self, need: int, keep: Slot) -> bool:
-        """Drop parked conversations (least recently used first) until `need`
-        more cells fit. False if running sequences alone leave no room."""
-        parked = sorted(
-            (s for s in self.slots if not s.busy and s is not keep and s.tokens),
-            key=lambda s: s.last_used,
-        )
-        for s in parked:
-            if self._cells_in_use(keep) + need <= self.ctx.n_ctx:
-                return True
-            self.ctx.seq_rm(s.seq_id)
-            s.tokens = []
-        return self._cells_in_use(keep) + need <= self.ctx.n_ctx
 
     def _choose_slot(self, job: Job, taken: set[Slot]) -> tuple[Slot, bool] | None:
         """The slot that best extends this conversation, else an empty one,
@@ -296,7 +280,14 @@ class Scheduler:
                 lcp = common_prefix(s.tokens, job.prompt)
                 if lcp > best_lcp:
                     best, best_lcp = s, lcp
-            if best is not None and best_lcp * 2 >= len(best.tokens):
+            # The same conversation: the prompt continues most of the slot's
+            # record (a next turn), or the record holds the whole prompt (a
+            # regenerate). A prompt that merely shares a system prompt with a
+            # parked conversation takes an empty slot instead, so both keep
+            # their state.
+            if best is not None and (
+                best_lcp * 2 >= len(best.tokens) or best_lcp >= len(job.prompt) - 1
+            ):
                 return best, True
         empty = [s for s in free if not s.tokens]
         if empty:
@@ -327,7 +318,10 @@ class Scheduler:
             slot.busy = False
             job.sink.put(exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
             return
-        self._active.append(Seq(job, slot, chain, reuse, evicted))
+        seq = Seq(job, slot, chain, reuse, evicted)
+        if self.speculative and cfg.speculative:
+            seq.drafter = NgramDrafter(job.prompt, k_max=self.draft_max)
+        self._active.append(seq)
 
     # ----------------------------------------------------------------- step
     def _step(self) -> None:
@@ -338,11 +332,19 @@ class Scheduler:
                 self._finish(seq, StopReason.CANCELLED)
         if not self._active:
             return
-        plan: list[tuple[Seq, int, int]] = []  # (seq, tokens fed, output index or -1)
+        # (seq, tokens fed, output index or -1, drafted tokens)
+        plan: list[tuple[Seq, int, int, list[int]]] = []
         for seq in self._active:
             if seq.decoding:
+                drafts: list[int] = []
+                if seq.drafter is not None:
+                    drafts = seq.drafter.draft(seq.max_new - seq.new_tokens - 1)
+                    if len(drafts) + 1 > batch.room:
+                        drafts = drafts[: max(0, batch.room - 1)]
                 idx = batch.add(seq.last_token, seq.n_past, seq.slot.seq_id, True)
-                plan.append((seq, 1, idx))
+                for j, d in enumerate(drafts):
+                    batch.add(d, seq.n_past + 1 + j, seq.slot.seq_id, True)
+                plan.append((seq, 1 + len(drafts), idx, drafts))
         for seq in self._active:
             if seq.decoding or batch.room <= 0:
                 continue
@@ -351,41 +353,57 @@ class Scheduler:
             done = take == remaining
             chunk = seq.pending[seq.fed : seq.fed + take]
             idx = batch.add_run(chunk, seq.n_past, seq.slot.seq_id, done)
-            plan.append((seq, take, idx if done else -1))
+            plan.append((seq, take, idx if done else -1, []))
         if not plan:
             return
         t0 = time.perf_counter()
         rc = self.ctx.decode(batch)
-        if rc == 1:
-            # no KV room: drop parked conversations and retry once
-            self._free_parked_cells(batch.n, keep=plan[0][0].slot)
-            rc = self.ctx.decode(batch)
         dt = time.perf_counter() - t0
         if rc != 0:
             err = EngineError(f"llama_decode failed (code {rc})")
-            for seq, _, _ in plan:
+            for seq, _, _, _ in plan:
                 self.ctx.seq_rm(seq.slot.seq_id)
                 seq.slot.tokens = []
                 self._fail(seq, err)
             return
         total = batch.n
-        for seq, k, idx in plan:
+        for seq, k, idx, drafts in plan:
             share = dt * k / total
             if seq.decoding:
                 seq.decode_s += share
                 seq.slot.tokens.append(seq.last_token)
                 seq.n_past += 1
-            else:
-                seq.prefill_s += share
-                seq.slot.tokens.extend(seq.pending[seq.fed : seq.fed + k])
-                seq.fed += k
-                seq.n_past += k
+                self._sample(seq, idx)
+                if drafts:
+                    self._verify(seq, idx, drafts)
+                continue
+            seq.prefill_s += share
+            seq.slot.tokens.extend(seq.pending[seq.fed : seq.fed + k])
+            seq.fed += k
+            seq.n_past += k
             if idx >= 0:
                 self._sample(seq, idx)
-        for seq, _, _ in plan:
+        for seq, _, _, _ in plan:
             if seq.out and not seq.finished:
                 seq.job.sink.put(Progress("".join(seq.out), 1))
                 seq.out.clear()
+
+    def _verify(self, seq: Seq, idx: int, drafts: list[int]) -> None:
+        """Keep the drafts the model agrees with; roll the KV back past the
+        first one it rejects. ``_sample`` at ``idx`` already ran."""
+        j = 0
+        seq.drafted += len(drafts)
+        while not seq.finished and j < len(drafts) and seq.last_token == drafts[j]:
+            # drafts[j] is already in the KV at position n_past: accept it
+            seq.slot.tokens.append(drafts[j])
+            seq.n_past += 1
+            seq.accepted += 1
+            j += 1
+            self._sample(seq, idx + j)
+        if seq.drafter is not None:
+            seq.drafter.feedback(len(drafts), j)
+        if j < len(drafts):
+            self.ctx.seq_rm(seq.slot.seq_id, seq.n_past, -1)
 
     def _sample(self, seq: Seq, idx: int) -> None:
         t0 = time.perf_counter()
@@ -416,6 +434,8 @@ class Scheduler:
             self._finish(seq, StopReason.MAX_TOKENS)
             return
         seq.last_token = token
+        if seq.drafter is not None:
+            seq.drafter.push(token)
 
     # -------------------------------------------------------------- endings
     def _release(self, seq: Seq) -> None:
@@ -450,6 +470,9 @@ class Scheduler:
                 text="".join(seq.text),
                 token_ids=seq.generated,
                 slot=seq.slot.seq_id,
+                drafted_tokens=seq.drafted,
+                accepted_tokens=seq.accepted,
+                stop_string=seq.stops.matched if reason is StopReason.STOP_STRING else None,
             )
         )
 

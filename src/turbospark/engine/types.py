@@ -83,6 +83,8 @@ class RawDecodeResult:
     #: Generated token ids (the EOG token that ended a turn is not included).
     token_ids: list[int] = field(default_factory=list)
     slot: int = -1
+    #: Which of ``config.stop`` ended the generation (reason ``stopString``).
+    stop_string: str | None = None
 
 
 @dataclass(slots=True)

@@ -14,7 +14,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
+from ..middleware import LEASES_KEY
 from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded
 from ..observe import REQUEST_ID_KEY, Observer, RequestIds, RequestRouted, observed, record
 from ..registry import Capability, Registry, Route, RoutingError
@@ -54,13 +56,30 @@ async def read_json(request: Request) -> dict[str, Any]:
     return parse_json_object(await request.body())
 
 
-def route_model(
+
+
+def bind_request(req: Any, request: Request) -> Any:
+    """Fill what the HTTP envelope knows into a ChatRequest's config: the
+    tenant (KV reuse never crosses API keys) and an ``x-session-id`` header
+    when the body named no session."""
+    cfg = req.config
+    cfg.owner = request.scope.get("state", {}).get(TENANT_KEY, "")
+    if cfg.session_key is None:
+        header = request.headers.get("x-session-id")
+        if header:
+            cfg.session_key = header
+    return req
+
+
+async def route_model(
     request: Request, requested: str | None, capability: Capability, stream: bool
 ) -> tuple[Any, Route]:
-    """Resolve the model, report ``requestRouted``, and hand back the model
-    the handler must use (wrapped to report ``generated`` if observed)."""
+    """Resolve (loading on demand) and lease the model, report
+    ``requestRouted``, and hand back the model the handler must use (wrapped
+    to report ``generated`` if observed)."""
     st = state_of(request)
-    route = st.registry.resolve(requested, capability)
+    route, release = await st.registry.acquire(requested, capability)
+    request.scope.setdefault("state", {}).setdefault(LEASES_KEY, []).append(release)
     rid = request_id(request)
     if rid is not None:
         record(

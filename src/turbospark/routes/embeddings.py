@@ -1,3 +1,69 @@
-"""embeddings routes (being written)."""
+"""Embedding routes: OpenAI ``/v1/embeddings`` (and ``/embeddings``), Ollama
+``/api/embed`` and the legacy ``/api/embeddings``.
 
-routes: list = []
+``encode`` blocks (a llama_decode over the batch), so it runs in a worker
+thread: the event loop keeps serving, and since the embedder has a llama
+context of its own it never waits behind a chat generation either. Routing
+reports ``requestRouted`` with ``stream`` false; there is no ``generated``
+event (that one is for generations).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..dialects import ollama_embed as oe
+from ..dialects import openai_embeddings as emb
+from ..dialects.common import validate
+from ..dialects.errors import ollama_error, openai_error
+from ..engine.types import Embeddings
+from .common import JSONResponse, endpoint, read_json, route_model
+
+
+async def encode(model: Any, texts: list[str]) -> Embeddings:
+    """The model's blocking ``encode`` in a worker thread."""
+    return await anyio.to_thread.run_sync(model.encode, texts)
+
+
+@endpoint(openai_error)
+async def openai_embeddings(request: Request) -> Response:
+    body = validate(emb.EmbeddingRequest, await read_json(request))
+    texts = emb.texts_of(body)
+    model, route = await route_model(request, body.model, "embeddings", False)
+    result = await encode(model, texts)
+    return JSONResponse(emb.render(body, route.served, result))
+
+
+@endpoint(ollama_error)
+async def ollama_embed(request: Request) -> Response:
+    started = time.perf_counter_ns()
+    body = validate(oe.EmbedRequest, await read_json(request))
+    texts = oe.embed_texts(body)
+    dimensions = oe.check_dimensions(body.dimensions)
+    model, route = await route_model(request, oe.model_name(body.model), "embeddings", False)
+    result = await encode(model, texts) if texts else None
+    took = time.perf_counter_ns() - started
+    return JSONResponse(oe.render_embed(body.model, route.served, result, dimensions, took))
+
+
+@endpoint(ollama_error)
+async def ollama_embeddings(request: Request) -> Response:
+    body = validate(oe.EmbeddingsRequest, await read_json(request))
+    texts = oe.legacy_texts(body)
+    model, _ = await route_model(request, oe.model_name(body.model), "embeddings", False)
+    result = await encode(model, texts) if texts else None
+    return JSONResponse(oe.render_legacy(result))
+
+
+routes = [
+    Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
+    Route("/embeddings", openai_embeddings, methods=["POST"]),
+    Route("/api/embed", ollama_embed, methods=["POST"]),
+    Route("/api/embeddings", ollama_embeddings, methods=["POST"]),
+]

@@ -1,3 +1,167 @@
-"""ollama routes (being written)."""
+"""Ollama routes: ``/api/chat``, ``/api/generate``, ``/api/tags``,
+``/api/show``, ``/api/ps``, ``/api/version`` and ``GET /`` (clients probe it
+to detect an Ollama server). Embeddings (``/api/embed``) live in
+routes/embeddings.py."""
 
-routes: list = []
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, AsyncIterator
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..dialects import ollama as ol
+from ..dialects.common import BadRequest, ndjson, validate
+from ..dialects.errors import ollama_error
+from ..engine.types import CancelFlag
+from ..generation import Delta, Final, complete, prepare, stream
+from .common import (
+    DisconnectWatch,
+    JSONResponse,
+    bind_request,
+    endpoint,
+    error_response,
+    read_json,
+    route_model,
+    state_of,
+    warning_headers,
+)
+
+
+def _error_text(exc: BaseException) -> str:
+    """The message the dialect's error body would carry for ``exc``."""
+    return orjson.loads(bytes(error_response(ollama_error, exc).body))["error"]
+
+
+async def _answer(
+    request: Request, requested: str, tr: ol.Translation, renderer: ol.Renderer, started_ns: int
+) -> Response:
+    """Route, prepare, generate and render one chat/generate request."""
+    model, _ = await route_model(request, ol.model_name(requested), "chat", tr.stream)
+    if tr.request is None:
+        return JSONResponse(renderer.loaded(tr.done_reason), headers=warning_headers(tr.warnings))
+    prepared = prepare(model, bind_request(tr.request, request))
+    warnings = tr.warnings + ol.fit_context(prepared, tr, model.max_context)
+    headers = warning_headers(warnings)
+    cancel = CancelFlag()
+    if not tr.stream:
+        async with DisconnectWatch(request, cancel):
+            final = await complete(model, prepared, cancel)
+        return JSONResponse(renderer.response(final, time.perf_counter_ns() - started_ns), headers=headers)
+
+    async def lines() -> AsyncIterator[bytes]:
+        async with DisconnectWatch(request, cancel):
+            try:
+                async for item in stream(model, prepared, cancel):
+                    if isinstance(item, Delta):
+                        yield ndjson(renderer.piece(item.text))
+                    elif isinstance(item, Final):
+                        yield ndjson(renderer.done(item, time.perf_counter_ns() - started_ns))
+            except Exception as exc:  # noqa: BLE001 - framed for the client
+                yield ndjson(renderer.error(_error_text(exc)))
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)
+
+
+@endpoint(ollama_error)
+async def chat(request: Request) -> Response:
+    started = time.perf_counter_ns()
+    body = validate(ol.ChatBody, await read_json(request))
+    return await _answer(request, body.model, ol.chat_request(body), ol.Renderer("chat", body.model), started)
+
+
+@endpoint(ollama_error)
+async def generate(request: Request) -> Response:
+    started = time.perf_counter_ns()
+    body = validate(ol.GenerateBody, await read_json(request))
+    tr = ol.generate_request(body)
+    return await _answer(request, body.model, tr, ol.Renderer("generate", body.model), started)
+
+
+# ---------------------------------------------------------------- model facts
+def _info(entry: Any) -> dict[str, Any]:
+    """Facts of a registry entry (cached at its last load)."""
+    info = dict(entry.info)
+    info.setdefault("id", entry.id)
+    return info
+
+
+def _mtime_ns(info: dict[str, Any], fallback: float) -> int:
+    path = info.get("path")
+    try:
+        return os.stat(path).st_mtime_ns if path else int(fallback * 1e9)
+    except OSError:
+        return int(fallback * 1e9)
+
+
+def _capabilities(entry: Any) -> list[str]:
+    """As Ollama reports them: a chat model is a ``completion`` model even
+    though it also serves ``/api/embed``; ``embedding`` marks embedding-only
+    models (clients pick embedding models by it)."""
+    caps = []
+    if entry.capable("chat"):
+        caps.append("completion")
+    elif entry.capable("embeddings"):
+        caps.append("embedding")
+    if entry.model is not None and getattr(entry.model, "vision", None):
+        caps.append("vision")
+    return caps
+
+
+@endpoint(ollama_error)
+async def tags(request: Request) -> Response:
+    st = state_of(request)
+    entries = []
+    for entry in st.registry.entries():
+        info = _info(entry)
+        entries.append(ol.tag_entry(info, _mtime_ns(info, st.started_at)))
+    return JSONResponse({"models": entries})
+
+
+@endpoint(ollama_error)
+async def show(request: Request) -> Response:
+    st = state_of(request)
+    name = validate(ol.ShowBody, await read_json(request)).requested()
+    entry = st.registry.lookup(ol.model_name(name) or name)  # lookups never fall back
+    if entry is None:
+        raise BadRequest(f"model '{name}' not found", "model", status=404, code="model_not_found")
+    info = _info(entry)
+    return JSONResponse(ol.show(info, _mtime_ns(info, st.started_at), _capabilities(entry)))
+
+
+@endpoint(ollama_error)
+async def ps(request: Request) -> Response:
+    st = state_of(request)
+    now = time.time_ns()
+    entries = []
+    for entry in st.registry.entries():
+        if entry.model is None:
+            continue  # configured but not resident
+        info = _info(entry)
+        entries.append(ol.ps_entry(info, _mtime_ns(info, st.started_at), now))
+    return JSONResponse({"models": entries})
+
+
+@endpoint(ollama_error)
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": ol.OLLAMA_VERSION})
+
+
+async def root(request: Request) -> Response:
+    """What Ollama answers at ``/``; clients use it to detect a server."""
+    return PlainTextResponse("Ollama is running")
+
+
+routes = [
+    Route("/", root, methods=["GET", "HEAD"]),
+    Route("/api/chat", chat, methods=["POST"]),
+    Route("/api/generate", generate, methods=["POST"]),
+    Route("/api/tags", tags, methods=["GET"]),
+    Route("/api/show", show, methods=["POST"]),
+    Route("/api/ps", ps, methods=["GET"]),
+    Route("/api/version", version, methods=["GET"]),
+]

@@ -14,6 +14,7 @@ from ..dialects.errors import openai_error
 from ..engine.types import CancelFlag
 from ..generation import Delta, Final, complete, prepare, stream
 from .common import (
+    bind_request,
     DisconnectWatch,
     JSONResponse,
     endpoint,
@@ -36,7 +37,8 @@ def openai_error_frame(exc: BaseException) -> bytes:
 async def chat_completions(request: Request) -> Response:
     body = validate(chat.ChatCompletionRequest, await read_json(request))
     req, warnings = chat.to_chat_request(body)
-    model, route = route_model(request, body.model, "chat", bool(body.stream))
+    bind_request(req, request)
+    model, route = await route_model(request, body.model, "chat", bool(body.stream))
     prepared = prepare(model, req)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     renderer = chat.ChatRenderer(body.model or route.served, include_usage, bool(body.timings))
@@ -62,25 +64,26 @@ async def chat_completions(request: Request) -> Response:
     return sse_response(frames(), headers)
 
 
-def model_card(model: Any, created: int) -> dict[str, Any]:
-    return {"id": model.model_id, "object": "model", "created": created, "owned_by": "turbospark"}
+def model_card(entry: Any, created: int) -> dict[str, Any]:
+    return {"id": entry.id, "object": "model", "created": created, "owned_by": "turbospark"}
 
 
 @endpoint(openai_error)
 async def list_models(request: Request) -> Response:
     st = state_of(request)
     created = int(st.started_at)
-    return JSONResponse({"object": "list", "data": [model_card(m, created) for m in st.registry]})
+    cards = [model_card(e, created) for e in st.registry.entries()]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 @endpoint(openai_error)
 async def get_model(request: Request) -> Response:
     st = state_of(request)
     name = request.path_params["model_id"]
-    model = st.registry.lookup(name)
-    if model is None:
+    entry = st.registry.lookup(name)
+    if entry is None or entry.id != name and name not in entry.aliases:
         raise BadRequest(f"model {name!r} not found", "model", status=404, code="model_not_found")
-    return JSONResponse(model_card(model, int(st.started_at)))
+    return JSONResponse(model_card(entry, int(st.started_at)))
 
 
 routes = [

@@ -1,0 +1,143 @@
+"""``turbospark.toml``: server settings, model defaults and per-model sections.
+
+    [server]
+    host = "127.0.0.1"
+    port = 8080
+    event_log = "events.jsonl"
+    max_resident = 2          # most models in memory at once (0 = no cap)
+
+    [defaults]                # every model, unless its own section says otherwise
+    ctx = 4096
+    parallel = 4
+
+    [models.chat]             # the section name is the model id
+    model = "smollm2-135m"    # a GGUF path (relative to this file) or a packaged model
+    aliases = ["gpt-4o"]
+    system = "You are terse."
+
+    [models.embed]
+    model = "smollm2-135m"
+    kind = "embedding"
+
+Every problem is reported once, naming the key and the file, before anything
+is loaded. Explicit command-line flags override the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from .catalog import ModelNotFound, resolve_model
+from .engine.model import ModelOptions
+
+
+class ConfigError(ValueError):
+    pass
+
+
+#: per-model key -> (ModelOptions field, accepted types)
+MODEL_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "model": ("path", (str,)),
+    "aliases": ("aliases", (list,)),
+    "kind": ("kind", (str,)),
+    "ctx": ("ctx", (int,)),
+    "context": ("ctx", (int,)),
+    "parallel": ("parallel", (int,)),
+    "session_slots": ("session_slots", (int,)),
+    "threads": ("threads", (int,)),
+    "system": ("default_system", (str,)),
+    "reasoning": ("default_reasoning", (str,)),
+    "chat_template": ("chat_template", (str,)),
+    "prefix_reuse": ("prefix_reuse", (bool,)),
+    "speculative": ("speculative", (bool,)),
+    "draft_max": ("draft_max", (int,)),
+    "max_queue": ("max_queue", (int,)),
+    "keep_alive": ("keep_alive", (int, float)),
+    "gpu_layers": ("gpu_layers", (int,)),
+}
+DEFAULT_KEYS = {k: v for k, v in MODEL_KEYS.items() if k not in ("model", "aliases")}
+SERVER_KEYS: dict[str, tuple[type, ...]] = {
+    "host": (str,),
+    "port": (int,),
+    "event_log": (str,),
+    "max_resident": (int,),
+    "api_keys": (list,),
+    "admin_keys": (list,),
+}
+POSITIVE = {"ctx", "parallel", "draft_max"}
+NON_NEGATIVE = {"session_slots", "threads", "max_queue", "keep_alive", "port", "max_resident"}
+
+
+@dataclass
+class Config:
+    server: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    models: list[ModelOptions] = field(default_factory=list)
+
+
+def _check(file: str, where: str, key: str, value: Any, types: tuple[type, ...]) -> None:
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if not ok:
+        names = " or ".join(t.__name__ for t in types)
+        raise ConfigError(f"{file}: {where}.{key} must be {names}, not {type(value).__name__}")
+    if key in POSITIVE and value < 1:
+        raise ConfigError(f"{file}: {where}.{key} must be at least 1")
+    if key in NON_NEGATIVE and value < 0:
+        raise ConfigError(f"{file}: {where}.{key} must not be negative")
+    if key == "kind" and value not in ("chat", "embedding"):
+        raise ConfigError(f"{file}: {where}.kind must be 'chat' or 'embedding', not {value!r}")
+    if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{file}: {where}.{key} must be a list of strings")
+
+
+def _section(file: str, name: str, table: Any, allowed: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{file}: [{name}] must be a table")
+    for key, value in table.items():
+        if key not in allowed:
+            known = ", ".join(sorted(allowed))
+            raise ConfigError(f"{file}: unknown key {name}.{key} (known keys: {known})")
+        spec = allowed[key]
+        _check(file, name, key, value, spec[1] if isinstance(spec[0], str) else spec)
+    return dict(table)
+
+
+def load_config(path: str) -> Config:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for key in data:
+        if key not in ("server", "defaults", "models"):
+            raise ConfigError(f"{path}: unknown section [{key}] (known: server, defaults, models)")
+    cfg = Config()
+    cfg.server = _section(path, "server", data.get("server", {}), SERVER_KEYS)
+    cfg.defaults = _section(path, "defaults", data.get("defaults", {}), DEFAULT_KEYS)
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise ConfigError(f"{path}: [models] must hold one table per model, e.g. [models.chat]")
+    base = os.path.dirname(os.path.abspath(path))
+    for model_id, table in models.items():
+        where = f"models.{model_id}"
+        values = _section(path, where, table, MODEL_KEYS)
+        if "model" not in values:
+            raise ConfigError(f"{path}: {where}.model is required (a GGUF path or a packaged model name)")
+        merged = {**cfg.defaults, **values}
+        target = merged.pop("model")
+        candidate = target if os.path.isabs(target) else os.path.join(base, target)
+        try:
+            gguf, _ = resolve_model(candidate if os.path.isfile(candidate) else target)
+        except ModelNotFound as exc:
+            raise ConfigError(f"{path}: {where}.model: {exc}") from None
+        kwargs: dict[str, Any] = {"path": gguf, "id": model_id}
+        for key, value in merged.items():
+            attr = MODEL_KEYS[key][0]
+            kwargs[attr] = tuple(value) if key == "aliases" else value
+        cfg.models.append(ModelOptions(**kwargs))
+    return cfg

@@ -1,0 +1,479 @@
+"""Anthropic Messages: wire models and pure translations.
+
+In: a ``/v1/messages`` (or ``/v1/messages/count_tokens``) body to the
+internal :class:`ChatRequest`. Content blocks are checked here by hand rather
+than by a pydantic union, so a bad block gets a message naming its exact
+place (``messages[1].content[0].source.type``).
+Out: the engine's result to a ``message`` object, or to the SSE sequence
+``message_start, ping, content_block_start, content_block_delta*,
+content_block_stop, message_delta, message_stop`` (no ``[DONE]``).
+
+Usage is disjoint, as Anthropic defines it: ``input_tokens`` is the part of
+the prompt that was prefilled, ``cache_read_input_tokens`` the part reused
+from the KV cache; together they are the engine's prompt token count.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.types import GenerationConfig, StopReason
+from ..generation import ChatRequest, Final
+from .common import BadRequest, new_id, sse_event
+
+DEFAULT_MAX_TOKENS = 1024
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+#: Assistant-history blocks that carry nothing a text template can use.
+DROPPED_BLOCKS = ("thinking", "redacted_thinking")
+
+
+class Metadata(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    user_id: str | None = None
+
+
+class ThinkingConfig(BaseModel):
+    """Accepted so clients that always send it work; this model has no
+    thinking mode, so it changes nothing."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+
+
+class ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["user", "assistant", "system"]
+    content: str | list[Any]
+
+
+class CountTokensRequest(BaseModel):
+    """``/v1/messages/count_tokens``: the prompt half of a Messages body.
+    Unknown fields are accepted and ignored, like newer SDK parameters."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    messages: list[InputMessage] = Field(min_length=1)
+    system: str | list[Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    """``/v1/messages``. ``max_tokens`` is required by Anthropic; a missing
+    one gets a default clipped to the context instead of a 400."""
+
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop_sequences: list[str] | None = Field(default=None, max_length=64)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    metadata: Metadata | None = None
+    stream: bool | None = False
+
+
+# ---------------------------------------------------------------- content in
+class _Translation:
+    """Accumulates internal messages and warnings for one request."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.images = 0
+        self.documents = 0
+        self.tool_names: dict[str, str] = {}  # tool_use id -> tool name
+
+    def append(self, msg: dict[str, Any]) -> None:
+        """Consecutive turns of one role are one turn (Anthropic's rule)."""
+        prev = self.messages[-1] if self.messages else None
+        if prev is not None and msg["role"] != "tool" and prev["role"] == msg["role"]:
+            if msg["content"]:
+                prev["content"] = f"{prev['content']}\n\n{msg['content']}" if prev["content"] else msg["content"]
+            if msg.get("tool_calls"):
+                prev.setdefault("tool_calls", []).extend(msg["tool_calls"])
+            return
+        self.messages.append(msg)
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.images:
+            out.append(f"{self.images} image block(s) ignored: this model has no vision support")
+        if self.documents:
+            out.append(f"{self.documents} non-text document block(s) ignored: this model reads text only")
+        return out
+
+
+def _block(part: Any, where: str) -> tuple[dict[str, Any], str]:
+    if not isinstance(part, dict):
+        raise BadRequest(f"'{where}' must be a content block object", where)
+    kind = part.get("type")
+    if not isinstance(kind, str):
+        raise BadRequest(f"'{where}.type' is required", f"{where}.type")
+    return part, kind
+
+
+def _str_field(part: dict[str, Any], name: str, where: str) -> str:
+    value = part.get(name)
+    if not isinstance(value, str):
+        raise BadRequest(f"'{where}.{name}' must be a string", f"{where}.{name}")
+    return value
+
+
+def _check_image(part: dict[str, Any], where: str) -> None:
+    """Validated like Anthropic does, even though the pixels are dropped:
+    a malformed block is the client's bug and should say so."""
+    source = part.get("source")
+    if not isinstance(source, dict):
+        raise BadRequest(f"'{where}.source' must be an object", f"{where}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        media = source.get("media_type")
+        if media not in IMAGE_MEDIA_TYPES:
+            raise BadRequest(
+                f"'{where}.source.media_type' must be one of: {', '.join(IMAGE_MEDIA_TYPES)}",
+                f"{where}.source.media_type",
+            )
+        data = _str_field(source, "data", f"{where}.source")
+        try:
+            base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"'{where}.source.data' is not valid base64", f"{where}.source.data") from None
+    elif kind == "url":
+        url = _str_field(source, "url", f"{where}.source")
+        if not url.startswith(("http://", "https://")):
+            raise BadRequest(f"'{where}.source.url' must be an http(s) URL", f"{where}.source.url")
+    else:
+        raise BadRequest(
+            f"unsupported image source type {kind!r} in '{where}.source'; expected 'base64' or 'url'",
+            f"{where}.source.type",
+        )
+
+
+def _document_text(part: dict[str, Any], where: str, tr: _Translation) -> str:
+    """Plain-text documents are read; PDFs and URLs are dropped with a warning."""
+    source = part.get("source")
+    if not isinstance(source, dict):
+        raise BadRequest(f"'{where}.source' must be an object", f"{where}.source")
+    if source.get("type") == "text":
+        return _str_field(source, "data", f"{where}.source")
+    if source.get("type") == "content":
+        return _text_blocks(source.get("content"), f"{where}.source.content", tr)
+    tr.documents += 1
+    return ""
+
+
+def _text_blocks(content: Any, where: str, tr: _Translation) -> str:
+    """Text of a string or of text/image/document blocks (system prompts,
+    tool results, document content)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"'{where}' must be a string or a list of content blocks", where)
+    out: list[str] = []
+    for i, raw in enumerate(content):
+        at = f"{where}[{i}]"
+        part, kind = _block(raw, at)
+        if kind == "text":
+            out.append(_str_field(part, "text", at))
+        elif kind == "image":
+            _check_image(part, at)
+            tr.images += 1
+        elif kind == "document":
+            text = _document_text(part, at, tr)
+            if text:
+                out.append(text)
+        elif kind == "search_result":
+            out.append(_text_blocks(part.get("content"), f"{at}.content", tr))
+        else:
+            raise BadRequest(f"unsupported content block type {kind!r} in '{at}'", f"{at}.type")
+    return "\n".join(out)
+
+
+def _system_text(system: str | list[Any] | None, tr: _Translation) -> str:
+    if system is None:
+        return ""
+    if isinstance(system, list):
+        for i, raw in enumerate(system):
+            _, kind = _block(raw, f"system[{i}]")
+            if kind != "text":
+                raise BadRequest(f"'system[{i}]' must be a text block, not {kind!r}", f"system[{i}].type")
+    return _text_blocks(system, "system", tr)
+
+
+def _tool_call(part: dict[str, Any], where: str, tr: _Translation) -> dict[str, Any]:
+    """An Anthropic ``tool_use`` block as the OpenAI-style call chat
+    templates expect (arguments as an object, also flattened on top)."""
+    call_id = _str_field(part, "id", where)
+    name = _str_field(part, "name", where)
+    args = part.get("input", {})
+    if not isinstance(args, dict):
+        raise BadRequest(f"'{where}.input' must be an object", f"{where}.input")
+    tr.tool_names[call_id] = name
+    fn = {"name": name, "arguments": args}
+    return {"id": call_id, "type": "function", "function": fn, **fn}
+
+
+def _tool_message(part: dict[str, Any], where: str, tr: _Translation) -> dict[str, Any]:
+    call_id = _str_field(part, "tool_use_id", where)
+    is_error = part.get("is_error", False)
+    if not isinstance(is_error, bool):
+        raise BadRequest(f"'{where}.is_error' must be a boolean", f"{where}.is_error")
+    content = part.get("content", "")
+    msg: dict[str, Any] = {
+        "role": "tool",
+        "content": _text_blocks(content, f"{where}.content", tr),
+        "tool_call_id": call_id,
+    }
+    if call_id in tr.tool_names:
+        msg["name"] = tr.tool_names[call_id]
+    if is_error:
+        msg["is_error"] = True
+    return msg
+
+
+def _turn(m: InputMessage, i: int, tr: _Translation) -> None:
+    where = f"messages[{i}].content"
+    if m.role == "system":
+        tr.append({"role": "system", "content": _system_text(m.content, tr)})
+        return
+    if isinstance(m.content, str):
+        tr.append({"role": m.role, "content": m.content})
+        return
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, raw in enumerate(m.content):
+        at = f"{where}[{j}]"
+        part, kind = _block(raw, at)
+        if kind == "text":
+            texts.append(_str_field(part, "text", at))
+        elif kind in DROPPED_BLOCKS and m.role == "assistant":
+            continue
+        elif kind == "tool_use" and m.role == "assistant":
+            calls.append(_tool_call(part, at, tr))
+        elif kind == "tool_result" and m.role == "user":
+            # Tool results answer the previous assistant turn, so they go
+            # before whatever the user wrote alongside them.
+            tr.append(_tool_message(part, at, tr))
+        elif kind == "image" and m.role == "user":
+            _check_image(part, at)
+            tr.images += 1
+        elif kind == "document" and m.role == "user":
+            text = _document_text(part, at, tr)
+            if text:
+                texts.append(text)
+        elif kind == "search_result" and m.role == "user":
+            texts.append(_text_blocks(part.get("content"), f"{at}.content", tr))
+        else:
+            raise BadRequest(
+                f"unsupported content block type {kind!r} in a {m.role} message at '{at}'", f"{at}.type"
+            )
+    has_tool_results = any(isinstance(p, dict) and p.get("type") == "tool_result" for p in m.content)
+    if texts or calls or not has_tool_results:
+        msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts)}
+        if calls:
+            msg["tool_calls"] = calls
+        tr.append(msg)
+
+
+def to_messages(body: CountTokensRequest) -> tuple[list[dict[str, Any]], list[str]]:
+    """The conversation as internal messages, plus warnings for the client."""
+    tr = _Translation()
+    system = _system_text(body.system, tr)
+    if system:
+        tr.append({"role": "system", "content": system})
+    for i, m in enumerate(body.messages):
+        _turn(m, i, tr)
+    if body.messages[-1].role == "assistant":
+        raise BadRequest(
+            "this model does not support assistant prefill: the last message must have the 'user' role",
+            f"messages[{len(body.messages) - 1}].role",
+        )
+    return tr.messages, tr.warnings()
+
+
+def to_tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]] | None, list[str]]:
+    """Custom tools as OpenAI-style function tools (what chat templates
+    read). Anthropic's server tools (``web_search_...``) run on Anthropic's
+    side; here they are ignored with a warning."""
+    if not tools:
+        return None, []
+    out: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        kind = tool.get("type")
+        if kind not in (None, "custom"):
+            if not isinstance(kind, str):
+                raise BadRequest(f"'{where}.type' must be a string", f"{where}.type")
+            skipped.append(kind)
+            continue
+        name = _str_field(tool, "name", where)
+        if not name:
+            raise BadRequest(f"'{where}.name' must not be empty", f"{where}.name")
+        schema = tool.get("input_schema")
+        if not isinstance(schema, dict):
+            raise BadRequest(f"'{where}.input_schema' must be a JSON schema object", f"{where}.input_schema")
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise BadRequest(f"'{where}.description' must be a string", f"{where}.description")
+        fn: dict[str, Any] = {"name": name, "parameters": schema}
+        if description:
+            fn["description"] = description
+        out.append({"type": "function", "function": fn})
+    warnings = [f"server tool(s) ignored: {', '.join(skipped)}"] if skipped else []
+    return out or None, warnings
+
+
+def _check_tool_choice(body: CountTokensRequest) -> None:
+    choice = body.tool_choice
+    if choice is not None and choice.type == "tool" and not choice.name:
+        raise BadRequest("'tool_choice.name' is required when tool_choice.type is 'tool'", "tool_choice.name")
+
+
+def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]:
+    """The prompt only (count_tokens renders exactly what a real request would)."""
+    _check_tool_choice(body)
+    messages, warnings = to_messages(body)
+    tools, tool_warnings = to_tools(body.tools)
+    return ChatRequest(messages=messages, tools=tools), warnings + tool_warnings
+
+
+def to_chat_request(body: MessagesRequest) -> tuple[ChatRequest, list[str]]:
+    """The internal request and any warnings for the client.
+
+    The budget is never "explicit" in the engine's sense: Anthropic clients
+    (Claude Code) ask for a large ``max_tokens`` whatever the context, and
+    the API answers by generating until the context is full, ending with
+    ``model_context_window_exceeded``. So the requested budget is clipped to
+    the room left in the context (see :func:`stop_reason`); a prompt that
+    does not fit at all is still a 400.
+    """
+    req, warnings = to_prompt_request(body)
+    config = GenerationConfig()
+    if body.temperature is not None:
+        config.temperature = body.temperature
+    if body.top_p is not None:
+        config.top_p = body.top_p
+    if body.top_k is not None:
+        config.top_k = body.top_k
+    if body.stop_sequences:
+        config.stop = tuple(body.stop_sequences)
+    if body.metadata is not None and body.metadata.user_id:
+        config.session_key = body.metadata.user_id
+    req.config = config
+    req.max_tokens_explicit = False
+    req.default_max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
+    return req, warnings
+
+
+# ---------------------------------------------------------------- result out
+def stop_reason(final: Final, stops: tuple[str, ...], clipped: bool) -> tuple[str, str | None]:
+    """``(stop_reason, stop_sequence)``.
+
+    The engine reports which stop string matched (``result.stop_string``).
+    An engine that does not (a scripted test model) still gets a right answer
+    when only one stop sequence was given; with several and no report,
+    ``stop_sequence`` is null rather than a guess.
+    """
+    reason = final.result.reason
+    if reason is StopReason.STOP_STRING:
+        matched = final.result.stop_string
+        if matched is None and len(set(stops)) == 1:
+            matched = stops[0]
+        return "stop_sequence", matched
+    if reason is StopReason.MAX_TOKENS:
+        return ("model_context_window_exceeded" if clipped else "max_tokens"), None
+    if reason is StopReason.TOOL_CALLS:
+        return "tool_use", None
+    return "end_turn", None
+
+
+def usage(final: Final) -> dict[str, int]:
+    cached = final.cached_tokens
+    return {
+        "input_tokens": final.prompt_tokens - cached,
+        "output_tokens": final.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
+class MessageRenderer:
+    """Renders one response: a ``message`` object or its SSE events."""
+
+    def __init__(self, model_name: str, stops: tuple[str, ...] = (), clipped: bool = False) -> None:
+        self.id = new_id("msg_")
+        self.model = model_name
+        self.stops = stops
+        self.clipped = clipped
+
+    def _message(self, content: list[dict[str, Any]], final: Final | None, prompt_tokens: int) -> dict[str, Any]:
+        if final is None:
+            reason, sequence = None, None
+            use = {"input_tokens": prompt_tokens, "output_tokens": 0,
+                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        else:
+            reason, sequence = stop_reason(final, self.stops, self.clipped)
+            use = usage(final)
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+            "usage": use,
+        }
+
+    def response(self, final: Final) -> dict[str, Any]:
+        return self._message([{"type": "text", "text": final.text}], final, 0)
+
+    def start_frames(self, prompt_tokens: int) -> bytes:
+        """``message_start`` (usage from the rendered prompt: the cached part
+        is not known until the engine answers, so the real split comes in
+        ``message_delta``), ``ping``, and the text block's start."""
+        return (
+            sse_event("message_start", {"type": "message_start", "message": self._message([], None, prompt_tokens)})
+            + sse_event("ping", {"type": "ping"})
+            + sse_event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            )
+        )
+
+    def text_frame(self, text: str) -> bytes:
+        return sse_event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+        )
+
+    def final_frames(self, final: Final) -> bytes:
+        """Closes the block; ``message_delta`` carries the engine's usage
+        (cumulative totals: the SDK overwrites its ``message_start`` figures
+        with them)."""
+        reason, sequence = stop_reason(final, self.stops, self.clipped)
+        return (
+            sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+            + sse_event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": usage(final),
+                },
+            )
+            + sse_event("message_stop", {"type": "message_stop"})
+        )

@@ -1,0 +1,463 @@
+"""Ollama's native API: wire models and pure translations.
+
+In: ``/api/chat`` and ``/api/generate`` bodies to the internal
+:class:`ChatRequest` (plus what only Ollama has: ``num_ctx``, the "load the
+model" call with no prompt). Out: NDJSON lines (``done: false`` pieces, then
+one ``done: true`` line with ``done_reason`` and nanosecond durations taken
+from the engine's result), the one-object ``stream: false`` answer, and the
+model facts of ``/api/tags``, ``/api/show`` and ``/api/ps``.
+
+Ollama's own sampling defaults apply (``top_k`` 40, ``top_p`` 0.9,
+``repeat_penalty`` 1.1), because an Ollama client expects them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.types import GenerationConfig, StopReason
+from ..generation import ChatRequest, Final, Prepared
+from .common import BadRequest
+from .openai_chat import _tool_calls_for_template
+
+#: ``GET /api/version``: recent enough that clients gating features on the
+#: Ollama version accept us.
+OLLAMA_VERSION = "0.12.3"
+
+#: Ollama's ``api.DefaultOptions`` where they differ from ours.
+OLLAMA_DEFAULTS = {"top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
+
+#: Sampling options we do not implement, and the value that means "off".
+_UNSUPPORTED_SAMPLING = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
+
+#: llama.cpp's ``llama_ftype`` numbers (GGUF ``general.file_type``).
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+    10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
+    16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S",
+    22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M",
+    28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
+    37: "TQ2_0", 38: "MXFP4", 39: "NVFP4",
+}
+
+
+def model_name(name: str | None) -> str | None:
+    """Clients append Ollama's default tag; ``name:latest`` means ``name``."""
+    if name and name.endswith(":latest"):
+        return name[: -len(":latest")]
+    return name
+
+
+# ----------------------------------------------------------------- wire models
+class Options(BaseModel):
+    """Runtime options we act on; load-time ones (``num_gpu``, ``num_thread``,
+    ``use_mmap`` ...) are accepted and ignored: the model is already loaded."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    num_predict: int | None = Field(default=None, ge=-2)
+    num_ctx: int | None = Field(default=None, ge=1)
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+    repeat_last_n: int | None = Field(default=None, ge=-1)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: list[str] | str | None = None
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str = Field(min_length=1)
+    stream: bool | None = None
+    options: Options | None = None
+    format: str | dict[str, Any] | None = None
+    keep_alive: float | str | None = None
+    think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    images: list[Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_name: str | None = None
+    thinking: str | None = None
+
+
+class ChatBody(_Common):
+    messages: list[Message] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateBody(_Common):
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool | None = None
+    images: list[Any] | None = None
+
+
+class ShowBody(BaseModel):
+    """``{"model"}``, or the legacy ``{"name"}``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    name: str | None = None
+    verbose: bool | None = None
+
+    def requested(self) -> str:
+        name = self.model or self.name
+        if not name:
+            raise BadRequest("model is required", "model")
+        return name
+
+
+# ------------------------------------------------------------ into the engine
+@dataclass
+class Translation:
+    """A chat/generate body in engine terms. ``request`` is None for
+    Ollama's "load the model" call (no prompt): answered without generating."""
+
+    request: ChatRequest | None
+    stream: bool
+    warnings: list[str] = field(default_factory=list)
+    num_ctx: int | None = None
+    done_reason: str = "load"
+
+
+def _config(body: _Common, warnings: list[str]) -> tuple[GenerationConfig, int | None, int | None]:
+    """Sampling config, the explicit budget (None: until the context is full)
+    and ``num_ctx``."""
+    config = GenerationConfig(**OLLAMA_DEFAULTS)
+    o = body.options or Options()
+    if o.temperature is not None:
+        config.temperature = o.temperature
+    if o.top_p is not None:
+        config.top_p = o.top_p
+    if o.top_k is not None:
+        config.top_k = o.top_k
+    if o.min_p is not None:
+        config.min_p = o.min_p
+    if o.seed is not None and o.seed >= 0:  # -1: random, as in Ollama
+        config.seed = o.seed
+    if o.repeat_penalty is not None:
+        config.repeat_penalty = o.repeat_penalty
+    if o.repeat_last_n is not None:
+        config.penalty_last_n = o.repeat_last_n  # -1 (the context) is resolved by fit_context
+    if o.presence_penalty is not None:
+        config.presence_penalty = o.presence_penalty
+    if o.frequency_penalty is not None:
+        config.frequency_penalty = o.frequency_penalty
+    if o.stop is not None:
+        stops = [o.stop] if isinstance(o.stop, str) else o.stop
+        config.stop = tuple(s for s in stops if s)
+    extra = o.model_extra or {}
+    for name, off in _UNSUPPORTED_SAMPLING.items():
+        if name in extra and extra[name] not in (None, off):
+            warnings.append(f"options.{name} is not supported and was ignored")
+    if o.num_predict == 0:
+        raise BadRequest("options.num_predict must be positive, or -1 / -2 for 'until the context is full'",
+                         "options.num_predict")
+    budget = o.num_predict if o.num_predict is not None and o.num_predict > 0 else None
+    if budget is not None:
+        config.max_new_tokens = budget
+    return config, budget, o.num_ctx
+
+
+def _common_checks(body: _Common, warnings: list[str]) -> None:
+    if isinstance(body.format, str) and body.format not in ("", "json"):
+        raise BadRequest(f"invalid format {body.format!r}: expected \"json\" or a JSON schema", "format")
+    if body.format not in (None, ""):
+        warnings.append("'format' is accepted but not enforced yet")
+    if body.logprobs or body.top_logprobs:
+        raise BadRequest("logprobs are not supported by this server", "logprobs")
+    if body.think not in (None, False):
+        warnings.append("'think' ignored: this model has no thinking mode")
+
+
+def _request(body: _Common, warnings: list[str], **kw: Any) -> tuple[ChatRequest, int | None]:
+    config, budget, num_ctx = _config(body, warnings)
+    req = ChatRequest(
+        config=config,
+        max_tokens_explicit=budget is not None,
+        # None / -1 / -2: until the context is full (prepare clips to the room)
+        default_max_tokens=1 << 30,
+        **kw,
+    )
+    return req, num_ctx
+
+
+def _unload(keep_alive: float | str | None) -> bool:
+    return keep_alive in (0, "0", "0s", "0m")
+
+
+def chat_request(body: ChatBody) -> Translation:
+    stream = body.stream is not False
+    warnings: list[str] = []
+    _common_checks(body, warnings)
+    if not body.messages:
+        return Translation(None, stream, warnings, done_reason="unload" if _unload(body.keep_alive) else "load")
+    images = 0
+    messages: list[dict[str, Any]] = []
+    for m in body.messages:
+        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        images += len(m.images or ())
+        if m.tool_calls:
+            msg["tool_calls"] = _tool_calls_for_template(m.tool_calls)
+        if m.tool_name:
+            msg["name"] = m.tool_name
+        messages.append(msg)
+    if images:
+        warnings.append(f"{images} image(s) ignored: this model has no vision support")
+    req, num_ctx = _request(body, warnings, messages=messages, tools=body.tools or None)
+    return Translation(req, stream, warnings, num_ctx)
+
+
+def generate_request(body: GenerateBody) -> Translation:
+    stream = body.stream is not False
+    warnings: list[str] = []
+    _common_checks(body, warnings)
+    if body.suffix:
+        raise BadRequest("this model does not support insert ('suffix')", "suffix")
+    if not body.prompt and not (body.system and not body.raw):
+        return Translation(None, stream, warnings, done_reason="unload" if _unload(body.keep_alive) else "load")
+    if body.template:
+        warnings.append("'template' ignored: the model's own chat template is used")
+    if body.images:
+        warnings.append(f"{len(body.images)} image(s) ignored: this model has no vision support")
+    if body.context:
+        warnings.append("'context' ignored: send the conversation with /api/chat instead")
+    if body.raw:
+        if body.system:
+            warnings.append("'system' ignored: raw prompts have no template")
+        req, num_ctx = _request(body, warnings, prompt=body.prompt)
+    else:
+        messages = [{"role": "system", "content": body.system}] if body.system else []
+        if body.prompt:
+            messages.append({"role": "user", "content": body.prompt})
+        req, num_ctx = _request(body, warnings, messages=messages)
+    return Translation(req, stream, warnings, num_ctx)
+
+
+def fit_context(prepared: Prepared, tr: Translation, model_context: int) -> list[str]:
+    """Honour ``num_ctx`` up to the model's context (larger: a warning, not
+    an error) and resolve ``repeat_last_n: -1``. Never truncates a prompt."""
+    warnings: list[str] = []
+    ctx = model_context
+    if tr.num_ctx is not None:
+        if tr.num_ctx > model_context:
+            warnings.append(
+                f"options.num_ctx {tr.num_ctx} is larger than this model's context of "
+                f"{model_context} tokens; using {model_context}"
+            )
+        else:
+            ctx = tr.num_ctx
+    config = prepared.config
+    n = len(prepared.prompt_ids)
+    if ctx < model_context:
+        room = ctx - n
+        if room < 1:
+            raise BadRequest(
+                f"the prompt is {n} tokens, which leaves no room for a reply in options.num_ctx {ctx}",
+                "options.num_ctx",
+            )
+        explicit = tr.request is not None and tr.request.max_tokens_explicit
+        if not explicit:
+            config.max_new_tokens = min(config.max_new_tokens, room)
+        elif config.max_new_tokens > room:
+            raise BadRequest(
+                f"this request needs {n} prompt tokens + {config.max_new_tokens} new tokens = "
+                f"{n + config.max_new_tokens} tokens, but options.num_ctx is {ctx}",
+                "options.num_predict",
+            )
+    if config.penalty_last_n < 0:
+        config.penalty_last_n = ctx
+    return warnings
+
+
+# ------------------------------------------------------------------ rendering
+def rfc3339(ns: int | None = None) -> str:
+    """Go's RFC3339Nano in UTC, as Ollama writes ``created_at``."""
+    ns = time.time_ns() if ns is None else ns
+    secs, frac = divmod(ns, 1_000_000_000)
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+    digits = f"{frac:09d}".rstrip("0")
+    return f"{base}.{digits}Z" if digits else f"{base}Z"
+
+
+def nanos(seconds: float) -> int:
+    return max(0, round(seconds * 1e9))
+
+
+def done_reason(reason: StopReason) -> str:
+    return "length" if reason is StopReason.MAX_TOKENS else "stop"
+
+
+def stats(final: Final, wall_ns: int) -> dict[str, Any]:
+    """The closing numbers, all from the engine's result. The model is
+    resident, so nothing was loaded; the total never undercuts the parts."""
+    r = final.result
+    prompt_ns, eval_ns = nanos(r.prefill_seconds), nanos(r.decode_seconds)
+    return {
+        "total_duration": max(wall_ns, nanos(r.queue_seconds) + prompt_ns + eval_ns),
+        "load_duration": 0,
+        "prompt_eval_count": final.prompt_tokens,
+        "prompt_eval_duration": prompt_ns,
+        "eval_count": final.completion_tokens,
+        "eval_duration": eval_ns,
+    }
+
+
+class Renderer:
+    """Renders one ``/api/chat`` or ``/api/generate`` answer."""
+
+    def __init__(self, kind: Literal["chat", "generate"], model: str) -> None:
+        self.kind = kind
+        self.model = model
+
+    def _line(self, text: str, done: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "created_at": rfc3339()}
+        if self.kind == "chat":
+            out["message"] = {"role": "assistant", "content": text}
+        else:
+            out["response"] = text
+        out["done"] = done
+        return out
+
+    def piece(self, text: str) -> dict[str, Any]:
+        return self._line(text, False)
+
+    def done(self, final: Final, wall_ns: int) -> dict[str, Any]:
+        """The last NDJSON line: empty text, the reason and the numbers."""
+        return {**self._line("", True), "done_reason": done_reason(final.result.reason), **stats(final, wall_ns)}
+
+    def response(self, final: Final, wall_ns: int) -> dict[str, Any]:
+        """``stream: false``: the whole text in one object."""
+        return {**self._line(final.text, True), "done_reason": done_reason(final.result.reason),
+                **stats(final, wall_ns)}
+
+    def error(self, message: str) -> dict[str, Any]:
+        """A mid-stream failure: the stream still ends with ``done: true``."""
+        return {**self._line("", True), "done_reason": "error", "error": message}
+
+    def loaded(self, reason: str) -> dict[str, Any]:
+        return {**self._line("", True), "done_reason": reason}
+
+
+# ---------------------------------------------------------------- model facts
+def parameter_size(n: int) -> str:
+    """Ollama's ``format.HumanNumber``: ``134.52M``, ``8.0B``, ``7B``."""
+    for scale, unit, places in ((1e9, "B", 1), (1e6, "M", 2), (1e3, "K", 0)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.{places}f}{unit}"
+    return str(n)
+
+
+def _file_type(info: dict[str, Any]) -> int | None:
+    try:
+        return int(info.get("quantization"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def quantization_level(info: dict[str, Any]) -> str:
+    ft = _file_type(info)
+    if ft is not None:
+        return FILE_TYPES.get(ft, f"unknown ({ft})")
+    return str(info.get("quantization") or "unknown")
+
+
+def details(info: dict[str, Any]) -> dict[str, Any]:
+    family = info.get("architecture") or "unknown"
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": family,
+        "families": [family],
+        "parameter_size": parameter_size(int(info.get("parameters") or 0)),
+        "quantization_level": quantization_level(info),
+    }
+
+
+def digest(info: dict[str, Any], mtime_ns: int) -> str:
+    """A stable sha256 identity for the model file (its path, size and
+    modification time; hashing gigabytes of weights per listing is not worth
+    it). Changes whenever the file does."""
+    key = f"{info.get('id')}\0{info.get('path')}\0{info.get('size_bytes')}\0{mtime_ns}"
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def tag_entry(info: dict[str, Any], mtime_ns: int) -> dict[str, Any]:
+    return {
+        "name": info["id"],
+        "model": info["id"],
+        "modified_at": rfc3339(mtime_ns),
+        "size": int(info.get("size_bytes") or 0),
+        "digest": digest(info, mtime_ns),
+        "details": details(info),
+    }
+
+
+#: Resident models never expire; Ollama shows "forever" as now + the
+#: largest Go duration (about 292 years).
+FOREVER_NS = (1 << 63) - 1
+
+
+def ps_entry(info: dict[str, Any], mtime_ns: int, now_ns: int) -> dict[str, Any]:
+    return {
+        **tag_entry(info, mtime_ns),
+        "expires_at": rfc3339(now_ns + FOREVER_NS),
+        "size_vram": 0,
+        "context_length": int(info.get("context") or 0),
+    }
+
+
+def show(info: dict[str, Any], mtime_ns: int, capabilities: list[str]) -> dict[str, Any]:
+    """``/api/show``. ``<arch>.context_length`` is the context this server
+    runs the model with (what a client may send), not the trained maximum."""
+    arch = info.get("architecture") or "unknown"
+    ctx = int(info.get("context") or 0)
+    template = info.get("chat_template") or ""
+    modelfile = (
+        "# Modelfile generated by turbospark\n"
+        f"# To build a new Modelfile based on this, replace FROM with:\n# FROM {info['id']}\n\n"
+        f"FROM {info.get('path') or info['id']}\n"
+        f'TEMPLATE """{template}"""\n'
+        f"PARAMETER num_ctx {ctx}\n"
+    )
+    model_info: dict[str, Any] = {
+        "general.architecture": arch,
+        "general.name": info.get("name") or info["id"],
+        "general.parameter_count": int(info.get("parameters") or 0),
+        f"{arch}.context_length": ctx,
+    }
+    ft = _file_type(info)
+    if ft is not None:
+        model_info["general.file_type"] = ft
+    return {
+        "modelfile": modelfile,
+        "parameters": f"{'num_ctx':<30} {ctx}",
+        "template": template,
+        "details": details(info),
+        "model_info": model_info,
+        "capabilities": capabilities,
+        "modified_at": rfc3339(mtime_ns),
+    }

@@ -1,0 +1,422 @@
+"""OpenAI Responses: wire models and pure translations.
+
+In: a ``/v1/responses`` body (``input`` as a string or a list of items,
+``instructions``, flat function tools ...) to the internal
+:class:`ChatRequest`. Out: the engine's result to a ``response`` object, or
+to the typed SSE event sequence (``event:`` lines, ``sequence_number`` from
+0): created → in_progress → output_item.added → content_part.added →
+output_text.delta* → output_text.done → content_part.done →
+output_item.done → completed | incomplete, or ``response.failed`` when the
+engine fails mid-stream.
+
+There is no response store: ``previous_response_id``, ``conversation`` and
+``item_reference`` inputs are refused with a clear 400 instead of silently
+answering without the earlier turns.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..engine.types import GenerationConfig, StopReason
+from ..generation import ChatRequest, Final
+from .common import BadRequest, new_id, sse_event, text_of, unix_time, validation_error
+from .openai_chat import REASONING_EFFORTS, _tool_calls_for_template
+
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+class _Wire(BaseModel):
+    """Strict types, unknown fields accepted (newer SDK parameters)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class ReasoningConfig(_Wire):
+    effort: str | None = None
+    summary: str | None = None
+
+
+class TextConfig(_Wire):
+    format: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ResponsesRequest(_Wire):
+    """The fields we act on or echo; everything else is ignored."""
+
+    model: str | None = None
+    input: str | list[Any]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    #: Not in the OpenAI API; llama.cpp-style extension for reproducible sampling.
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool | None = False
+    prompt_cache_key: str | None = None
+    user: str | None = None
+    reasoning: ReasoningConfig | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    text: TextConfig | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    background: bool | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class MessageItem(_Wire):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Any]
+
+
+class FunctionCallItem(_Wire):
+    type: Literal["function_call"]
+    call_id: str
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class FunctionCallOutputItem(_Wire):
+    type: Literal["function_call_output"]
+    call_id: str | None = None
+    output: str | list[Any]
+
+
+class FunctionTool(_Wire):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+def _check(model: type[BaseModel], data: Any, where: str) -> Any:
+    """Validate one nested object, naming it by its full path on failure."""
+    if not isinstance(data, dict):
+        raise BadRequest(f"'{where}' must be an object", where)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        bad = validation_error(exc)
+        param = f"{where}.{bad.param}" if bad.param else where
+        message = bad.message.replace(f"'{bad.param}'", f"'{param}'") if bad.param else f"'{where}': {bad.message}"
+        raise BadRequest(message, param) from None
+
+
+def _content(content: str | list[Any], images: list[Any], where: str) -> str:
+    """Message content to text; ``refusal`` parts (assistant turns sent back)
+    count as text, image parts go to ``images``."""
+    if isinstance(content, list):
+        content = [
+            {"type": "text", "text": p.get("refusal")} if isinstance(p, dict) and p.get("type") == "refusal" else p
+            for p in content
+        ]
+    return text_of(content, images=images, where=where)
+
+
+def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any]]:
+    """``instructions`` + ``input`` to chat messages. Function calls become an
+    assistant turn's ``tool_calls`` (consecutive calls share one turn), their
+    outputs become ``tool`` messages."""
+    out: list[dict[str, Any]] = []
+    if body.instructions:
+        out.append({"role": "system", "content": body.instructions})
+    if isinstance(body.input, str):
+        out.append({"role": "user", "content": body.input})
+        return out
+    if not body.input:
+        raise BadRequest("'input' must not be an empty list", "input")
+    call_names: dict[str, str] = {}
+    for i, raw in enumerate(body.input):
+        where = f"input[{i}]"
+        kind = raw.get("type", "message") if isinstance(raw, dict) else None
+        if kind == "message":
+            item = _check(MessageItem, raw, where)
+            role = "system" if item.role == "developer" else item.role
+            out.append({"role": role, "content": _content(item.content, images, f"{where}.content")})
+        elif kind == "function_call":
+            call = _check(FunctionCallItem, raw, where)
+            call_names[call.call_id] = call.name
+            wire = {"id": call.call_id, "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments}}
+            last = out[-1] if out else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": ""}
+                out.append(last)
+            last.setdefault("tool_calls", []).extend(_tool_calls_for_template([wire]))
+        elif kind == "function_call_output":
+            result = _check(FunctionCallOutputItem, raw, where)
+            msg: dict[str, Any] = {"role": "tool", "content": _content(result.output, images, f"{where}.output")}
+            if result.call_id is not None:
+                msg["tool_call_id"] = result.call_id
+                if result.call_id in call_names:
+                    msg["name"] = call_names[result.call_id]
+            out.append(msg)
+        elif kind == "reasoning":
+            continue  # this server emits no reasoning items; a client may echo others back
+        elif kind == "item_reference":
+            raise BadRequest(
+                f"'{where}' is an item_reference, but this server keeps no response store; "
+                "send the referenced item itself",
+                f"{where}.type",
+            )
+        elif kind is None:
+            raise BadRequest(f"'{where}' must be an object", where)
+        else:
+            raise BadRequest(f"unsupported input item type {kind!r} in '{where}'", f"{where}.type")
+    if not out:
+        raise BadRequest("'input' has no message or function-call items", "input")
+    return out
+
+
+def to_tools(tools: list[dict[str, Any]] | None, warnings: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Flat function tools to the chat-style list the template expects.
+    Returns (chat tools, tools echoed in the response); hosted tool types
+    (web search, file search ...) do not exist here and are dropped with a
+    warning."""
+    chat: list[dict[str, Any]] = []
+    echo: list[dict[str, Any]] = []
+    dropped: list[str] = []
+    for i, raw in enumerate(tools or []):
+        kind = raw.get("type")
+        if kind != "function":
+            if not isinstance(kind, str):
+                raise BadRequest(f"'tools[{i}].type' must be a string", f"tools[{i}].type")
+            dropped.append(kind)
+            continue
+        tool = _check(FunctionTool, raw, f"tools[{i}]")
+        fn: dict[str, Any] = {"name": tool.name}
+        if tool.description is not None:
+            fn["description"] = tool.description
+        fn["parameters"] = tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}}
+        if tool.strict is not None:
+            fn["strict"] = tool.strict
+        chat.append({"type": "function", "function": fn})
+        echo.append({"type": "function", "name": tool.name, "description": tool.description,
+                     "parameters": tool.parameters, "strict": tool.strict})
+    if dropped:
+        warnings.append(f"tool type(s) {', '.join(sorted(set(dropped)))} ignored: only function tools are supported")
+    return chat, echo
+
+
+def _check_tool_choice(choice: str | dict[str, Any] | None) -> None:
+    if isinstance(choice, str) and choice not in TOOL_CHOICES:
+        raise BadRequest(
+            f"unknown tool_choice {choice!r}; expected one of: {', '.join(TOOL_CHOICES)} or an object",
+            "tool_choice",
+        )
+    if isinstance(choice, dict) and not isinstance(choice.get("type"), str):
+        raise BadRequest("'tool_choice.type' must be a string", "tool_choice.type")
+
+
+def _refuse_unsupported(body: ResponsesRequest) -> None:
+    if body.previous_response_id is not None:
+        raise BadRequest(
+            "previous_response_id is not supported: this server keeps no response store; "
+            "send the whole conversation in 'input'",
+            "previous_response_id",
+        )
+    if body.conversation is not None:
+        raise BadRequest(
+            "conversation is not supported: this server keeps no conversation store; "
+            "send the whole conversation in 'input'",
+            "conversation",
+        )
+    if body.background:
+        raise BadRequest("background responses are not supported", "background")
+    if body.top_logprobs:
+        raise BadRequest("logprobs are not supported by this server", "top_logprobs")
+    effort = body.reasoning.effort if body.reasoning else None
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise BadRequest(
+            f"unknown reasoning.effort {effort!r}; expected one of: {', '.join(REASONING_EFFORTS)}",
+            "reasoning.effort",
+        )
+    fmt = body.text.format if body.text else None
+    if fmt is not None:
+        kind = fmt.get("type")
+        if not isinstance(kind, str):
+            raise BadRequest("'text.format.type' must be a string", "text.format.type")
+        if kind != "text":
+            raise BadRequest(f"text.format {kind!r} is not supported yet", "text.format")
+
+
+def to_chat_request(body: ResponsesRequest) -> tuple[ChatRequest, list[str], list[dict[str, Any]]]:
+    """Returns the internal request, warnings for the client, and the
+    function tools to echo in the response object."""
+    _refuse_unsupported(body)
+    _check_tool_choice(body.tool_choice)
+    warnings: list[str] = []
+    images: list[Any] = []
+    messages = to_messages(body, images)
+    if images:
+        warnings.append(f"{len(images)} image part(s) ignored: this model has no vision support")
+    tools, echo_tools = to_tools(body.tools, warnings)
+    config = GenerationConfig()
+    if body.temperature is not None:
+        config.temperature = body.temperature
+    if body.top_p is not None:
+        config.top_p = body.top_p
+    if body.seed is not None:
+        config.seed = body.seed
+    config.session_key = body.prompt_cache_key or body.user
+    if body.max_output_tokens is not None:
+        config.max_new_tokens = body.max_output_tokens
+    req = ChatRequest(
+        messages=messages,
+        tools=tools or None,
+        config=config,
+        max_tokens_explicit=body.max_output_tokens is not None,
+    )
+    return req, warnings, echo_tools
+
+
+def usage(final: Final) -> dict[str, Any]:
+    """From the engine's result only. ``cache_write_tokens`` is 0: there are
+    no explicit cache writes here; KV kept in a session slot shows up as
+    ``cached_tokens`` on the next turn."""
+    p, c = final.prompt_tokens, final.completion_tokens
+    return {
+        "input_tokens": p,
+        "input_tokens_details": {"cached_tokens": final.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": c,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": p + c,
+    }
+
+
+def status_of(reason: StopReason) -> str:
+    if reason is StopReason.MAX_TOKENS:
+        return "incomplete"
+    if reason is StopReason.CANCELLED:
+        return "cancelled"
+    return "completed"
+
+
+class ResponsesRenderer:
+    """Renders one response: the non-streamed object, or the typed event
+    sequence with its own ``sequence_number`` counter."""
+
+    def __init__(
+        self,
+        body: ResponsesRequest,
+        model_name: str,
+        config: GenerationConfig,
+        tools: list[dict[str, Any]],
+    ) -> None:
+        self.id = new_id("resp_")
+        self.msg_id = new_id("msg_")
+        self.created = unix_time()
+        self.seq = 0
+        self._pieces: list[str] = []
+        reasoning = body.reasoning
+        self._echo: dict[str, Any] = {
+            "background": False,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "metadata": body.metadata or {},
+            "model": model_name,
+            "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
+            "previous_response_id": None,
+            "prompt_cache_key": body.prompt_cache_key,
+            "reasoning": {"effort": reasoning.effort if reasoning else None,
+                          "summary": reasoning.summary if reasoning else None},
+            "store": False,
+            "temperature": config.temperature,
+            "text": {"format": {"type": "text"},
+                     "verbosity": (body.text.verbosity if body.text else None) or "medium"},
+            "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
+            "tools": tools,
+            "top_p": config.top_p,
+            "truncation": body.truncation or "disabled",
+            "user": body.user,
+        }
+
+    # -- objects ---------------------------------------------------------------
+    def _response(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        final: Final | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "completed_at": unix_time() if status == "completed" else None,
+            "error": error,
+            "incomplete_details": incomplete,
+            **self._echo,
+            "output": output,
+            "usage": usage(final) if final is not None else None,
+        }
+
+    def _part(self, text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def _message(self, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.msg_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+    def _final_message(self, final: Final) -> dict[str, Any]:
+        status = "completed" if status_of(final.result.reason) == "completed" else "incomplete"
+        return self._message(status, [self._part(final.text)])
+
+    def response(self, final: Final) -> dict[str, Any]:
+        """The non-streamed ``response`` object."""
+        return self._response(status_of(final.result.reason), [self._final_message(final)], final)
+
+    # -- stream ----------------------------------------------------------------
+    def _event(self, type_: str, payload: dict[str, Any]) -> bytes:
+        frame = sse_event(type_, {"type": type_, "sequence_number": self.seq, **payload})
+        self.seq += 1
+        return frame
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.msg_id, "output_index": 0, "content_index": 0}
+
+    def opening_frames(self) -> bytes:
+        """Everything up to the first text delta (sent before generation)."""
+        snapshot = self._response("in_progress", [])
+        return (
+            self._event("response.created", {"response": snapshot})
+            + self._event("response.in_progress", {"response": snapshot})
+            + self._event("response.output_item.added",
+                          {"output_index": 0, "item": self._message("in_progress", [])})
+            + self._event("response.content_part.added", {**self._where(), "part": self._part("")})
+        )
+
+    def delta_frame(self, text: str) -> bytes:
+        self._pieces.append(text)
+        return self._event("response.output_text.delta", {**self._where(), "delta": text, "logprobs": []})
+
+    def closing_frames(self, final: Final) -> bytes:
+        """done events for the text, the part and the item, then the terminal
+        ``response.completed`` (or ``response.incomplete`` when capped)."""
+        message = self._final_message(final)
+        body = self._response(status_of(final.result.reason), [message], final)
+        terminal = "response.completed" if body["status"] == "completed" else "response.incomplete"
+        return (
+            self._event("response.output_text.done", {**self._where(), "text": final.text, "logprobs": []})
+            + self._event("response.content_part.done", {**self._where(), "part": self._part(final.text)})
+            + self._event("response.output_item.done", {"output_index": 0, "item": message})
+            + self._event(terminal, {"response": body})
+        )
+
+    def failed_frame(self, message: str, code: str = "server_error") -> bytes:
+        """Mid-stream failure: ``response.failed`` carrying the error and the
+        text streamed so far; nothing follows it."""
+        partial = self._message("incomplete", [self._part("".join(self._pieces))])
+        body = self._response("failed", [partial], error={"code": code, "message": message})
+        return self._event("response.failed", {"response": body})

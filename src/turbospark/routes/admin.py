@@ -1,0 +1,135 @@
+"""Operator routes: what the engine holds (``/v1/slots``) and live model
+attach/detach (``/v1/admin/models``)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..catalog import ModelNotFound, resolve_model
+from ..dialects.common import BadRequest, validate
+from ..dialects.errors import openai_error
+from ..engine.model import ModelOptions
+from ..registry import RegistryError
+from ..loading import load_spec, spec_for
+from .common import JSONResponse, endpoint, read_json, state_of
+
+
+def owner_hash(owner: str) -> str | None:
+    """Never the key itself: a short digest that tells tenants apart."""
+    if not owner:
+        return None
+    return hashlib.sha256(owner.encode()).hexdigest()[:12]
+
+
+@endpoint(openai_error)
+async def slots(request: Request) -> Response:
+    out: list[dict[str, Any]] = []
+    for model in state_of(request).registry.models():
+        load = model.load()
+        for slot in load.get("slots", []):
+            out.append({
+                "model": model.model_id,
+                "slot": slot["id"],
+                "state": slot["state"],
+                "owner": owner_hash(slot["owner"]),
+                "session_key": slot["session_key"],
+                "tokens_cached": slot["tokens_cached"],
+                "last_used": slot["last_used"] or None,
+            })
+    return JSONResponse({"object": "list", "data": out})
+
+
+routes = [Route("/v1/slots", slots, methods=["GET"])]
+
+
+class AttachBody(BaseModel):
+    """``POST /v1/admin/models``: what to load and under which names."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str = Field(min_length=1, description="GGUF path or packaged model name")
+    id: str | None = Field(default=None, min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    kind: Literal["chat", "embedding"] = "chat"
+    ctx: int | None = Field(default=None, ge=16)
+    parallel: int | None = Field(default=None, ge=1)
+    session_slots: int | None = Field(default=None, ge=0)
+    threads: int | None = Field(default=None, ge=0)
+    keep_alive: float | None = Field(default=None, ge=0)
+    system: str | None = None
+    reasoning: str | None = None
+    chat_template: str | None = None
+
+
+def entry_card(entry: Any) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "aliases": list(entry.aliases),
+        "kind": entry.kind,
+        "loaded": entry.model is not None,
+        "in_flight": entry.leases,
+        "keep_alive": entry.spec.keep_alive if entry.spec is not None else None,
+        "path": entry.info.get("path"),
+    }
+
+
+@endpoint(openai_error)
+async def list_admin_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [entry_card(e) for e in state_of(request).registry.entries()]})
+
+
+@endpoint(openai_error)
+async def attach_model(request: Request) -> Response:
+    body = validate(AttachBody, await read_json(request))
+    registry = state_of(request).registry
+    try:
+        path, default_id = resolve_model(body.model)
+    except ModelNotFound as exc:
+        raise BadRequest(str(exc), "model", status=404, code="model_not_found") from None
+    opts = ModelOptions(path=path, id=body.id or default_id, aliases=tuple(body.aliases), kind=body.kind)
+    for field_name, attr in (("ctx", "ctx"), ("parallel", "parallel"), ("session_slots", "session_slots"),
+                             ("threads", "threads"), ("keep_alive", "keep_alive"), ("system", "default_system"),
+                             ("reasoning", "default_reasoning"), ("chat_template", "chat_template")):
+        value = getattr(body, field_name)
+        if value is not None:
+            setattr(opts, attr, value)
+    spec = spec_for(opts)
+    try:
+        registry.check_names(spec.id, spec.aliases)
+    except RegistryError as exc:
+        raise BadRequest(str(exc), "id", status=409, code="model_exists") from None
+    try:
+        model = await asyncio.to_thread(load_spec, spec)  # off the event loop
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise BadRequest(f"could not load {body.model!r}: {exc}", "model", status=422, code="load_failed") from None
+    try:
+        entry = registry.attach(model, spec)
+    except RegistryError as exc:  # a concurrent attach took the name meanwhile
+        await asyncio.to_thread(model.close)
+        raise BadRequest(str(exc), "id", status=409, code="model_exists") from None
+    return JSONResponse(entry_card(entry), status_code=201)
+
+
+@endpoint(openai_error)
+async def detach_model(request: Request) -> Response:
+    registry = state_of(request).registry
+    model_id = request.path_params["model_id"]
+    try:
+        entry = registry.remove(model_id)
+    except KeyError:
+        raise BadRequest(f"model {model_id!r} is not attached", "model", status=404, code="model_not_found") from None
+    # the model stops taking requests now; it unloads once its in-flight ones end
+    return JSONResponse({**entry_card(entry), "detached": True})
+
+
+routes += [
+    Route("/v1/admin/models", list_admin_models, methods=["GET"]),
+    Route("/v1/admin/models", attach_model, methods=["POST"]),
+    Route("/v1/admin/models/{model_id:path}", detach_model, methods=["DELETE"]),
+]
