@@ -21,7 +21,7 @@ def turbospark(*args: str) -> list[str]:
 def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
     log = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
-        turbospark("serve", "--port", "0", "--event-log", str(log), "--ctx", "2048"),
+        turbospark("serve", "--port", "0", "--event-log", str(log), "--ctx", "2048", "--alias", "house-model"),
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -44,6 +44,7 @@ def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
             "model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
         assert r.status_code == 200
         assert httpx.get(url + "/health").json()["state"] == "ready"
+        assert httpx.get(url + "/v1/models/house-model").json()["id"] == "smollm2-135m"
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
@@ -52,7 +53,7 @@ def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
     events = [json.loads(x) for x in log.read_text().splitlines()]
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "modelAttached"
-    assert "generated" in kinds and kinds.count("requestFinished") == 2
+    assert "generated" in kinds and kinds.count("requestFinished") == 3
 
 
 def test_models_lists_catalog():

@@ -158,3 +158,11 @@ def test_jsonl_sink_writes_every_event(tmp_path):
     sink.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines == [e.to_dict() for e in sample_events()]
+
+
+def test_generated_carries_speculation_counts_only_when_drafting():
+    g = Generated(id=1, model="m", prompt_tokens=3, new_tokens=4, prefill_seconds=0.5,
+                  decode_seconds=0.25, stop_reason="endOfTurn", reused_prefix_tokens=2,
+                  session_slot_evicted=False, drafted_tokens=8, accepted_tokens=5)
+    d = g.to_dict()
+    assert d["draftedTokens"] == 8 and d["acceptedTokens"] == 5

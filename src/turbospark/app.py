@@ -9,17 +9,19 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from . import __version__
 from .dialects.errors import shape_for_path
 from .auth import Auth
 from .middleware import AuthMiddleware, LeaseMiddleware, ObserveMiddleware
-from .observe import Observer
+from .observe import Observer, combine
 from .registry import Registry
 from .routes import admin, anthropic, completions, embeddings, ollama, responses
+from .routes import metrics as metrics_routes
 from .routes import openai as openai_routes
 from .routes.common import JSONResponse, ServerState, state_of
+from .sinks.prometheus import PrometheusSink
 
 
 async def health(request: Request) -> Response:
@@ -43,9 +45,9 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
-def build_app(registry: Registry, observer: Observer | None = None, auth: Auth | None = None) -> Starlette:
-    state = ServerState(registry=registry, observer=observer, version=__version__)
-    routes = [
+def route_table() -> list[BaseRoute]:
+    """Every route the app serves (sinks read it for route-template labels)."""
+    return [
         Route("/health", health, methods=["GET"]),
         *openai_routes.routes,
         *completions.routes,
@@ -54,7 +56,25 @@ def build_app(registry: Registry, observer: Observer | None = None, auth: Auth |
         *anthropic.routes,
         *ollama.routes,
         *admin.routes,
+        *metrics_routes.routes,
     ]
+
+
+def build_app(
+    registry: Registry,
+    observer: Observer | None = None,
+    auth: Auth | None = None,
+    metrics: PrometheusSink | None = None,
+) -> Starlette:
+    """``metrics`` should already be in ``observer`` (so it saw the models
+    attach); without one, a fresh sink is added to the fan-out here so
+    ``/metrics`` always works."""
+    if metrics is None:
+        metrics = PrometheusSink()
+        observer = registry.observer = combine([observer, metrics])
+    metrics.watch(registry)
+    state = ServerState(registry=registry, observer=observer, version=__version__, metrics=metrics)
+    routes = route_table()
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.turbospark = state
     # Outermost first: observe (sees every request, 401s included), then

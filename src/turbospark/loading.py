@@ -16,7 +16,7 @@ ModelArg = str | ModelOptions | Any
 def options_for(arg: str, **overrides: Any) -> ModelOptions:
     """A ``--model`` argument (GGUF path or packaged name) as load options."""
     path, default_id = resolve_model(arg)
-    return ModelOptions(path=path, id=default_id, **overrides)
+    return ModelOptions(path=path, id=default_id or derive_id(path), **overrides)
 
 
 def spec_for(opts: ModelOptions) -> ModelSpec:
@@ -41,13 +41,18 @@ def populate(
 ) -> list[Any]:
     """Register every model; load them now, up to the registry's resident
     cap (the rest load on first use). Returns the models it loaded."""
-    loaded: list[Any] = []
-    for arg in models:
-        if isinstance(arg, str):
-            arg = options_for(arg, **(defaults or {}))
+    args = [options_for(a, **(defaults or {})) if isinstance(a, str) else a for a in models]
+    # every name is checked before anything loads (a clash is a config error)
+    scratch = Registry()
+    for arg in args:
         if isinstance(arg, ModelOptions):
             spec = spec_for(arg)
             registry.check_names(spec.id, spec.aliases)
+            scratch.configure(spec)
+    loaded: list[Any] = []
+    for arg in args:
+        if isinstance(arg, ModelOptions):
+            spec = spec_for(arg)
             if registry.max_resident and len(loaded) >= registry.max_resident:
                 registry.configure(spec)
                 continue

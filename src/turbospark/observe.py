@@ -140,6 +140,16 @@ class Generated(ServerEvent):
     stop_reason: str
     reused_prefix_tokens: int
     session_slot_evicted: bool
+    #: prompt-lookup speculation (REFERENCE §3 "anything more the engine
+    #: measures"); both omitted when nothing was drafted
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = ServerEvent.to_dict(self)
+        if not self.drafted_tokens:
+            del out["draftedTokens"], out["acceptedTokens"]
+        return out
 
 
 @_event("requestFinished")
@@ -407,6 +417,8 @@ class ReportingModel:
                 stop_reason=result.reason.value,
                 reused_prefix_tokens=result.reused_prefix_tokens,
                 session_slot_evicted=result.session_slot_evicted,
+                drafted_tokens=result.drafted_tokens,
+                accepted_tokens=result.accepted_tokens,
             ),
         )
         return result

@@ -35,6 +35,8 @@ class ServerState:
     ids: RequestIds = field(default_factory=RequestIds)
     started_at: float = field(default_factory=time.time)
     version: str = "0"
+    #: the server's PrometheusSink (``GET /metrics``)
+    metrics: Any = None
 
 
 class JSONResponse(Response):

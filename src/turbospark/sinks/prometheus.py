@@ -1,0 +1,254 @@
+"""Prometheus metrics (``GET /metrics``), fed only by events.
+
+Names follow vLLM's metrics with a ``turbospark_`` prefix, so dashboards
+built for one read the other. Every counter and histogram moves on an event
+and nothing else; the only numbers read at scrape time are the engine's
+*state* (sequences running and waiting now), which no event describes.
+
+Each sink owns its ``CollectorRegistry`` (never the process-global one), so
+several servers in one process keep separate numbers.
+
+Timing semantics, all from events:
+
+* prefill / decode: ``generated``'s engine-measured seconds;
+* queue time: ``durationMs - prefill - decode`` of a NON-streamed request
+  (a streamed request's ``durationMs`` ends when its stream starts);
+* time to first token, *measured from arrival*: the receipt of ``generated``
+  minus its ``decodeSeconds`` minus the receipt of ``requestStarted`` (the
+  engine counts the first sampled token inside prefill, everything after it
+  as decode). ``generated`` carries no TTFT field on purpose;
+* end-to-end latency: ``durationMs`` when ``requestFinished`` closes the
+  request, and receipt-to-receipt when ``generated`` closes it (streams).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from ..observe import (
+    Generated,
+    ModelAttached,
+    ModelDetached,
+    RequestFinished,
+    RequestRouted,
+    RequestStarted,
+    ServerEvent,
+)
+from .paths import UNMATCHED, RouteTemplates, default_templates, method_label
+
+#: Latency buckets (seconds), close to vLLM's: sub-10 ms for a tiny model on
+#: a fast machine up to many minutes for a long generation on a CPU.
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+#: Requests whose closing event has not come yet are remembered up to this
+#: many (a stream that failed mid-way never sends ``generated``).
+MAX_OPEN = 10_000
+
+
+@dataclass(slots=True)
+class _Open:
+    """What the sink remembers about a request until its turn is over."""
+
+    t0: float  # receipt of requestStarted (perf_counter)
+    path: str
+    method: str
+    model: str | None = None
+    stream: bool = False
+    prefill: float = 0.0
+    decode: float = 0.0
+    generations: int = 0
+    finished: bool = False
+
+
+class PrometheusSink:
+    """An observer whose state is a set of Prometheus metrics.
+
+    ``record`` does O(1) work under one short lock; it never blocks on I/O.
+    """
+
+    def __init__(self, templates: RouteTemplates | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._templates = templates
+        self._lock = threading.Lock()
+        self._open: OrderedDict[int, _Open] = OrderedDict()
+        self._loaded: set[str] = set()
+        self._load_collector: EngineLoadCollector | None = None
+        r = self.registry
+        self.requests = Counter(
+            "turbospark_requests", "HTTP requests by route template, method and status.",
+            ["path", "method", "status"], registry=r)
+        self.request_success = Counter(
+            "turbospark_request_success", "Completed generations by stop reason.",
+            ["model", "finished_reason"], registry=r)
+        self.prompt_tokens = Counter(
+            "turbospark_prompt_tokens", "Prompt tokens processed (reused prefix included).",
+            ["model"], registry=r)
+        self.prompt_tokens_cached = Counter(
+            "turbospark_prompt_tokens_cached", "Prompt tokens taken from a slot's KV instead of prefilled.",
+            ["model"], registry=r)
+        self.generation_tokens = Counter(
+            "turbospark_generation_tokens", "Tokens sampled (the end-of-turn token included).",
+            ["model"], registry=r)
+        self.evictions = Counter(
+            "turbospark_session_slot_evictions", "Generations that evicted another conversation's slot.",
+            ["model"], registry=r)
+        self.drafted = Counter(
+            "turbospark_spec_decode_num_draft_tokens", "Speculative tokens drafted.", ["model"], registry=r)
+        self.accepted = Counter(
+            "turbospark_spec_decode_num_accepted_tokens", "Speculative tokens accepted.", ["model"], registry=r)
+        self.e2e = Histogram(
+            "turbospark_e2e_request_latency_seconds",
+            "Arrival to end of turn, for requests that generated.", ["model"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(
+            "turbospark_request_queue_time_seconds",
+            "durationMs - prefill - decode of non-streamed requests.", ["model"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill = Histogram(
+            "turbospark_request_prefill_time_seconds", "Engine prefill seconds per generation.", ["model"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.decode = Histogram(
+            "turbospark_request_decode_time_seconds", "Engine decode seconds per generation.", ["model"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "turbospark_time_to_first_token_from_arrival_seconds",
+            "Request arrival to the first sampled token: receipt of generated - decodeSeconds "
+            "- receipt of requestStarted.", ["model"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.models_loaded = Gauge(
+            "turbospark_models_loaded", "Models resident (modelAttached minus modelDetached).", registry=r)
+
+    # -- wiring ----------------------------------------------------------------
+    def watch(self, models: Any) -> None:
+        """Report requests running/waiting of ``models`` (a ``Registry``) at
+        scrape time. Rebinding replaces the previous source."""
+        with self._lock:
+            if self._load_collector is not None:
+                self.registry.unregister(self._load_collector)
+            self._load_collector = EngineLoadCollector(models)
+            self.registry.register(self._load_collector)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def _template(self, path: str) -> str:
+        if self._templates is None:
+            self._templates = default_templates()
+        return self._templates.of(path)
+
+    # -- the observer ------------------------------------------------------------
+    def record(self, event: ServerEvent) -> None:
+        now = time.perf_counter()
+        if isinstance(event, RequestStarted):
+            entry = _Open(now, self._template(event.path), method_label(event.method))
+            with self._lock:
+                self._open[event.id] = entry
+                while len(self._open) > MAX_OPEN:
+                    self._open.popitem(last=False)
+        elif isinstance(event, RequestRouted):
+            with self._lock:
+                o = self._open.get(event.id)
+                if o is not None:
+                    o.model, o.stream = event.served, event.stream
+        elif isinstance(event, Generated):
+            self._generated(event, now)
+        elif isinstance(event, RequestFinished):
+            self._finished(event)
+        elif isinstance(event, (ModelAttached, ModelDetached)):
+            with self._lock:
+                if isinstance(event, ModelAttached):
+                    self._loaded.add(event.model)
+                else:
+                    self._loaded.discard(event.model)
+                self.models_loaded.set(len(self._loaded))
+
+    def _generated(self, g: Generated, now: float) -> None:
+        m = g.model
+        self.prompt_tokens.labels(m).inc(g.prompt_tokens)
+        self.prompt_tokens_cached.labels(m).inc(g.reused_prefix_tokens)
+        self.generation_tokens.labels(m).inc(g.new_tokens)
+        self.request_success.labels(m, g.stop_reason).inc()
+        self.prefill.labels(m).observe(g.prefill_seconds)
+        self.decode.labels(m).observe(g.decode_seconds)
+        if g.session_slot_evicted:
+            self.evictions.labels(m).inc()
+        if g.drafted_tokens:
+            self.drafted.labels(m).inc(g.drafted_tokens)
+            self.accepted.labels(m).inc(g.accepted_tokens)
+        with self._lock:
+            o = self._open.get(g.id)
+            if o is None:
+                return
+            first = o.generations == 0
+            o.generations += 1
+            o.model = m  # label e2e/queue like the tokens: by the served model
+            o.prefill += g.prefill_seconds
+            o.decode += g.decode_seconds
+            done = o.finished
+            if done:
+                del self._open[g.id]
+        if first:
+            self.ttft.labels(m).observe(max(0.0, now - g.decode_seconds - o.t0))
+        if done:  # a stream: generated closes the turn
+            self.e2e.labels(m).observe(now - o.t0)
+
+    def _finished(self, f: RequestFinished) -> None:
+        closes = True
+        with self._lock:
+            o = self._open.get(f.id)
+            if o is not None:
+                if o.stream and f.status < 400 and o.generations == 0:
+                    o.finished = True  # the stream started; generated ends it
+                    closes = False
+                else:
+                    del self._open[f.id]
+        if o is None:  # started before this sink was installed
+            self.requests.labels(UNMATCHED, "other", str(f.status)).inc()
+            return
+        self.requests.labels(o.path, o.method, str(f.status)).inc()
+        if not closes or not o.generations or o.model is None:
+            return
+        seconds = f.duration_ms / 1000.0
+        self.e2e.labels(o.model).observe(seconds)
+        if not o.stream:
+            self.queue_time.labels(o.model).observe(max(0.0, seconds - o.prefill - o.decode))
+
+
+class EngineLoadCollector:
+    """Sequences running and waiting per resident model, read at scrape time
+    from the schedulers (state, not a number computed from events)."""
+
+    def __init__(self, models: Any) -> None:
+        self.models = models
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        running = GaugeMetricFamily(
+            "turbospark_num_requests_running", "Sequences in the engine's batch now.", labels=["model"])
+        waiting = GaugeMetricFamily(
+            "turbospark_num_requests_waiting", "Requests queued for a sequence now.", labels=["model"])
+        for model in self.models.models():
+            load = getattr(model, "load", None)
+            if load is None:
+                continue
+            try:
+                state = load()
+            except Exception:  # a model closing under the scrape
+                continue
+            name = str(getattr(model, "model_id", "?"))
+            running.add_metric([name], float(state.get("running", 0)))
+            waiting.add_metric([name], float(state.get("waiting", 0)))
+        return [running, waiting]

@@ -1,0 +1,232 @@
+"""Many models in one server: routing rules, live attach/detach, idle unload,
+the resident cap (REFERENCE.md §4). The real model loaded under several ids."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from turbospark import ListObserver, Server
+from turbospark.catalog import resolve_model
+from turbospark.engine.model import ModelOptions
+from turbospark.registry import ModelSpec, Registry, RegistryError, RoutingError
+
+from .fakes import ScriptedModel
+
+PATH = resolve_model("smollm2-135m")[0]
+SMALL = dict(ctx=1024, parallel=1)
+
+
+def opts(model_id: str, **kw) -> ModelOptions:
+    return ModelOptions(path=PATH, id=model_id, **{**SMALL, **kw})
+
+
+@pytest.fixture(scope="module")
+def multi():
+    obs = ListObserver()
+    srv = Server(
+        models=[opts("alpha", aliases=("a1", "gpt-4o")), opts("beta"), opts("embedder", kind="embedding")],
+        observer=obs,
+    ).start()
+    yield srv, obs
+    srv.stop()
+
+
+def client(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def routed(obs, raw):
+    rid = int(raw.headers["x-request-id"])
+    return next(e for e in obs.of(rid) if e.kind == "requestRouted")
+
+
+def chat(srv, model, **kw):
+    return client(srv).chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, **kw)
+
+
+def test_exact_id_and_alias_routing(multi):
+    srv, obs = multi
+    for asked, served in [("alpha", "alpha"), ("a1", "alpha"), ("gpt-4o", "alpha"), ("beta", "beta")]:
+        raw = chat(srv, asked)
+        assert raw.parse().choices[0].message.content is not None
+        ev = routed(obs, raw)
+        assert (ev.requested, ev.served) == (asked, served)
+
+
+def test_unknown_name_with_two_chat_models_is_404_listing_both(multi):
+    srv, obs = multi
+    with pytest.raises(openai.NotFoundError) as exc:
+        client(srv).chat.completions.create(model="claude-sonnet-4", messages=[{"role": "user", "content": "x"}])
+    err = exc.value.body
+    assert err["code"] == "model_not_found"
+    assert "alpha" in err["message"] and "beta" in err["message"]
+    assert "embedder" not in err["message"]  # not capable of chat
+    fin = [e for e in obs.events if e.kind == "requestFinished"][-1]
+    assert fin.status == 404 and "not found" in fin.error
+
+
+def test_suggests_the_closest_name(multi):
+    srv, _ = multi
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "alpah", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and "Did you mean 'alpha'" in r.json()["error"]["message"]
+
+
+def test_chat_request_naming_the_embedding_model_is_not_routed_to_it(multi):
+    srv, obs = multi
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "embedder", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404
+    assert not [e for e in obs.of(int(r.headers["x-request-id"])) if e.kind == "requestRouted"]
+
+
+def test_embeddings_route_to_the_embedding_model(multi):
+    srv, obs = multi
+    raw = client(srv).embeddings.with_raw_response.create(model="embedder", input="hello")
+    assert len(raw.parse().data[0].embedding) > 0
+    assert routed(obs, raw).served == "embedder"
+
+
+def test_lookups_never_fall_back(multi):
+    srv, _ = multi
+    assert httpx.get(srv.url + "/v1/models/alpha").status_code == 200
+    assert httpx.get(srv.url + "/v1/models/a1").status_code == 200
+    assert httpx.get(srv.url + "/v1/models/gpt-4").status_code == 404
+    assert httpx.post(srv.url + "/api/show", json={"model": "gamma"}).status_code == 404
+    ids = [m.id for m in client(srv).models.list()]
+    assert ids == ["alpha", "beta", "embedder"]
+
+
+def test_no_capable_model_is_503():
+    emb = ScriptedModel(model_id="only-embeds", supports_chat=False, supports_embeddings=True)
+    obs = ListObserver()
+    with Server(models=[emb], observer=obs) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 503
+        assert r.json()["error"]["message"] == "no model capable of this request (chat) is loaded"
+        a = httpx.post(srv.url + "/v1/messages", json={"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+        assert a.status_code == 503 and a.json()["type"] == "error"
+        assert [e.status for e in obs.events if e.kind == "requestFinished"] == [503, 503]
+
+
+def test_duplicate_names_are_refused_naming_both():
+    reg = Registry()
+    reg.attach(ScriptedModel(model_id="one", aliases=("shared",)))
+    with pytest.raises(RegistryError) as exc:
+        reg.attach(ScriptedModel(model_id="two", aliases=("shared",)))
+    assert "'shared'" in str(exc.value) and "'two'" in str(exc.value) and "'one'" in str(exc.value)
+    with pytest.raises(RegistryError):
+        reg.configure(ModelSpec(id="one"))
+
+
+def test_resolution_rules_unit():
+    reg = Registry()
+    with pytest.raises(RoutingError) as exc:
+        reg.resolve("x")
+    assert exc.value.status == 503
+    reg.attach(ScriptedModel(model_id="solo"))
+    r = reg.resolve("claude-sonnet-4-5")
+    assert (r.requested, r.served, r.fell_back) == ("claude-sonnet-4-5", "solo", True)
+    assert reg.resolve(None).served == "solo"
+    assert reg.resolve("solo:latest").served == "solo"
+    reg.attach(ScriptedModel(model_id="duo"))
+    with pytest.raises(RoutingError) as exc:
+        reg.resolve(None)
+    assert exc.value.status == 400
+    assert reg.lookup("gpt-4o") is None
+
+
+def stream_in_thread(url: str, model: str, out: dict, max_tokens: int = 120):
+    def run():
+        body = {"model": model, "messages": [{"role": "user", "content": "Write a long story about a ship."}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+        chunks = []
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+            out["status"] = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append(line)
+                    out["started"] = True
+        out["chunks"] = chunks
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not out.get("started") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return t
+
+
+def test_attach_and_detach_while_requests_stream():
+    obs = ListObserver()
+    with Server(models=[opts("alpha"), opts("beta")], observer=obs) as srv:
+        # attach while alpha streams
+        a_out: dict = {}
+        ta = stream_in_thread(srv.url, "alpha", a_out)
+        r = httpx.post(srv.url + "/v1/admin/models", timeout=60, json={
+            "model": "smollm2-135m", "id": "gamma", "aliases": ["g"], "ctx": 1024, "parallel": 1})
+        assert r.status_code == 201, r.text
+        assert r.json()["id"] == "gamma" and r.json()["loaded"] is True
+        ta.join(60)
+        assert a_out["status"] == 200 and a_out["chunks"][-1] == "data: [DONE]"
+        assert "gamma" in [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]]
+        assert "gamma" in [m["name"] for m in httpx.get(srv.url + "/api/tags").json()["models"]]
+        assert any(e.kind == "modelAttached" and e.model == "gamma" for e in obs.events)
+        # the same name again is refused
+        dup = httpx.post(srv.url + "/v1/admin/models", timeout=60, json={"model": "smollm2-135m", "id": "g"})
+        assert dup.status_code == 409
+
+        # detach beta while it is mid-stream: that request completes
+        beta = srv.registry.lookup("beta").model
+        b_out: dict = {}
+        tb = stream_in_thread(srv.url, "beta", b_out, max_tokens=200)
+        d = httpx.delete(srv.url + "/v1/admin/models/beta", timeout=10)
+        assert d.status_code == 200 and d.json()["detached"] is True and d.json()["in_flight"] == 1
+        assert any(e.kind == "modelDetached" and e.model == "beta" for e in obs.events)
+        # new requests no longer reach beta (two chat models remain: 404)
+        nxt = httpx.post(srv.url + "/v1/chat/completions", json={"model": "beta", "messages": [{"role": "user", "content": "x"}]})
+        assert nxt.status_code == 404 and "alpha" in nxt.json()["error"]["message"]
+        assert beta.scheduler._thread.is_alive()  # still serving the in-flight stream
+        tb.join(120)
+        assert b_out["status"] == 200 and b_out["chunks"][-1] == "data: [DONE]"
+        finish = [c for c in b_out["chunks"] if '"finish_reason":"length"' in c]
+        assert finish, "the detached model's stream did not run to its end"
+        deadline = time.monotonic() + 10
+        while beta.scheduler._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not beta.scheduler._thread.is_alive(), "the detached model was not unloaded"
+        assert httpx.delete(srv.url + "/v1/admin/models/beta").status_code == 404
+
+
+def test_keep_alive_unloads_idle_and_reloads_on_demand():
+    obs = ListObserver()
+    with Server(models=[opts("sleepy", keep_alive=0.5)], observer=obs) as srv:
+        assert chat(srv, "sleepy").status_code == 200
+        deadline = time.monotonic() + 15
+        while srv.registry.lookup("sleepy").model is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert srv.registry.lookup("sleepy").model is None
+        assert [e.kind for e in obs.events if e.kind.startswith("model")] == ["modelAttached", "modelDetached"]
+        assert httpx.get(srv.url + "/api/ps").json()["models"] == []
+        assert [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]] == ["sleepy"]
+        raw = chat(srv, "sleepy")  # loads it again
+        assert raw.parse().choices[0].message.content is not None
+        assert [e.kind for e in obs.events if e.kind.startswith("model")][-1] == "modelAttached"
+
+
+def test_max_resident_evicts_least_recently_used():
+    obs = ListObserver()
+    with Server(models=[opts("first"), opts("second")], observer=obs, max_resident=1) as srv:
+        assert srv.registry.lookup("first").model is not None
+        assert srv.registry.lookup("second").model is None  # configured, loads on first use
+        assert chat(srv, "second").status_code == 200
+        assert srv.registry.lookup("first").model is None
+        assert srv.registry.lookup("second").model is not None
+        moves = [(e.kind, e.model) for e in obs.events if e.kind.startswith("model")]
+        assert moves == [("modelAttached", "first"), ("modelDetached", "first"), ("modelAttached", "second")]
+        assert chat(srv, "first").status_code == 200
+        assert srv.registry.lookup("second").model is None
