@@ -18,7 +18,8 @@ install:
 serve: install
 	$(VENV)/bin/turbospark serve $(ARGS)
 
-test: install
+test:
+	@FOR_TESTS=1 scripts/install.sh
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 bench: install

@@ -64,6 +64,22 @@ def base_url(server) -> str:
 
 
 @pytest.fixture(scope="session")
+def qwen_server():
+    """A second server with Qwen2.5-Coder-0.5B (a model that really calls
+    tools), shared by every tool-calling test file: ``(server, hub)``."""
+    from turbospark.catalog import CATALOG, resolve_model
+    from turbospark.engine.model import ModelOptions
+
+    if not CATALOG["qwen2.5-coder-0.5b"].installed():
+        pytest.fail("the Qwen2.5-Coder package model is not installed (make test installs it)")
+    path, _ = resolve_model("qwen2.5-coder-0.5b")
+    events = Hub()
+    srv = Server(models=[ModelOptions(path=path, id="qwen", ctx=4096, parallel=1)], observer=events).start()
+    yield srv, events
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
 def oai(server):
     import openai
 

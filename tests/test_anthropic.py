@@ -448,7 +448,8 @@ def test_request_fields_reach_the_engine():
         body = {"model": "x", "max_tokens": 7, "temperature": 0.3, "top_p": 0.9, "top_k": 20,
                 "stop_sequences": ["END"], "metadata": {"user_id": "u-1"}, "system": "sys",
                 "tools": [WEATHER_TOOL, {"type": "web_search_20250305", "name": "web_search"}],
-                "tool_choice": {"type": "tool", "name": "get_weather"}, "messages": OK}
+                # auto: a forced tool ("tool"/"any") is enforced, see test_tools_anthropic.py
+                "tool_choice": {"type": "auto"}, "messages": OK}
         r = post(srv.url, body)
     assert r.status_code == 200
     # the engine did not say which stop matched; with only one given, it is that one
@@ -459,9 +460,13 @@ def test_request_fields_reach_the_engine():
     cfg = call["config"]
     assert (cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k) == (7, 0.3, 0.9, 20)
     assert cfg.stop == ("END",) and cfg.session_key == "u-1"
-    assert call["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
-    assert call["tools"] == [{"type": "function", "function": {
+    # the translation (the scripted template knows no tools: the generation
+    # core hands it the tool list inlined in the system turn)
+    req, _ = msgs.to_chat_request(msgs.MessagesRequest.model_validate(body))
+    assert req.messages == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    assert req.tools == [{"type": "function", "function": {
         "name": "get_weather", "parameters": WEATHER_TOOL["input_schema"], "description": "Current weather for a city."}}]
+    assert call["messages"][0]["content"].startswith("sys\n\n") and "get_weather" in call["messages"][0]["content"]
 
 
 def test_unnamed_stop_with_several_sequences_is_null():

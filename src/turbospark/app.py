@@ -17,10 +17,11 @@ from .auth import Auth
 from .middleware import AuthMiddleware, LeaseMiddleware, ObserveMiddleware
 from .observe import Observer, combine
 from .registry import Registry
-from .routes import admin, anthropic, completions, embeddings, ollama, responses
+from .routes import admin, anthropic, completions, dashboard, embeddings, events, ollama, responses
 from .routes import metrics as metrics_routes
 from .routes import openai as openai_routes
 from .routes.common import JSONResponse, ServerState, state_of
+from .sinks.live import LiveEvents
 from .sinks.prometheus import PrometheusSink
 
 
@@ -57,6 +58,8 @@ def route_table() -> list[BaseRoute]:
         *ollama.routes,
         *admin.routes,
         *metrics_routes.routes,
+        *events.routes,
+        *dashboard.routes,
     ]
 
 
@@ -65,6 +68,9 @@ def build_app(
     observer: Observer | None = None,
     auth: Auth | None = None,
     metrics: PrometheusSink | None = None,
+    *,
+    live: LiveEvents | None = None,
+    guardrails: bool = True,
 ) -> Starlette:
     """``metrics`` should already be in ``observer`` (so it saw the models
     attach); without one, a fresh sink is added to the fan-out here so
@@ -73,7 +79,13 @@ def build_app(
         metrics = PrometheusSink()
         observer = registry.observer = combine([observer, metrics])
     metrics.watch(registry)
-    state = ServerState(registry=registry, observer=observer, version=__version__, metrics=metrics)
+    if live is None:  # likewise the feed behind /v1/events, /v1/stats, /dashboard
+        live = LiveEvents()
+        observer = registry.observer = combine([observer, live])
+    state = ServerState(
+        registry=registry, observer=observer, version=__version__, metrics=metrics, live=live,
+        guardrails=guardrails,
+    )
     routes = route_table()
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.turbospark = state

@@ -18,7 +18,11 @@ from typing import Iterable, Mapping
 ADMIN_PREFIX = "/v1/admin/"
 #: Where the auth middleware puts the caller's tenant in the ASGI scope state.
 TENANT_KEY = "turbospark_tenant"
-OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health")}
+#: ``/dashboard`` is a page without data (a browser cannot send a key when
+#: it navigates); the data it loads (/v1/stats, /v1/events) needs the key.
+OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health"), ("GET", "/dashboard")}
+#: Opened by ``--metrics-auth off``: Prometheus scrapers usually hold no key.
+METRICS_ROUTES = {("GET", "/metrics"), ("HEAD", "/metrics")}
 
 
 def _digest(key: str) -> bytes:
@@ -41,6 +45,8 @@ class Decision:
 class Auth:
     api_keys: tuple[str, ...] = ()
     admin_keys: tuple[str, ...] = ()
+    #: serve ``GET /metrics`` without a key even when keys are configured
+    metrics_open: bool = False
     _digests: tuple[tuple[bytes, str], ...] = field(init=False, repr=False)
     _admin_digests: tuple[bytes, ...] = field(init=False, repr=False)
 
@@ -67,6 +73,8 @@ class Auth:
 
     def check(self, method: str, path: str, headers: Mapping[str, str]) -> Decision:
         if not self.enabled or (method, path) in OPEN_ROUTES:
+            return Decision(True)
+        if self.metrics_open and (method, path) in METRICS_ROUTES:
             return Decision(True)
         is_admin = path.startswith(ADMIN_PREFIX) and bool(self._admin_digests)
         if not is_admin and not self._digests:
@@ -109,7 +117,9 @@ def refuse_open_bind(host: str, auth: Auth) -> str | None:
     )
 
 
-def from_config(api_keys: Iterable[str], admin_keys: Iterable[str], env: Mapping[str, str]) -> Auth:
+def from_config(
+    api_keys: Iterable[str], admin_keys: Iterable[str], env: Mapping[str, str], metrics_auth: bool = True
+) -> Auth:
     keys = [k for k in api_keys if k]
     env_key = env.get("TURBOSPARK_API_KEY")
     if env_key:
@@ -118,4 +128,4 @@ def from_config(api_keys: Iterable[str], admin_keys: Iterable[str], env: Mapping
     env_admin = env.get("TURBOSPARK_ADMIN_KEY")
     if env_admin:
         admin.append(env_admin)
-    return Auth(tuple(keys), tuple(admin))
+    return Auth(tuple(keys), tuple(admin), metrics_open=not metrics_auth)

@@ -101,8 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .loading import load_spec, populate
     from .observe import combine
     from .registry import Registry, RegistryError
-    from .server import bind_socket
-    from .sinks.jsonl import JsonlSink
+    from .server import LiveUvicorn, bind_socket
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -112,15 +111,19 @@ def _serve(args: argparse.Namespace) -> int:
         options = _model_options(args)
     except (ConfigError, ModelNotFound) as exc:
         return _fail(str(exc))
-    auth = from_config(args.api_key, args.admin_key, os.environ)
+    auth = from_config(args.api_key, args.admin_key, os.environ, metrics_auth=args.metrics_auth != "off")
     why = refuse_open_bind(args.host, auth)
     if why:
         return _fail(why)
 
-    sinks: list[Any] = []
-    if args.event_log:
-        sinks.append(JsonlSink(args.event_log))
-    observer = combine(sinks)
+    try:
+        sinks, metrics = _sinks(args)
+    except ImportError as exc:
+        return _fail(f"tracing needs the otel extra (pip install 'turbospark[otel]'): {exc}")
+    from .sinks.live import LiveEvents
+
+    live = LiveEvents()  # /v1/events, /v1/stats, /dashboard: always on
+    observer = combine([*sinks, live])
     registry = Registry(observer, loader=load_spec, max_resident=args.max_resident)
     started = [time.perf_counter()]
 
@@ -150,17 +153,20 @@ def _serve(args: argparse.Namespace) -> int:
         if entry.model is None:
             print(f"  model {entry.id}: configured, loads on first use", file=sys.stderr)
 
-    app = build_app(registry, observer, auth)
+    app = build_app(registry, observer, auth, metrics, guardrails=args.guardrails == "on", live=live)
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
         return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"turbospark {__version__} listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
+    address = f"http://{host}:{sock.getsockname()[1]}"
+    print(f"  dashboard: {address}/dashboard   console: turbospark console --url {address}", file=sys.stderr)
     print("  auth: " + ("API key required" if auth.api_keys else "off (loopback only)")
-          + "   events: " + (args.event_log or "(no --event-log)"), file=sys.stderr)
+          + "   events: " + (args.event_log or "(no --event-log)")
+          + "   traces: " + _traces_label(args), file=sys.stderr)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = LiveUvicorn(config, live)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # pragma: no cover - uvicorn normally handles it
@@ -172,8 +178,49 @@ def _serve(args: argparse.Namespace) -> int:
                 entry.model.close()
         del models
         for s in sinks:
-            s.close()
+            close = getattr(s, "close", None)
+            if close is not None:
+                close()
     return 0
+
+
+def _sinks(args: argparse.Namespace) -> tuple[list[Any], Any]:
+    """The serve observers: the event log if asked, the Prometheus sink
+    always (``/metrics``), OpenTelemetry when an OTLP endpoint is given by
+    flag or ``OTEL_*`` variable."""
+    from .sinks.jsonl import JsonlSink
+    from .sinks.otel import OtelSink, otel_wanted
+    from .sinks.prometheus import PrometheusSink
+
+    metrics = PrometheusSink()
+    sinks: list[Any] = [metrics]
+    if otel_wanted(args.otlp_endpoint):
+        sinks.append(OtelSink(endpoint=args.otlp_endpoint))
+    if args.event_log:
+        sinks.append(JsonlSink(args.event_log))
+    return sinks, metrics
+
+
+def _traces_label(args: argparse.Namespace) -> str:
+    from .sinks.otel import otel_wanted
+
+    if not otel_wanted(args.otlp_endpoint):
+        return "off"
+    return "OTLP " + (args.otlp_endpoint or "(OTEL_* environment)")
+
+
+def _console(args: argparse.Namespace) -> int:
+    from .console import run
+
+    return run(args.url, args.api_key or os.environ.get("TURBOSPARK_API_KEY"))
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import report
+
+    if not os.path.isfile(args.events):
+        return _fail(f"no such event log: {args.events}")
+    return report(args.events, args.out, sys.stdout)
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -218,12 +265,30 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", action="append", help="require this API key (repeatable; or TURBOSPARK_API_KEY)")
     s.add_argument("--admin-key", action="append",
                    help="a separate key for /v1/admin routes (or TURBOSPARK_ADMIN_KEY)")
+    s.add_argument("--guardrails", choices=["on", "off"], default="on",
+                   help="validate tool calls against their schemas and re-ask once (default on)")
     s.add_argument("--event-log", metavar="FILE", default=None, help="append every event to FILE as JSON lines")
+    s.add_argument("--metrics-auth", choices=["on", "off"], default="on",
+                   help="GET /metrics needs the API key when keys are set (default on)")
+    s.add_argument("--otlp-endpoint", metavar="URL", default=None,
+                   help="export one OpenTelemetry span per request over OTLP/HTTP to URL "
+                        "(or set OTEL_EXPORTER_OTLP_ENDPOINT; needs turbospark[otel])")
     s.add_argument("--verbose", "-v", action="store_true")
     s.set_defaults(func=_serve)
 
     m = sub.add_parser("models", help="list the packaged models and whether they are installed")
     m.set_defaults(func=_models)
+
+    c = sub.add_parser("console", help="live terminal view of a server's events")
+    c.add_argument("--url", default="http://127.0.0.1:8080", help="the server (default http://127.0.0.1:8080)")
+    c.add_argument("--api-key", default=None, help="its API key (or TURBOSPARK_API_KEY)")
+    c.set_defaults(func=_console)
+
+    r = sub.add_parser("report", help="summary and PNG plots of an --event-log file")
+    r.add_argument("events", metavar="EVENTS.jsonl", help="a file written by serve --event-log")
+    r.add_argument("--out", default="turbospark-report", metavar="DIR",
+                   help="where the PNG plots go (default ./turbospark-report)")
+    r.set_defaults(func=_report)
     return p
 
 

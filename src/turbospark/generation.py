@@ -1,21 +1,48 @@
 """The one generation core every dialect goes through.
 
 A dialect translates its wire request into a :class:`ChatRequest`, calls
-:func:`prepare` (template + admission: errors here are clean 4xx before any
-byte of the response is sent), then either :func:`complete` or
-:func:`stream`, and renders the :class:`Final` in its own shape. Usage always
-comes from the engine's :class:`RawDecodeResult`.
+:func:`prepare` (template, tools, grammar, admission: errors here are clean
+4xx before any byte of the response is sent), then :func:`complete` or
+:func:`stream`, and renders what comes out in its own shape:
+
+- :class:`Delta` — answer text, streamed as the engine produces it;
+- :class:`ReasoningDelta` — thinking (``<think>...</think>``) split off the answer;
+- :class:`ToolCallDelta` — one complete, validated tool call;
+- :class:`Final` — the end, with the engine's own counts (summed over attempts).
+
+Tool calls: when tools are offered, text streams until a tool-call syntax
+begins; from there the output is buffered, parsed (tools/calls.py), and
+validated against the offered schemas (tools/guardrails.py). With guardrails
+on, a turn whose calls are invalid (or that makes none although one was
+required) gets one corrective re-ask; the re-ask contributes only its calls
+(the answer text already streamed stays as it was), and the last attempt is
+returned as is. ``tool_choice`` required/named and structured output
+(``json_schema``/``json_object``) are enforced by a llama.cpp grammar.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from .engine.types import AdmissionError, CancelFlag, GenerationConfig, Progress, RawDecodeResult
+from .engine.types import (
+    AdmissionError,
+    CancelFlag,
+    GenerationConfig,
+    Progress,
+    RawDecodeResult,
+    StopReason,
+)
+from .tools import calls as toolcalls
+from .tools import grammar as grammars
+from .tools.guardrails import answer_turn, corrective_turn, repeated, validate_calls
+from .tools.prompting import inline_tools, template_knows_tools, tool_names
+from .tools.reasoning import ReasoningSplitter
 
 DEFAULT_MAX_TOKENS = 256
+EFFORTS_OFF = ("none", "off", "disabled")
 
 
 @dataclass
@@ -25,6 +52,7 @@ class ChatRequest:
     messages: list[dict[str, Any]] = field(default_factory=list)
     #: A raw prompt (``/v1/completions``, Ollama ``raw``): no chat template.
     prompt: str | None = None
+    #: OpenAI-style function tools: [{"type": "function", "function": {...}}]
     tools: list[dict[str, Any]] | None = None
     config: GenerationConfig = field(default_factory=GenerationConfig)
     #: True when the client set the budget; otherwise it is a default that
@@ -32,99 +60,210 @@ class ChatRequest:
     max_tokens_explicit: bool = False
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: "auto" | "none" | "required" | "named" (then ``tool_name``)
+    tool_choice: str = "auto"
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True
+    #: structured output: a JSON schema, or any JSON object
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    #: reasoning effort asked for ("none" turns thinking off); None: the
+    #: model's default
+    reasoning: str | None = None
+    #: None: the server's --guardrails setting (filled in by the route)
+    guardrails: bool | None = None
 
 
 @dataclass
 class Prepared:
     prompt_ids: list[int]
     config: GenerationConfig
+    request: ChatRequest | None = None
+    #: the tool-call syntax in use, when tools are offered and may be called
+    syntax: str | None = None
+    offered: tuple[str, ...] = ()
+    #: thinking is split off the answer
+    think: bool = False
+    think_open: bool = False  # the generation prompt already opened <think>
 
 
 @dataclass
 class Delta:
-    """Visible text produced since the previous delta."""
+    """Answer text produced since the previous delta."""
 
     text: str
 
 
 @dataclass
+class ReasoningDelta:
+    """Reasoning (thinking) text produced since the previous one."""
+
+    text: str
+
+
+@dataclass
+class ToolCallDelta:
+    """One complete tool call (``call.arguments`` is JSON object text)."""
+
+    index: int
+    call: toolcalls.ToolCall
+
+
+@dataclass
 class Final:
-    """The end of a generation, with the engine's own numbers."""
+    """The end of a turn, with the engine's own numbers."""
 
     result: RawDecodeResult
     text: str
+    reasoning: str = ""
+    tool_calls: list[toolcalls.ToolCall] = field(default_factory=list)
+    #: every engine run of this turn (a guardrail re-ask adds one)
+    attempts: list[RawDecodeResult] = field(default_factory=list)
+    reasoning_tokens: int = 0
+    #: why the calls (if any) were not accepted, after the last attempt
+    problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.attempts:
+            self.attempts = [self.result]
 
     @property
     def prompt_tokens(self) -> int:
-        return self.result.prompt_tokens
+        return sum(a.prompt_tokens for a in self.attempts)
 
     @property
     def completion_tokens(self) -> int:
-        return self.result.new_tokens
+        return sum(a.new_tokens for a in self.attempts)
 
     @property
     def cached_tokens(self) -> int:
-        return self.result.reused_prefix_tokens
+        return sum(a.reused_prefix_tokens for a in self.attempts)
+
+    @property
+    def reason(self) -> StopReason:
+        """The turn's stop reason: tool calls win over the engine's ending."""
+        if self.tool_calls:
+            return StopReason.TOOL_CALLS
+        return self.result.reason
+
+
+# ---------------------------------------------------------------- preparing
+def _thinking(model: Any, req: ChatRequest) -> bool:
+    effort = req.reasoning if req.reasoning is not None else getattr(model, "default_reasoning", None)
+    return effort is None or str(effort).lower() not in EFFORTS_OFF
+
+
+def _template_source(model: Any) -> str:
+    template = getattr(model, "template", None)
+    return getattr(template, "source", "") or ""
 
 
 def render(model: Any, req: ChatRequest) -> list[int]:
     """The prompt token ids exactly as :func:`prepare` prefills them (token
     counting endpoints use this, so their count is the real one)."""
+    ids, _, _ = _render(model, req)
+    return ids
+
+
+def _render(model: Any, req: ChatRequest) -> tuple[list[int], str | None, bool]:
+    """(prompt ids, tool syntax or None, whether thinking is on)."""
     if req.prompt is not None:
         if req.prompt == "":
             raise AdmissionError("the prompt is empty", "prompt")
-        return model.prompt_ids(req.prompt)
+        return model.prompt_ids(req.prompt), None, False
     if not req.messages:
         raise AdmissionError("'messages' must contain at least one message", "messages")
-    return model.render_chat(req.messages, tools=req.tools, **req.template_kwargs)
+    source = _template_source(model)
+    tools = req.tools if req.tool_choice != "none" else None
+    syntax = toolcalls.syntax_for_template(source) if tools else None
+    messages = req.messages
+    kwargs = dict(req.template_kwargs)
+    think = _thinking(model, req)
+    kwargs.setdefault("enable_thinking", think)
+    if req.reasoning is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning)
+    has_history_calls = any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+    if (tools or has_history_calls) and not template_knows_tools(source):
+        messages = inline_tools(messages, tools, syntax or "hermes")
+        return model.render_chat(messages, tools=None, **kwargs), syntax, think
+    return model.render_chat(messages, tools=tools, **kwargs), syntax, think
+
+
+def _grammar(req: ChatRequest, syntax: str | None) -> str | None:
+    try:
+        if req.tools and req.tool_choice in ("required", "named") and syntax is not None:
+            return grammars.tool_call_grammar(req.tools, syntax, req.tool_name if req.tool_choice == "named" else None)
+        if req.json_schema is not None:
+            return grammars.json_schema_grammar(req.json_schema)
+        if req.json_object:
+            return grammars.json_object_grammar(bound_strings=True)
+    except grammars.UnsupportedSchema as exc:
+        where = "tools" if req.tool_choice in ("required", "named") and req.tools else "response_format"
+        raise AdmissionError(str(exc), where) from None
+    except ValueError as exc:  # a tool list the grammar cannot express (duplicate names ...)
+        raise AdmissionError(str(exc), "tools") from None
+    return None
 
 
 def prepare(model: Any, req: ChatRequest) -> Prepared:
-    """Render and tokenize the prompt and admit it against the context."""
-    ids = render(model, req)
+    """Render and tokenize the prompt, pick tools/grammar, and admit it."""
+    if req.tool_choice == "named":
+        if req.tool_name not in tool_names(req.tools):
+            raise AdmissionError(f"tool_choice names {req.tool_name!r}, which is not among the offered tools", "tool_choice")
+    if req.tool_choice in ("required", "named") and not tool_names(req.tools):
+        raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
+    ids, syntax, think = _render(model, req)
     if not ids:
         raise AdmissionError("the prompt is empty", "messages" if req.prompt is None else "prompt")
     config = req.config
     if not req.max_tokens_explicit:
         config.max_new_tokens = model.default_max_new(len(ids), req.default_max_tokens)
     model.check_admission(len(ids), config.max_new_tokens)
-    return Prepared(ids, config)
+    grammar = _grammar(req, syntax)
+    if grammar is not None:
+        config.grammar = grammar
+    offered = tuple(tool_names(req.tools)) if syntax is not None else ()
+    if offered:
+        names = set(offered)
+        config.tool_call_check = lambda text: bool(toolcalls.parse_tool_calls(text, names).calls)
+    think_open = False
+    if think and req.prompt is None and "<think>" in _template_source(model):
+        # a template whose generation prompt opens <think> itself: the
+        # output starts inside the reasoning
+        opener = model.tokenize("<think>", False, True)
+        think_open = bool(opener) and (ids[-len(opener):] == opener or ids[-len(opener) - 1 : -1] == opener)
+    # thinking is split off whenever the model writes it (the effort only
+    # flips the template's switch); raw prompts are left alone
+    return Prepared(ids, config, req, syntax, offered, req.prompt is None, think_open)
 
 
+# --------------------------------------------------------------- generating
 async def complete(model: Any, prepared: Prepared, cancel: CancelFlag) -> Final:
-    """Run to the end; the text comes from the engine's result."""
-    result = await model.run_completion(prepared.prompt_ids, prepared.config, None, cancel, _ignore)
-    return Final(result, result.text)
+    """Run the turn to its end (the same path as :func:`stream`)."""
+    final: Final | None = None
+    async for item in stream(model, prepared, cancel):
+        if isinstance(item, Final):
+            final = item
+    assert final is not None
+    return final
 
 
-def _ignore(_: Progress) -> None:
-    return None
-
-
-async def stream(model: Any, prepared: Prepared, cancel: CancelFlag) -> AsyncIterator[Delta | Final]:
-    """Deltas as the engine produces them, then one :class:`Final`.
-
-    Closing the iterator early (a client that went away) sets the cancel flag
-    but leaves the generation task running: the scheduler drops the sequence
-    at its next step and the task ends with a ``cancelled`` result, which the
-    reporting decorator still records as real work done.
-    """
+async def _run(model: Any, prepared: Prepared, cancel: CancelFlag) -> AsyncIterator[Progress | RawDecodeResult]:
+    """One engine run: its progress, then its result. Closing the iterator
+    early sets the cancel flag and leaves the run to end at the engine's next
+    step, so the reporting decorator still records it."""
     queue: asyncio.Queue[Progress | None] = asyncio.Queue()
     task = asyncio.ensure_future(
         model.run_completion(prepared.prompt_ids, prepared.config, None, cancel, queue.put_nowait)
     )
     task.add_done_callback(_end_of(queue))
-    pieces: list[str] = []
     try:
         while True:
             item = await queue.get()
             if item is None:
                 break
-            if item.text:
-                pieces.append(item.text)
-                yield Delta(item.text)
-        result = task.result()  # raises the engine's error, if any
-        yield Final(result, "".join(pieces))
+            yield item
+        yield task.result()  # raises the engine's error, if any
     finally:
         if not task.done():
             cancel.cancel("the client went away")
@@ -137,3 +276,180 @@ def _end_of(queue: "asyncio.Queue[Progress | None]") -> Any:
             task.exception()  # retrieved here so an abandoned task logs nothing
 
     return done
+
+
+class _Router:
+    """Turns one run's raw text into reasoning, answer text and a buffered
+    tool-call tail, incrementally."""
+
+    def __init__(self, prepared: Prepared) -> None:
+        self.splitter = ReasoningSplitter(start_in_reasoning=prepared.think_open) if prepared.think else None
+        self.tools = bool(prepared.offered)
+        self.pending = ""  # answer text not yet known to be free of a call start
+        self.tail = ""  # from the first call start on: buffered
+        self.reasoning: list[str] = []
+        self.content: list[str] = []
+
+    def feed(self, text: str) -> list[Delta | ReasoningDelta]:
+        parts = self.splitter.feed(text) if self.splitter else [("content", text)]
+        return self._route(parts)
+
+    def flush(self) -> list[Delta | ReasoningDelta]:
+        out = self._route(self.splitter.flush()) if self.splitter else []
+        if self.pending and not self.tail:
+            out.append(self._content(self.pending))
+            self.pending = ""
+        return out
+
+    @staticmethod
+    def _is_call(text: str) -> bool:
+        """A held-back start that is certainly a call (a complete marker, or
+        enough JSON to see a "name" key); until then it stays pending."""
+        return any(m in text for m in toolcalls.MARKERS) or '"name"' in text
+
+    def _content(self, text: str) -> Delta:
+        self.content.append(text)
+        return Delta(text)
+
+    def _route(self, parts: list[tuple[str, str]]) -> list[Delta | ReasoningDelta]:
+        out: list[Delta | ReasoningDelta] = []
+        for channel, text in parts:
+            if not text:
+                continue
+            if channel == "reasoning":
+                self.reasoning.append(text)
+                out.append(ReasoningDelta(text))
+            elif self.tail or not self.tools:
+                if self.tail:
+                    self.tail += text
+                else:
+                    out.append(self._content(text))
+            else:
+                # call_start wants the whole answer so far (line starts matter);
+                # a possible start is held back until it is decided
+                self.pending += text
+                sent = "".join(self.content)
+                start = toolcalls.call_start(sent + self.pending)
+                if start is None:
+                    out.append(self._content(self.pending))
+                    self.pending = ""
+                else:
+                    start = max(0, start - len(sent))
+                    if start > 0:
+                        out.append(self._content(self.pending[:start]))
+                    rest = self.pending[start:]
+                    self.pending = ""
+                    if self._is_call(rest):
+                        self.tail = rest
+                    else:
+                        self.pending = rest  # maybe a call: decide with more text
+        return out
+
+
+async def stream(model: Any, prepared: Prepared, cancel: CancelFlag) -> AsyncIterator[Delta | ReasoningDelta | ToolCallDelta | Final]:
+    """Deltas as the engine produces them, tool calls once validated, then
+    one :class:`Final`."""
+    router = _Router(prepared)
+    attempts: list[RawDecodeResult] = []
+    result: RawDecodeResult | None = None
+    async for item in _run(model, prepared, cancel):
+        if isinstance(item, Progress):
+            for d in router.feed(item.text):
+                yield d
+        else:
+            result = item
+    assert result is not None
+    attempts.append(result)
+    for d in router.flush():
+        yield d
+    calls: list[toolcalls.ToolCall] = []
+    problems: list[str] = []
+    if prepared.offered:
+        calls, problems, leftover = _calls_of(router.tail, prepared)
+        if leftover.strip():
+            yield router._content(leftover)
+        req = prepared.request
+        retry = None
+        if req is not None and req.guardrails is not False and result.reason is not StopReason.CANCELLED:
+            retry = _reask(model, prepared, router, problems, calls)
+        if retry is not None:
+            # the last attempt's answer is returned as is (its text follows
+            # what was already streamed)
+            again = _Router(retry)
+            second: RawDecodeResult | None = None
+            async for item in _run(model, retry, cancel):
+                if isinstance(item, Progress):
+                    for d in again.feed(item.text):
+                        if isinstance(d, ReasoningDelta):
+                            router.reasoning.append(d.text)
+                            yield d
+                else:
+                    second = item
+            assert second is not None
+            again.flush()
+            attempts.append(second)
+            result = second
+            calls, problems, leftover = _calls_of(again.tail, retry)
+            text = "".join(again.content) + leftover
+            if text.strip():
+                yield router._content(text)
+        if req is not None and not req.parallel_tool_calls:
+            calls = calls[:1]
+        for i, call in enumerate(calls):
+            yield ToolCallDelta(i, call)
+    reasoning = "".join(router.reasoning)
+    yield Final(
+        result=result,
+        text="".join(router.content),
+        reasoning=reasoning,
+        tool_calls=calls,
+        attempts=attempts,
+        reasoning_tokens=len(model.tokenize(reasoning, False, False)) if reasoning else 0,
+        problems=problems,
+    )
+
+
+def _calls_of(text: str, prepared: Prepared) -> tuple[list[toolcalls.ToolCall], list[str], str]:
+    """(valid calls, problems, text that was not a call)."""
+    if not text:
+        return [], [], ""
+    parsed = toolcalls.parse_tool_calls(text, prepared.offered)
+    problems = list(parsed.problems)
+    req = prepared.request
+    problems += validate_calls(parsed.calls, req.tools if req else None)
+    valid = parsed.calls if not problems else [c for c in parsed.calls if not validate_calls([c], req.tools if req else None)]
+    return valid, problems, parsed.content
+
+
+def _reask(
+    model: Any, prepared: Prepared, router: _Router, problems: list[str], calls: list[toolcalls.ToolCall]
+) -> Prepared | None:
+    """The corrective second attempt the guardrails ask for, or None when the
+    first answer stands (it is fine, or a second attempt cannot fit)."""
+    req = prepared.request
+    assert req is not None
+    raw = "".join(router.content) + router.tail
+    names = list(prepared.offered)
+    required = req.tool_choice in ("required", "named")
+    results = repeated(calls, req.messages) if calls and not problems else []
+    if problems or (required and not calls):
+        example = toolcalls.render_call(prepared.syntax or "hermes", names[0], {"...": "..."}) if names else ""
+        turn = corrective_turn(raw, problems, names, example)
+    elif results and not required:
+        turn = answer_turn(raw, results)
+    else:
+        return None
+    retry_req = dataclasses.replace(
+        req,
+        messages=[*req.messages, *turn],
+        config=dataclasses.replace(prepared.config, grammar=None, tool_call_check=None),
+        # a budget that was clipped to the room in the context (not set by the
+        # client) is clipped again to the room the longer prompt leaves, or
+        # the second attempt could never fit
+        max_tokens_explicit=req.max_tokens_explicit,
+        default_max_tokens=prepared.config.max_new_tokens,
+    )
+    try:
+        return prepare(model, retry_req)
+    except AdmissionError:
+        return None  # no room for a second attempt: the first answer stands

@@ -24,6 +24,8 @@ from .catalog import DEFAULT_MODEL
 from .loading import ModelArg, load_spec, populate
 from .observe import Observer, combine
 from .registry import Registry
+from .sinks.live import LiveEvents
+from .sinks.prometheus import PrometheusSink
 
 log = logging.getLogger("turbospark.server")
 
@@ -42,16 +44,23 @@ class Server:
         api_keys: Iterable[str] = (),
         admin_keys: Iterable[str] = (),
         max_resident: int = 0,
+        metrics_auth: bool = True,
+        guardrails: bool = True,
         log_level: str = "warning",
     ) -> None:
         self.host = host
         self.port = port
-        self.observer = combine([observer, *observers])
+        #: always present, before the registry, so it sees the models attach
+        self.metrics = PrometheusSink()
+        self.live = LiveEvents()  # /v1/events, /v1/stats, /dashboard
+        self.observer = combine([observer, *observers, self.metrics, self.live])
         self.registry = Registry(self.observer, loader=load_spec, max_resident=max_resident)
-        self.auth = Auth(tuple(api_keys), tuple(admin_keys))
+        self.auth = Auth(tuple(api_keys), tuple(admin_keys), metrics_open=not metrics_auth)
         chosen = list(models) if models is not None else [DEFAULT_MODEL]
         self._owned = populate(self.registry, chosen, model_defaults)
-        self.app = build_app(self.registry, self.observer, self.auth)
+        self.app = build_app(
+            self.registry, self.observer, self.auth, self.metrics, live=self.live, guardrails=guardrails
+        )
         self._log_level = log_level
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -69,7 +78,7 @@ class Server:
             self.app, log_level=self._log_level, access_log=False, lifespan="off",
             timeout_graceful_shutdown=5,
         )
-        self._server = server = uvicorn.Server(config)
+        self._server = server = LiveUvicorn(config, self.live)
 
         def run() -> None:
             async def main() -> None:
@@ -113,6 +122,20 @@ class Server:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class LiveUvicorn(uvicorn.Server):
+    """uvicorn that ends the open ``/v1/events`` streams when it shuts down:
+    they never end by themselves, so a graceful shutdown would otherwise wait
+    out its whole timeout for them."""
+
+    def __init__(self, config: uvicorn.Config, live: LiveEvents) -> None:
+        super().__init__(config)
+        self.live = live
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.live.close()
+        await super().shutdown(sockets)
 
 
 def _close(model: Any) -> None:

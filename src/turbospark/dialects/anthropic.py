@@ -4,9 +4,13 @@ In: a ``/v1/messages`` (or ``/v1/messages/count_tokens``) body to the
 internal :class:`ChatRequest`. Content blocks are checked here by hand rather
 than by a pydantic union, so a bad block gets a message naming its exact
 place (``messages[1].content[0].source.type``).
-Out: the engine's result to a ``message`` object, or to the SSE sequence
-``message_start, ping, content_block_start, content_block_delta*,
-content_block_stop, message_delta, message_stop`` (no ``[DONE]``).
+Out: the engine's result to a ``message`` object (``thinking`` block, then
+``text``, then ``tool_use`` blocks), or to the SSE sequence ``message_start,
+ping``, then per block ``content_block_start, content_block_delta*,
+content_block_stop`` (blocks open as their content arrives, so a thinking
+block comes first and each tool call is its own block with
+``input_json_delta`` pieces), then ``message_delta, message_stop`` (no
+``[DONE]``).
 
 Usage is disjoint, as Anthropic defines it: ``input_tokens`` is the part of
 the prompt that was prefilled, ``cache_read_input_tokens`` the part reused
@@ -19,10 +23,12 @@ import base64
 import binascii
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
+from ..tools.calls import ToolCall
 from .common import BadRequest, new_id, sse_event
 
 DEFAULT_MAX_TOKENS = 1024
@@ -37,12 +43,26 @@ class Metadata(BaseModel):
 
 
 class ThinkingConfig(BaseModel):
-    """Accepted so clients that always send it work; this model has no
-    thinking mode, so it changes nothing."""
+    """Flips the template's thinking switch (see :func:`reasoning_effort`);
+    the budget only picks an effort, it is not enforced."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = Field(default=None, ge=0)
+
+
+class OutputFormat(BaseModel):
+    """Structured output: ``{"type": "json_schema", "schema": {...}}``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
 
 
 class ToolChoice(BaseModel):
@@ -70,6 +90,9 @@ class CountTokensRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    #: the older beta spelling of ``output_config.format``
+    output_format: OutputFormat | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -336,18 +359,56 @@ def to_tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]] |
     return out or None, warnings
 
 
-def _check_tool_choice(body: CountTokensRequest) -> None:
-    choice = body.tool_choice
-    if choice is not None and choice.type == "tool" and not choice.name:
-        raise BadRequest("'tool_choice.name' is required when tool_choice.type is 'tool'", "tool_choice.name")
+def tool_choice(choice: ToolChoice | None) -> tuple[str, str | None, bool]:
+    """``(tool_choice, tool_name, parallel_tool_calls)`` in internal terms:
+    ``any`` is "required", ``tool`` is "named"."""
+    if choice is None:
+        return "auto", None, True
+    parallel = choice.disable_parallel_tool_use is not True
+    if choice.type == "tool":
+        if not choice.name:
+            raise BadRequest("'tool_choice.name' is required when tool_choice.type is 'tool'", "tool_choice.name")
+        return "named", choice.name, parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type], None, parallel
+
+
+def reasoning_effort(body: CountTokensRequest) -> str | None:
+    """The effort the template's thinking switch gets: ``disabled`` turns it
+    off; ``enabled`` picks an effort from the budget; ``output_config.effort``
+    names one; otherwise the model's default."""
+    thinking = body.thinking
+    if thinking is not None and thinking.type == "disabled":
+        return "none"
+    effort = body.output_config.effort if body.output_config else None
+    if effort is not None:
+        return "xhigh" if effort == "max" else effort
+    if thinking is not None and thinking.type == "enabled":
+        budget = thinking.budget_tokens or 0
+        return "high" if budget >= 16384 else "medium" if budget >= 4096 else "low"
+    return None
+
+
+def output_schema(body: CountTokensRequest) -> dict[str, Any] | None:
+    fmt = body.output_config.format if body.output_config and body.output_config.format else body.output_format
+    return fmt.schema_ if fmt is not None else None
 
 
 def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]:
-    """The prompt only (count_tokens renders exactly what a real request would)."""
-    _check_tool_choice(body)
+    """The prompt half (count_tokens renders exactly what a real request
+    would): messages, tools, tool choice, thinking switch, output schema."""
+    choice, name, parallel = tool_choice(body.tool_choice)
     messages, warnings = to_messages(body)
     tools, tool_warnings = to_tools(body.tools)
-    return ChatRequest(messages=messages, tools=tools), warnings + tool_warnings
+    req = ChatRequest(
+        messages=messages,
+        tools=tools,
+        tool_choice=choice,
+        tool_name=name,
+        parallel_tool_calls=parallel,
+        reasoning=reasoning_effort(body),
+        json_schema=output_schema(body),
+    )
+    return req, warnings + tool_warnings
 
 
 def to_chat_request(body: MessagesRequest) -> tuple[ChatRequest, list[str]]:
@@ -380,14 +441,16 @@ def to_chat_request(body: MessagesRequest) -> tuple[ChatRequest, list[str]]:
 
 # ---------------------------------------------------------------- result out
 def stop_reason(final: Final, stops: tuple[str, ...], clipped: bool) -> tuple[str, str | None]:
-    """``(stop_reason, stop_sequence)``.
+    """``(stop_reason, stop_sequence)``; a turn with tool calls is ``tool_use``.
 
     The engine reports which stop string matched (``result.stop_string``).
     An engine that does not (a scripted test model) still gets a right answer
     when only one stop sequence was given; with several and no report,
     ``stop_sequence`` is null rather than a guess.
     """
-    reason = final.result.reason
+    reason = final.reason
+    if reason is StopReason.TOOL_CALLS:
+        return "tool_use", None
     if reason is StopReason.STOP_STRING:
         matched = final.result.stop_string
         if matched is None and len(set(stops)) == 1:
@@ -395,8 +458,6 @@ def stop_reason(final: Final, stops: tuple[str, ...], clipped: bool) -> tuple[st
         return "stop_sequence", matched
     if reason is StopReason.MAX_TOKENS:
         return ("model_context_window_exceeded" if clipped else "max_tokens"), None
-    if reason is StopReason.TOOL_CALLS:
-        return "tool_use", None
     return "end_turn", None
 
 
@@ -410,6 +471,22 @@ def usage(final: Final) -> dict[str, int]:
     }
 
 
+def tool_use_id(call: ToolCall) -> str:
+    """Anthropic-looking ids (``toolu_…``) from the call's own id."""
+    return "toolu_" + call.id.removeprefix("call_")
+
+
+def tool_use_block(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": orjson.loads(call.arguments)}
+
+
+def json_pieces(text: str, n: int = 3) -> list[str]:
+    """The arguments cut into a few ``input_json_delta`` pieces, the way the
+    API streams them (clients must only rely on the concatenation)."""
+    size = max(1, -(-len(text) // n))
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
 class MessageRenderer:
     """Renders one response: a ``message`` object or its SSE events."""
 
@@ -418,6 +495,12 @@ class MessageRenderer:
         self.model = model_name
         self.stops = stops
         self.clipped = clipped
+        #: an opaque value the SDK requires on thinking blocks; history
+        #: thinking blocks are dropped on the way in, so it is never checked
+        self.signature = new_id("sig_")
+        self._index = -1  # of the last block opened
+        self._open: str | None = None  # type of the open block
+        self._had_text = False
 
     def _message(self, content: list[dict[str, Any]], final: Final | None, prompt_tokens: int) -> dict[str, Any]:
         if final is None:
@@ -438,35 +521,79 @@ class MessageRenderer:
             "usage": use,
         }
 
-    def response(self, final: Final) -> dict[str, Any]:
-        return self._message([{"type": "text", "text": final.text}], final, 0)
+    def content(self, final: Final) -> list[dict[str, Any]]:
+        """Thinking, then the text (left out when empty and there are
+        calls), then one ``tool_use`` block per call."""
+        blocks: list[dict[str, Any]] = []
+        if final.reasoning:
+            blocks.append({"type": "thinking", "thinking": final.reasoning, "signature": self.signature})
+        if final.text or not final.tool_calls:
+            blocks.append({"type": "text", "text": final.text})
+        blocks.extend(tool_use_block(c) for c in final.tool_calls)
+        return blocks
 
+    def response(self, final: Final) -> dict[str, Any]:
+        return self._message(self.content(final), final, 0)
+
+    # -- stream ----------------------------------------------------------------
     def start_frames(self, prompt_tokens: int) -> bytes:
         """``message_start`` (usage from the rendered prompt: the cached part
         is not known until the engine answers, so the real split comes in
-        ``message_delta``), ``ping``, and the text block's start."""
+        ``message_delta``) and ``ping``; blocks open as content arrives."""
         return (
             sse_event("message_start", {"type": "message_start", "message": self._message([], None, prompt_tokens)})
             + sse_event("ping", {"type": "ping"})
-            + sse_event(
-                "content_block_start",
-                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-            )
         )
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return sse_event("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
+
+    def _start(self, block: dict[str, Any]) -> bytes:
+        out = self._close()
+        self._index += 1
+        self._open = block["type"]
+        return out + sse_event(
+            "content_block_start", {"type": "content_block_start", "index": self._index, "content_block": block}
+        )
+
+    def _close(self) -> bytes:
+        if self._open is None:
+            return b""
+        out = b""
+        if self._open == "thinking":
+            out += self._delta({"type": "signature_delta", "signature": self.signature})
+        self._open = None
+        return out + sse_event("content_block_stop", {"type": "content_block_stop", "index": self._index})
+
+    def thinking_frame(self, text: str) -> bytes:
+        out = b"" if self._open == "thinking" else self._start({"type": "thinking", "thinking": "", "signature": ""})
+        return out + self._delta({"type": "thinking_delta", "thinking": text})
 
     def text_frame(self, text: str) -> bytes:
-        return sse_event(
-            "content_block_delta",
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
-        )
+        out = b"" if self._open == "text" else self._start({"type": "text", "text": ""})
+        self._had_text = True
+        return out + self._delta({"type": "text_delta", "text": text})
+
+    def tool_call_frames(self, call: ToolCall) -> bytes:
+        """One whole ``tool_use`` block: start (empty input), the arguments
+        in a few ``input_json_delta`` pieces, stop."""
+        out = self._start({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}})
+        for piece in json_pieces(call.arguments):
+            out += self._delta({"type": "input_json_delta", "partial_json": piece})
+        return out + self._close()
 
     def final_frames(self, final: Final) -> bytes:
-        """Closes the block; ``message_delta`` carries the engine's usage
-        (cumulative totals: the SDK overwrites its ``message_start`` figures
-        with them)."""
+        """Closes the open block (an answer with no content at all still
+        gets its empty text block, as the non-streamed one does);
+        ``message_delta`` carries the engine's usage (cumulative totals: the
+        SDK overwrites its ``message_start`` figures with them)."""
+        out = b""
+        if not self._had_text and not final.tool_calls:
+            out += self._start({"type": "text", "text": ""})
         reason, sequence = stop_reason(final, self.stops, self.clipped)
         return (
-            sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+            out
+            + self._close()
             + sse_event(
                 "message_delta",
                 {

@@ -2,10 +2,16 @@
 
 In: ``/api/chat`` and ``/api/generate`` bodies to the internal
 :class:`ChatRequest` (plus what only Ollama has: ``num_ctx``, the "load the
-model" call with no prompt). Out: NDJSON lines (``done: false`` pieces, then
-one ``done: true`` line with ``done_reason`` and nanosecond durations taken
-from the engine's result), the one-object ``stream: false`` answer, and the
-model facts of ``/api/tags``, ``/api/show`` and ``/api/ps``.
+model" call with no prompt). Out: NDJSON lines (``done: false`` pieces — text
+in ``content``/``response``, reasoning in ``thinking``, the tool calls in one
+piece's ``message.tool_calls`` — then one ``done: true`` line with
+``done_reason`` and nanosecond durations taken from the engine's result), the
+one-object ``stream: false`` answer, and the model facts of ``/api/tags``,
+``/api/show`` and ``/api/ps``.
+
+``format`` (``"json"`` or a JSON schema) and ``think`` (true/false or an
+effort) are honoured: structured output is enforced by a grammar, thinking
+flips the template's switch and is returned apart from the answer.
 
 Ollama's own sampling defaults apply (``top_k`` 40, ``top_p`` 0.9,
 ``repeat_penalty`` 1.1), because an Ollama client expects them.
@@ -18,12 +24,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final, Prepared
+from ..tools.calls import ToolCall
 from .common import BadRequest
-from .openai_chat import _tool_calls_for_template
+from .openai_chat import _tool_calls_for_template, check_tools
+
+#: ``think`` levels (``true``/``false`` are the other values)
+THINK_LEVELS = ("low", "medium", "high")
 
 #: ``GET /api/version``: recent enough that clients gating features on the
 #: Ollama version accept us.
@@ -184,12 +195,31 @@ def _config(body: _Common, warnings: list[str]) -> tuple[GenerationConfig, int |
 def _common_checks(body: _Common, warnings: list[str]) -> None:
     if isinstance(body.format, str) and body.format not in ("", "json"):
         raise BadRequest(f"invalid format {body.format!r}: expected \"json\" or a JSON schema", "format")
-    if body.format not in (None, ""):
-        warnings.append("'format' is accepted but not enforced yet")
+    if isinstance(body.think, str) and body.think not in THINK_LEVELS:
+        raise BadRequest(f"invalid think value {body.think!r}: expected true, false or one of: "
+                         f"{', '.join(THINK_LEVELS)}", "think")
     if body.logprobs or body.top_logprobs:
         raise BadRequest("logprobs are not supported by this server", "logprobs")
-    if body.think not in (None, False):
-        warnings.append("'think' ignored: this model has no thinking mode")
+
+
+def reasoning(think: bool | str | None) -> str | None:
+    """``think`` as the internal effort: false turns the template's thinking
+    off, true asks for the default effort, a level names one; absent leaves
+    the model's default."""
+    if think is None:
+        return None
+    if think is False:
+        return "none"
+    return "medium" if think is True else think
+
+
+def _structured(body: _Common, req: ChatRequest) -> None:
+    """``format: "json"`` is any JSON object, a dict is a JSON schema; both
+    are enforced by a grammar."""
+    if body.format == "json":
+        req.json_object = True
+    elif isinstance(body.format, dict):
+        req.json_schema = body.format
 
 
 def _request(body: _Common, warnings: list[str], **kw: Any) -> tuple[ChatRequest, int | None]:
@@ -199,8 +229,10 @@ def _request(body: _Common, warnings: list[str], **kw: Any) -> tuple[ChatRequest
         max_tokens_explicit=budget is not None,
         # None / -1 / -2: until the context is full (prepare clips to the room)
         default_max_tokens=1 << 30,
+        reasoning=reasoning(body.think),
         **kw,
     )
+    _structured(body, req)
     return req, num_ctx
 
 
@@ -226,7 +258,7 @@ def chat_request(body: ChatBody) -> Translation:
         messages.append(msg)
     if images:
         warnings.append(f"{images} image(s) ignored: this model has no vision support")
-    req, num_ctx = _request(body, warnings, messages=messages, tools=body.tools or None)
+    req, num_ctx = _request(body, warnings, messages=messages, tools=check_tools(body.tools))
     return Translation(req, stream, warnings, num_ctx)
 
 
@@ -307,6 +339,7 @@ def nanos(seconds: float) -> int:
 
 
 def done_reason(reason: StopReason) -> str:
+    """Ollama says ``stop`` for a turn that ended in tool calls too."""
     return "length" if reason is StopReason.MAX_TOKENS else "stop"
 
 
@@ -325,6 +358,12 @@ def stats(final: Final, wall_ns: int) -> dict[str, Any]:
     }
 
 
+def wire_call(index: int, call: ToolCall) -> dict[str, Any]:
+    """Ollama's tool call: arguments as an object; ``id`` and
+    ``function.index`` as newer Ollama versions send them."""
+    return {"id": call.id, "function": {"index": index, "name": call.name, "arguments": orjson.loads(call.arguments)}}
+
+
 class Renderer:
     """Renders one ``/api/chat`` or ``/api/generate`` answer."""
 
@@ -332,26 +371,41 @@ class Renderer:
         self.kind = kind
         self.model = model
 
-    def _line(self, text: str, done: bool) -> dict[str, Any]:
+    def _line(self, text: str, done: bool, thinking: str = "", calls: list[ToolCall] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": rfc3339()}
         if self.kind == "chat":
-            out["message"] = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            if calls:
+                message["tool_calls"] = [wire_call(i, c) for i, c in enumerate(calls)]
+            out["message"] = message
         else:
             out["response"] = text
+            if thinking:
+                out["thinking"] = thinking
         out["done"] = done
         return out
 
     def piece(self, text: str) -> dict[str, Any]:
         return self._line(text, False)
 
+    def thinking(self, text: str) -> dict[str, Any]:
+        return self._line("", False, thinking=text)
+
+    def tool_calls(self, calls: list[ToolCall]) -> dict[str, Any]:
+        """One piece carrying every call of the turn (they arrive together,
+        just before the end)."""
+        return self._line("", False, calls=calls)
+
     def done(self, final: Final, wall_ns: int) -> dict[str, Any]:
         """The last NDJSON line: empty text, the reason and the numbers."""
-        return {**self._line("", True), "done_reason": done_reason(final.result.reason), **stats(final, wall_ns)}
+        return {**self._line("", True), "done_reason": done_reason(final.reason), **stats(final, wall_ns)}
 
     def response(self, final: Final, wall_ns: int) -> dict[str, Any]:
-        """``stream: false``: the whole text in one object."""
-        return {**self._line(final.text, True), "done_reason": done_reason(final.result.reason),
-                **stats(final, wall_ns)}
+        """``stream: false``: the whole answer in one object."""
+        line = self._line(final.text, True, final.reasoning, final.tool_calls)
+        return {**line, "done_reason": done_reason(final.reason), **stats(final, wall_ns)}
 
     def error(self, message: str) -> dict[str, Any]:
         """A mid-stream failure: the stream still ends with ``done: true``."""

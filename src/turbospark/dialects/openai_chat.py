@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
+from ..tools.calls import ToolCall
 from .common import BadRequest, new_id, sse_data, text_of, unix_time
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -39,6 +40,7 @@ class Message(BaseModel):
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(BaseModel):
@@ -166,10 +168,6 @@ def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]
             f"expected one of: {', '.join(REASONING_EFFORTS)}",
             "reasoning_effort",
         )
-    if body.response_format is not None and body.response_format.type != "text":
-        raise BadRequest(
-            f"response_format {body.response_format.type!r} is not supported yet", "response_format"
-        )
     images: list[Any] = []
     messages = to_messages(body.messages, images)
     if images:
@@ -180,16 +178,68 @@ def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]
     budget = body.max_completion_tokens or body.max_tokens
     req = ChatRequest(
         messages=messages,
-        tools=body.tools or None,
+        tools=check_tools(body.tools),
         config=config,
         max_tokens_explicit=budget is not None,
+        reasoning=body.reasoning_effort,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
     )
+    req.tool_choice, req.tool_name = tool_choice(body.tool_choice)
+    if body.response_format is not None:
+        structured_output(body.response_format, req)
     if budget is not None:
         config.max_new_tokens = budget
     return req, warnings
 
 
+def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Function tools as the template and the grammar expect them."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type", "function") != "function":
+            raise BadRequest(f"tools[{i}].type must be 'function'", f"tools[{i}].type")
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise BadRequest(f"tools[{i}].function.name must be a non-empty string", f"tools[{i}].function.name")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}].function.parameters")
+        out.append({"type": "function", "function": {**fn, "parameters": params}})
+    return out
+
+
+def tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
+    if choice is None or choice == "auto":
+        return "auto", None
+    if choice in ("none", "required"):
+        return choice, None  # type: ignore[return-value]
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") == "function" and isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            return "named", fn["name"]
+    raise BadRequest(
+        "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+        "tool_choice",
+    )
+
+
+def structured_output(fmt: ResponseFormat, req: ChatRequest) -> None:
+    if fmt.type == "json_object":
+        req.json_object = True
+    elif fmt.type == "json_schema":
+        spec = fmt.json_schema
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise BadRequest("response_format.json_schema.schema must be a JSON schema object",
+                             "response_format.json_schema.schema")
+        req.json_schema = schema
+
+
 def finish_reason(reason: StopReason) -> str:
+    """Chat Completions' finish_reason for a turn's stop reason
+    (``Final.reason``: tool calls win over the engine's own ending)."""
     if reason is StopReason.TOOL_CALLS:
         return "tool_calls"
     if reason is StopReason.MAX_TOKENS:
@@ -204,7 +254,7 @@ def usage(final: Final) -> dict[str, Any]:
         "completion_tokens": c,
         "total_tokens": p + c,
         "prompt_tokens_details": {"cached_tokens": final.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": final.reasoning_tokens},
     }
 
 
@@ -227,6 +277,23 @@ def timings(final: Final) -> dict[str, Any]:
     }
 
 
+def wire_call(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def message(final: Final) -> dict[str, Any]:
+    msg: dict[str, Any] = {
+        "role": "assistant",
+        "content": final.text if (final.text or not final.tool_calls) else None,
+        "refusal": None,
+    }
+    if final.reasoning:
+        msg["reasoning_content"] = final.reasoning
+    if final.tool_calls:
+        msg["tool_calls"] = [wire_call(c) for c in final.tool_calls]
+    return msg
+
+
 class ChatRenderer:
     """Renders one response (non-streamed JSON or the SSE chunk sequence)."""
 
@@ -247,9 +314,9 @@ class ChatRenderer:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": final.text, "refusal": None},
+                    "message": message(final),
                     "logprobs": None,
-                    "finish_reason": finish_reason(final.result.reason),
+                    "finish_reason": finish_reason(final.reason),
                 }
             ],
             "usage": usage(final),
@@ -277,8 +344,14 @@ class ChatRenderer:
     def text_frame(self, text: str) -> bytes:
         return sse_data(self._chunk({"content": text}))
 
+    def reasoning_frame(self, text: str) -> bytes:
+        return sse_data(self._chunk({"reasoning_content": text}))
+
+    def tool_call_frame(self, index: int, call: ToolCall) -> bytes:
+        return sse_data(self._chunk({"tool_calls": [{"index": index, **wire_call(call)}]}))
+
     def final_frames(self, final: Final) -> bytes:
-        last = self._chunk({}, finish_reason(final.result.reason))
+        last = self._chunk({}, finish_reason(final.reason))
         if self.want_timings:
             last["timings"] = timings(final)
         out = sse_data(last)

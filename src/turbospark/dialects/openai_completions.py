@@ -4,7 +4,9 @@ translations.
 In: a raw ``prompt`` (no chat template; BOS as the model wants it) to the
 internal :class:`ChatRequest`. Out: ``text_completion`` JSON, or the SSE
 sequence of ``text_completion`` chunks, a finish chunk, an optional usage
-chunk (``stream_options.include_usage``) and ``data: [DONE]``.
+chunk (``stream_options.include_usage``) and ``data: [DONE]``. With
+``timings: true`` (llama.cpp server's extension) the body and the finish
+chunk also carry llama.cpp's ``timings`` object, from the engine's result.
 
 Features the engine cannot give (``echo``, ``logprobs``, ``suffix``,
 ``best_of``/``n`` above 1, token-id prompts) are refused with a 400 naming
@@ -20,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
 from .common import BadRequest, new_id, sse_data, unix_time
-from .openai_chat import StreamOptions, _sampling, usage
+from .openai_chat import StreamOptions, _sampling, timings, usage
 
 #: OpenAI's documented default for ``max_tokens`` on this endpoint.
 DEFAULT_MAX_TOKENS = 16
@@ -55,6 +57,8 @@ class CompletionRequest(BaseModel):
     prompt_cache_key: str | None = None
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool | None = None
+    #: llama.cpp server's opt-in per-response ``timings`` object
+    timings: bool | None = None
 
     #: ``_sampling`` (shared with Chat Completions) reads this; the
     #: Completions API has no such field.
@@ -129,11 +133,12 @@ def finish_reason(reason: StopReason) -> str:
 class CompletionRenderer:
     """Renders one response (non-streamed JSON or the SSE chunk sequence)."""
 
-    def __init__(self, model_name: str, include_usage: bool = False) -> None:
+    def __init__(self, model_name: str, include_usage: bool = False, want_timings: bool = False) -> None:
         self.id = new_id("cmpl-")
         self.created = unix_time()
         self.model = model_name
         self.include_usage = include_usage
+        self.want_timings = want_timings
 
     def _object(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -152,19 +157,23 @@ class CompletionRenderer:
     def response(self, final: Final) -> dict[str, Any]:
         out = self._object([self._choice(final.text, finish_reason(final.result.reason))])
         out["usage"] = usage(final)
+        if self.want_timings:
+            out["timings"] = timings(final)
         return out
 
-    def _chunk(self, text: str, finish: str | None = None) -> bytes:
+    def _chunk(self, text: str, finish: str | None = None, final: Final | None = None) -> bytes:
         chunk = self._object([self._choice(text, finish)])
         if self.include_usage:
             chunk["usage"] = None
+        if final is not None and self.want_timings:
+            chunk["timings"] = timings(final)
         return sse_data(chunk)
 
     def text_frame(self, text: str) -> bytes:
         return self._chunk(text)
 
     def final_frames(self, final: Final) -> bytes:
-        out = self._chunk("", finish_reason(final.result.reason))
+        out = self._chunk("", finish_reason(final.result.reason), final)
         if self.include_usage:
             last = self._object([])
             last["usage"] = usage(final)

@@ -4,10 +4,13 @@ In: a ``/v1/responses`` body (``input`` as a string or a list of items,
 ``instructions``, flat function tools ...) to the internal
 :class:`ChatRequest`. Out: the engine's result to a ``response`` object, or
 to the typed SSE event sequence (``event:`` lines, ``sequence_number`` from
-0): created → in_progress → output_item.added → content_part.added →
+0): created → in_progress → per output item (opened as its content arrives):
+a ``reasoning`` item (content_part.added → reasoning_text.delta* → done
+events), the ``message`` (output_item.added → content_part.added →
 output_text.delta* → output_text.done → content_part.done →
-output_item.done → completed | incomplete, or ``response.failed`` when the
-engine fails mid-stream.
+output_item.done), one ``function_call`` item per call (added →
+function_call_arguments.delta* → .done → output_item.done) → completed |
+incomplete, or ``response.failed`` when the engine fails mid-stream.
 
 There is no response store: ``previous_response_id``, ``conversation`` and
 ``item_reference`` inputs are refused with a clear 400 instead of silently
@@ -22,10 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
+from ..tools.calls import ToolCall
 from .common import BadRequest, new_id, sse_event, text_of, unix_time, validation_error
 from .openai_chat import REASONING_EFFORTS, _tool_calls_for_template
 
 TOOL_CHOICES = ("none", "auto", "required")
+TEXT_FORMATS = ("text", "json_object", "json_schema")
 
 
 class _Wire(BaseModel):
@@ -162,7 +167,7 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
                     msg["name"] = call_names[result.call_id]
             out.append(msg)
         elif kind == "reasoning":
-            continue  # this server emits no reasoning items; a client may echo others back
+            continue  # past thinking is not replayed (chat templates drop it too)
         elif kind == "item_reference":
             raise BadRequest(
                 f"'{where}' is an item_reference, but this server keeps no response store; "
@@ -208,14 +213,47 @@ def to_tools(tools: list[dict[str, Any]] | None, warnings: list[str]) -> tuple[l
     return chat, echo
 
 
-def _check_tool_choice(choice: str | dict[str, Any] | None) -> None:
-    if isinstance(choice, str) and choice not in TOOL_CHOICES:
-        raise BadRequest(
-            f"unknown tool_choice {choice!r}; expected one of: {', '.join(TOOL_CHOICES)} or an object",
-            "tool_choice",
-        )
-    if isinstance(choice, dict) and not isinstance(choice.get("type"), str):
+def tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
+    """``(tool_choice, tool_name)`` in internal terms."""
+    if choice is None:
+        return "auto", None
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise BadRequest(
+                f"unknown tool_choice {choice!r}; expected one of: {', '.join(TOOL_CHOICES)} or an object",
+                "tool_choice",
+            )
+        return choice, None
+    kind = choice.get("type")
+    if not isinstance(kind, str):
         raise BadRequest("'tool_choice.type' must be a string", "tool_choice.type")
+    if kind != "function":
+        raise BadRequest(f"tool_choice type {kind!r} is not supported; only function tools exist here",
+                         "tool_choice.type")
+    name = choice.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest("'tool_choice.name' must be a non-empty string", "tool_choice.name")
+    return "named", name
+
+
+def structured_output(fmt: dict[str, Any] | None, req: ChatRequest) -> None:
+    """``text.format``: ``json_schema`` (``{"type", "name", "schema",
+    "strict"}``) or ``json_object``, enforced by a grammar."""
+    if fmt is None:
+        return
+    kind = fmt.get("type")
+    if not isinstance(kind, str):
+        raise BadRequest("'text.format.type' must be a string", "text.format.type")
+    if kind not in TEXT_FORMATS:
+        raise BadRequest(f"unknown text.format type {kind!r}; expected one of: {', '.join(TEXT_FORMATS)}",
+                         "text.format.type")
+    if kind == "json_object":
+        req.json_object = True
+    elif kind == "json_schema":
+        schema = fmt.get("schema")
+        if not isinstance(schema, dict):
+            raise BadRequest("'text.format.schema' must be a JSON schema object", "text.format.schema")
+        req.json_schema = schema
 
 
 def _refuse_unsupported(body: ResponsesRequest) -> None:
@@ -241,20 +279,13 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
             f"unknown reasoning.effort {effort!r}; expected one of: {', '.join(REASONING_EFFORTS)}",
             "reasoning.effort",
         )
-    fmt = body.text.format if body.text else None
-    if fmt is not None:
-        kind = fmt.get("type")
-        if not isinstance(kind, str):
-            raise BadRequest("'text.format.type' must be a string", "text.format.type")
-        if kind != "text":
-            raise BadRequest(f"text.format {kind!r} is not supported yet", "text.format")
 
 
 def to_chat_request(body: ResponsesRequest) -> tuple[ChatRequest, list[str], list[dict[str, Any]]]:
     """Returns the internal request, warnings for the client, and the
     function tools to echo in the response object."""
     _refuse_unsupported(body)
-    _check_tool_choice(body.tool_choice)
+    choice, name = tool_choice(body.tool_choice)
     warnings: list[str] = []
     images: list[Any] = []
     messages = to_messages(body, images)
@@ -276,7 +307,12 @@ def to_chat_request(body: ResponsesRequest) -> tuple[ChatRequest, list[str], lis
         tools=tools or None,
         config=config,
         max_tokens_explicit=body.max_output_tokens is not None,
+        tool_choice=choice,
+        tool_name=name,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        reasoning=body.reasoning.effort if body.reasoning else None,
     )
+    structured_output(body.text.format if body.text else None, req)
     return req, warnings, echo_tools
 
 
@@ -289,12 +325,13 @@ def usage(final: Final) -> dict[str, Any]:
         "input_tokens": p,
         "input_tokens_details": {"cached_tokens": final.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": c,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": final.reasoning_tokens},
         "total_tokens": p + c,
     }
 
 
 def status_of(reason: StopReason) -> str:
+    """The response's status for a turn's stop reason (``Final.reason``)."""
     if reason is StopReason.MAX_TOKENS:
         return "incomplete"
     if reason is StopReason.CANCELLED:
@@ -302,9 +339,22 @@ def status_of(reason: StopReason) -> str:
     return "completed"
 
 
+def function_call_item(call: ToolCall, item_id: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments if status == "completed" else "", "status": status}
+
+
+def argument_pieces(text: str, n: int = 3) -> list[str]:
+    """The arguments cut into a few delta pieces (clients concatenate them)."""
+    size = max(1, -(-len(text) // n))
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
 class ResponsesRenderer:
     """Renders one response: the non-streamed object, or the typed event
-    sequence with its own ``sequence_number`` counter."""
+    sequence with its own ``sequence_number`` counter. Output items open as
+    their content arrives, so their order (reasoning, message, calls) and
+    ``output_index`` are those of the output itself."""
 
     def __init__(
         self,
@@ -315,10 +365,15 @@ class ResponsesRenderer:
     ) -> None:
         self.id = new_id("resp_")
         self.msg_id = new_id("msg_")
+        self.reasoning_id = new_id("rs_")
         self.created = unix_time()
         self.seq = 0
-        self._pieces: list[str] = []
+        #: streamed items: done ones, then the open one (kind, id, text pieces)
+        self._done: list[dict[str, Any]] = []
+        self._open: tuple[str, str, list[str]] | None = None
+        self._had_message = False
         reasoning = body.reasoning
+        fmt = body.text.format if body.text and body.text.format else {"type": "text"}
         self._echo: dict[str, Any] = {
             "background": False,
             "instructions": body.instructions,
@@ -332,7 +387,7 @@ class ResponsesRenderer:
                           "summary": reasoning.summary if reasoning else None},
             "store": False,
             "temperature": config.temperature,
-            "text": {"format": {"type": "text"},
+            "text": {"format": fmt,
                      "verbosity": (body.text.verbosity if body.text else None) or "medium"},
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
             "tools": tools,
@@ -366,16 +421,31 @@ class ResponsesRenderer:
     def _part(self, text: str) -> dict[str, Any]:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
-    def _message(self, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.msg_id, "type": "message", "status": status, "role": "assistant", "content": content}
+    def _message(self, status: str, content: list[dict[str, Any]], item_id: str | None = None) -> dict[str, Any]:
+        return {"id": item_id or self.msg_id, "type": "message", "status": status, "role": "assistant",
+                "content": content}
 
-    def _final_message(self, final: Final) -> dict[str, Any]:
-        status = "completed" if status_of(final.result.reason) == "completed" else "incomplete"
-        return self._message(status, [self._part(final.text)])
+    def _reasoning(self, status: str, text: str | None, item_id: str | None = None) -> dict[str, Any]:
+        """The thinking, as ``reasoning_text`` content (no summary is made)."""
+        content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+        return {"id": item_id or self.reasoning_id, "type": "reasoning", "summary": [], "content": content,
+                "status": status}
+
+    def output(self, final: Final) -> list[dict[str, Any]]:
+        """Reasoning, the message (left out when empty and there are calls),
+        then one ``function_call`` item per call."""
+        items: list[dict[str, Any]] = []
+        if final.reasoning:
+            items.append(self._reasoning("completed", final.reasoning))
+        if final.text or not final.tool_calls:
+            status = "completed" if status_of(final.reason) == "completed" else "incomplete"
+            items.append(self._message(status, [self._part(final.text)]))
+        items.extend(function_call_item(c, "fc_" + c.id.removeprefix("call_")) for c in final.tool_calls)
+        return items
 
     def response(self, final: Final) -> dict[str, Any]:
         """The non-streamed ``response`` object."""
-        return self._response(status_of(final.result.reason), [self._final_message(final)], final)
+        return self._response(status_of(final.reason), self.output(final), final)
 
     # -- stream ----------------------------------------------------------------
     def _event(self, type_: str, payload: dict[str, Any]) -> bytes:
@@ -383,40 +453,108 @@ class ResponsesRenderer:
         self.seq += 1
         return frame
 
-    def _where(self) -> dict[str, Any]:
-        return {"item_id": self.msg_id, "output_index": 0, "content_index": 0}
+    def _where(self, item_id: str) -> dict[str, Any]:
+        return {"item_id": item_id, "output_index": len(self._done), "content_index": 0}
 
     def opening_frames(self) -> bytes:
-        """Everything up to the first text delta (sent before generation)."""
+        """``response.created`` and ``response.in_progress`` (sent before
+        generation); items follow as their content arrives."""
         snapshot = self._response("in_progress", [])
         return (
             self._event("response.created", {"response": snapshot})
             + self._event("response.in_progress", {"response": snapshot})
-            + self._event("response.output_item.added",
-                          {"output_index": 0, "item": self._message("in_progress", [])})
-            + self._event("response.content_part.added", {**self._where(), "part": self._part("")})
         )
+
+    def _start(self, kind: str) -> bytes:
+        out = self._close()
+        first = not any(item["type"] == kind for item in self._done)
+        if kind == "message":
+            item_id = self.msg_id if first else new_id("msg_")
+            item, part = self._message("in_progress", [], item_id), self._part("")
+            self._had_message = True
+        else:
+            item_id = self.reasoning_id if first else new_id("rs_")
+            item, part = self._reasoning("in_progress", None, item_id), {"type": "reasoning_text", "text": ""}
+        self._open = (kind, item_id, [])
+        index = len(self._done)
+        return (
+            out
+            + self._event("response.output_item.added", {"output_index": index, "item": item})
+            + self._event("response.content_part.added", {**self._where(item_id), "part": part})
+        )
+
+    def _close(self, status: str = "completed") -> bytes:
+        """done events for the open item's text, part and item."""
+        if self._open is None:
+            return b""
+        kind, item_id, pieces = self._open
+        text = "".join(pieces)
+        where = self._where(item_id)
+        if kind == "message":
+            part, item = self._part(text), self._message(status, [self._part(text)], item_id)
+            out = self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+        else:
+            part, item = {"type": "reasoning_text", "text": text}, self._reasoning("completed", text, item_id)
+            out = self._event("response.reasoning_text.done", {**where, "text": text})
+        out += self._event("response.content_part.done", {**where, "part": part})
+        out += self._event("response.output_item.done", {"output_index": len(self._done), "item": item})
+        self._done.append(item)
+        self._open = None
+        return out
 
     def delta_frame(self, text: str) -> bytes:
-        self._pieces.append(text)
-        return self._event("response.output_text.delta", {**self._where(), "delta": text, "logprobs": []})
+        out = b"" if self._open and self._open[0] == "message" else self._start("message")
+        assert self._open is not None
+        self._open[2].append(text)
+        return out + self._event("response.output_text.delta",
+                                 {**self._where(self._open[1]), "delta": text, "logprobs": []})
+
+    def reasoning_frame(self, text: str) -> bytes:
+        out = b"" if self._open and self._open[0] == "reasoning" else self._start("reasoning")
+        assert self._open is not None
+        self._open[2].append(text)
+        return out + self._event("response.reasoning_text.delta", {**self._where(self._open[1]), "delta": text})
+
+    def tool_call_frames(self, call: ToolCall) -> bytes:
+        """One whole ``function_call`` item: added, the arguments in a few
+        deltas, arguments done, item done."""
+        out = self._close()
+        item_id = "fc_" + call.id.removeprefix("call_")
+        index = len(self._done)
+        where = {"item_id": item_id, "output_index": index}
+        out += self._event("response.output_item.added",
+                           {"output_index": index, "item": function_call_item(call, item_id, "in_progress")})
+        for piece in argument_pieces(call.arguments):
+            out += self._event("response.function_call_arguments.delta", {**where, "delta": piece})
+        out += self._event("response.function_call_arguments.done",
+                           {**where, "name": call.name, "arguments": call.arguments})
+        item = function_call_item(call, item_id)
+        out += self._event("response.output_item.done", {"output_index": index, "item": item})
+        self._done.append(item)
+        return out
 
     def closing_frames(self, final: Final) -> bytes:
-        """done events for the text, the part and the item, then the terminal
+        """Closes the open item (an answer with no content at all still gets
+        its empty message, as the non-streamed one does), then the terminal
         ``response.completed`` (or ``response.incomplete`` when capped)."""
-        message = self._final_message(final)
-        body = self._response(status_of(final.result.reason), [message], final)
+        status = status_of(final.reason)
+        item_status = "completed" if status == "completed" else "incomplete"
+        out = b""
+        if not self._had_message and not final.tool_calls:
+            out += self._start("message")
+        out += self._close(item_status)
+        body = self._response(status, list(self._done), final)
         terminal = "response.completed" if body["status"] == "completed" else "response.incomplete"
-        return (
-            self._event("response.output_text.done", {**self._where(), "text": final.text, "logprobs": []})
-            + self._event("response.content_part.done", {**self._where(), "part": self._part(final.text)})
-            + self._event("response.output_item.done", {"output_index": 0, "item": message})
-            + self._event(terminal, {"response": body})
-        )
+        return out + self._event(terminal, {"response": body})
 
     def failed_frame(self, message: str, code: str = "server_error") -> bytes:
         """Mid-stream failure: ``response.failed`` carrying the error and the
-        text streamed so far; nothing follows it."""
-        partial = self._message("incomplete", [self._part("".join(self._pieces))])
-        body = self._response("failed", [partial], error={"code": code, "message": message})
+        items streamed so far (the open one as incomplete); nothing follows."""
+        output = list(self._done)
+        if self._open is not None:
+            kind, item_id, pieces = self._open
+            text = "".join(pieces)
+            output.append(self._message("incomplete", [self._part(text)], item_id) if kind == "message"
+                          else self._reasoning("incomplete", text, item_id))
+        body = self._response("failed", output, error={"code": code, "message": message})
         return self._event("response.failed", {"response": body})

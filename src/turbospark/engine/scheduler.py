@@ -457,6 +457,13 @@ class Scheduler:
             seq.job.sink.put(Progress("".join(seq.out), 0))
             seq.out.clear()
         self._release(seq)
+        check = seq.job.config.tool_call_check
+        if check is not None and reason in (StopReason.END_OF_TURN, StopReason.EOS):
+            try:
+                if check("".join(seq.text)):
+                    reason = StopReason.TOOL_CALLS
+            except Exception:  # a parser bug must not fail the generation
+                log.exception("tool-call check failed")
         seq.job.sink.put(
             RawDecodeResult(
                 prompt_tokens=len(seq.job.prompt),

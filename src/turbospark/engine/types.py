@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 class StopReason(str, enum.Enum):
@@ -50,6 +51,9 @@ class GenerationConfig:
     session_key: str | None = None
     #: Speculative prompt-lookup decoding allowed for this request.
     speculative: bool = True
+    #: Whether a finished text is a tool call (set when tools are offered),
+    #: so the engine reports ``toolCalls`` as the stop reason.
+    tool_call_check: Callable[[str], bool] | None = None
 
     @property
     def greedy(self) -> bool:

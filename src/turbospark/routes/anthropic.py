@@ -17,9 +17,10 @@ from ..dialects import anthropic as msgs
 from ..dialects.common import validate
 from ..dialects.errors import anthropic_error
 from ..engine.types import CancelFlag
-from ..generation import Delta, Final, complete, prepare, render, stream
+from ..generation import Delta, Final, ReasoningDelta, ToolCallDelta, complete, prepare, render, stream
 from .common import (
     DisconnectWatch,
+    bind_request,
     JSONResponse,
     endpoint,
     error_response,
@@ -52,6 +53,7 @@ def _headers(request: Request, warnings: list[str]) -> dict[str, str]:
 async def messages(request: Request) -> Response:
     body = validate(msgs.MessagesRequest, await read_json(request))
     req, warnings = msgs.to_chat_request(body)
+    bind_request(req, request)
     model, route = await route_model(request, body.model, "chat", bool(body.stream))
     prepared = prepare(model, req)
     # the budget (asked for, or the default) was cut to the room in the context
@@ -71,6 +73,10 @@ async def messages(request: Request) -> Response:
                 async for item in stream(model, prepared, cancel):
                     if isinstance(item, Delta):
                         yield renderer.text_frame(item.text)
+                    elif isinstance(item, ReasoningDelta):
+                        yield renderer.thinking_frame(item.text)
+                    elif isinstance(item, ToolCallDelta):
+                        yield renderer.tool_call_frames(item.call)
                     elif isinstance(item, Final):
                         yield renderer.final_frames(item)
             except Exception as exc:  # noqa: BLE001 - framed for the client

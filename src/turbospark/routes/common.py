@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import orjson
 from starlette.requests import Request
@@ -21,6 +21,9 @@ from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded
 from ..observe import REQUEST_ID_KEY, Observer, RequestIds, RequestRouted, observed, record
 from ..registry import Capability, Registry, Route, RoutingError
 
+if TYPE_CHECKING:
+    from ..sinks.live import LiveEvents
+
 log = logging.getLogger("turbospark.http")
 
 ErrorShape = Callable[..., dict[str, Any]]
@@ -32,9 +35,13 @@ class ServerState:
 
     registry: Registry
     observer: Observer | None = None
+    #: the live event feed behind /v1/events and /v1/stats (``sinks.live``)
+    live: LiveEvents | None = None
     ids: RequestIds = field(default_factory=RequestIds)
     started_at: float = field(default_factory=time.time)
     version: str = "0"
+    #: tool-call guardrails (validate, re-ask once) unless a request says otherwise
+    guardrails: bool = True
     #: the server's PrometheusSink (``GET /metrics``)
     metrics: Any = None
 
@@ -66,6 +73,8 @@ def bind_request(req: Any, request: Request) -> Any:
     when the body named no session."""
     cfg = req.config
     cfg.owner = request.scope.get("state", {}).get(TENANT_KEY, "")
+    if getattr(req, "guardrails", False) is None:
+        req.guardrails = state_of(request).guardrails
     if cfg.session_key is None:
         header = request.headers.get("x-session-id")
         if header:

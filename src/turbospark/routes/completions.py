@@ -34,7 +34,7 @@ async def completions(request: Request) -> Response:
     model, route = await route_model(request, body.model, "chat", bool(body.stream))
     prepared = prepare(model, req)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = comp.CompletionRenderer(body.model or route.served, include_usage)
+    renderer = comp.CompletionRenderer(body.model or route.served, include_usage, bool(body.timings))
     cancel = CancelFlag()
     headers = warning_headers(warnings)
     if not body.stream:

@@ -18,7 +18,8 @@ from ..dialects import ollama as ol
 from ..dialects.common import BadRequest, ndjson, validate
 from ..dialects.errors import ollama_error
 from ..engine.types import CancelFlag
-from ..generation import Delta, Final, complete, prepare, stream
+from ..generation import Delta, Final, ReasoningDelta, ToolCallDelta, complete, prepare, stream
+from ..tools.calls import ToolCall
 from .common import (
     DisconnectWatch,
     JSONResponse,
@@ -55,11 +56,18 @@ async def _answer(
 
     async def lines() -> AsyncIterator[bytes]:
         async with DisconnectWatch(request, cancel):
+            calls: list[ToolCall] = []
             try:
                 async for item in stream(model, prepared, cancel):
                     if isinstance(item, Delta):
                         yield ndjson(renderer.piece(item.text))
+                    elif isinstance(item, ReasoningDelta):
+                        yield ndjson(renderer.thinking(item.text))
+                    elif isinstance(item, ToolCallDelta):
+                        calls.append(item.call)  # the calls come last, together: one piece
                     elif isinstance(item, Final):
+                        if calls:
+                            yield ndjson(renderer.tool_calls(calls))
                         yield ndjson(renderer.done(item, time.perf_counter_ns() - started_ns))
             except Exception as exc:  # noqa: BLE001 - framed for the client
                 yield ndjson(renderer.error(_error_text(exc)))

@@ -12,7 +12,7 @@ from ..dialects import openai_chat as chat
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import openai_error
 from ..engine.types import CancelFlag
-from ..generation import Delta, Final, complete, prepare, stream
+from ..generation import Delta, Final, ReasoningDelta, ToolCallDelta, complete, prepare, stream
 from .common import (
     bind_request,
     DisconnectWatch,
@@ -56,6 +56,10 @@ async def chat_completions(request: Request) -> Response:
                 async for item in stream(model, prepared, cancel):
                     if isinstance(item, Delta):
                         yield renderer.text_frame(item.text)
+                    elif isinstance(item, ReasoningDelta):
+                        yield renderer.reasoning_frame(item.text)
+                    elif isinstance(item, ToolCallDelta):
+                        yield renderer.tool_call_frame(item.index, item.call)
                     elif isinstance(item, Final):
                         yield renderer.final_frames(item)
             except Exception as exc:  # noqa: BLE001 - framed for the client

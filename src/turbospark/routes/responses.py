@@ -13,7 +13,7 @@ from ..dialects import openai_responses as rs
 from ..dialects.common import validate
 from ..dialects.errors import openai_error
 from ..engine.types import AdmissionError, CancelFlag, Overloaded
-from ..generation import ChatRequest, Delta, Final, Prepared, complete, prepare, stream
+from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta, complete, prepare, stream
 from .common import (
     DisconnectWatch,
     bind_request,
@@ -27,7 +27,7 @@ from .common import (
 )
 
 #: Engine parameter names in admission errors -> this dialect's names.
-_PARAMS = {"max_tokens": "max_output_tokens", "messages": "input"}
+_PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
 
 
 def _prepare(model: Any, req: ChatRequest) -> Prepared:
@@ -68,6 +68,10 @@ async def create_response(request: Request) -> Response:
                 async for item in stream(model, prepared, cancel):
                     if isinstance(item, Delta):
                         yield renderer.delta_frame(item.text)
+                    elif isinstance(item, ReasoningDelta):
+                        yield renderer.reasoning_frame(item.text)
+                    elif isinstance(item, ToolCallDelta):
+                        yield renderer.tool_call_frames(item.call)
                     elif isinstance(item, Final):
                         yield renderer.closing_frames(item)
             except Exception as exc:  # noqa: BLE001 - framed for the client

@@ -1,0 +1,251 @@
+"""The Textual app behind ``turbospark console``.
+
+Everything on screen comes from one :class:`~turbospark.fold.Fold` fed by
+the server's ``/v1/events`` (through :class:`EventSource`), so it works the
+same against a remote server. Events are folded as they arrive (pause only
+freezes the screen, nothing is lost); the screen is redrawn at most four
+times a second, touching only the rows whose requests changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Footer, Static
+
+from ..fold import Fold, RequestRecord
+from .charts import rate_chart, time_chart
+from .client import EventSource
+
+COLUMNS = (
+    ("id", "id"), ("status", "status"), ("method", "method"), ("path", "path"),
+    ("requested → served", "route"), ("stream", "stream"), ("prompt", "prompt"), ("new", "new"),
+    ("prefill ms", "prefill"), ("decode ms", "decode"), ("queued ms", "queued"), ("tok/s", "rate"),
+    ("reused", "reused"), ("evicted", "evicted"),
+)
+MAX_ROWS = 1000
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def status_text(rec: RequestRecord) -> Text:
+    if rec.status is None:
+        return Text(rec.state, style="blue")
+    style = "green" if rec.status < 400 else "yellow" if rec.status < 500 else "bold red"
+    return Text(str(rec.status) + ("…" if rec.state == "streaming" else ""), style=style)
+
+
+def row_cells(rec: RequestRecord) -> list[Any]:
+    """The table cells of one request, in :data:`COLUMNS` order."""
+    gen = rec.generations > 0
+    route = "–" if rec.served is None else f"{rec.requested or '(none)'} → {rec.served}"
+    rate = rec.new_tokens / rec.decode_seconds if rec.decode_seconds > 0 else None
+    return [
+        str(rec.id),
+        status_text(rec),
+        rec.method or "?",
+        rec.path or "?",
+        route,
+        "–" if rec.stream is None else "yes" if rec.stream else "no",
+        str(rec.prompt_tokens) if gen else "–",
+        str(rec.new_tokens) if gen else "–",
+        _num(rec.prefill_seconds * 1000.0) if gen else "–",
+        _num(rec.decode_seconds * 1000.0) if gen else "–",
+        _num(rec.queued_ms),
+        _num(rate),
+        str(rec.reused_tokens) if gen else "–",
+        ("yes" if rec.evicted else "no") if gen else "–",
+    ]
+
+
+def details_text(rec: RequestRecord) -> Text:
+    out = Text()
+    out.append(f"request {rec.id}\n", style="bold")
+    for key, value in rec.to_dict().items():
+        if key == "id" or value is None:
+            continue
+        if isinstance(value, float):
+            value = f"{value:.2f}"
+        out.append(f"{key:<16}", style="dim")
+        out.append(f"{value}\n", style="red" if key == "error" else "")
+    out.rstrip()
+    return out
+
+
+class ConsoleApp(App[None]):
+    TITLE = "turbospark console"
+    CSS = """
+    #band { height: auto; padding: 0 1; background: $panel; }
+    #main { height: 1fr; }
+    #requests { width: 3fr; }
+    #details { width: 1fr; min-width: 30; padding: 0 1; border-left: solid $panel-lighten-2; }
+    #charts { height: 12; border-top: solid $panel-lighten-2; }
+    #rates, #times { width: 1fr; padding: 0 1; }
+    """
+    BINDINGS = [
+        Binding("e", "toggle_errors", "errors only"),
+        Binding("m", "next_model", "model filter"),
+        Binding("p", "toggle_pause", "pause"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(self, url: str, api_key: str | None = None) -> None:
+        super().__init__()
+        self.url = url.rstrip("/")
+        self.fold = Fold(max_requests=MAX_ROWS)
+        self.source = EventSource(self.url, api_key, on_state=self._set_state)
+        self.state = "connecting"
+        self.errors_only = False
+        self.model_filter: str | None = None
+        self.paused = False
+        self.selected: int | None = None
+        self._touched: set[int] = set()
+        self._dirty = True
+        self._rebuild = True
+
+    # -- layout ----------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static(id="band")
+        with Horizontal(id="main"):
+            yield DataTable(id="requests", cursor_type="row", zebra_stripes=True)
+            yield Static("select a request", id="details")
+        with Horizontal(id="charts"):
+            yield Static(id="rates")
+            yield Static(id="times")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#requests", DataTable)
+        for label, key in COLUMNS:
+            table.add_column(label, key=key)
+        self.run_worker(self._consume(), exclusive=True, name="events")
+        self.set_interval(0.25, self._flush)
+        self._flush()
+
+    # -- feeding ---------------------------------------------------------
+    async def _consume(self) -> None:
+        async for event in self.source.events():
+            rid = self.fold.feed(event)
+            if rid is not None:
+                self._touched.add(rid)
+            self._dirty = True
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self._dirty = True
+
+    # -- filters ---------------------------------------------------------
+    def passes(self, rec: RequestRecord) -> bool:
+        if self.errors_only and (rec.status is None or rec.status < 400):
+            return False
+        if self.model_filter is not None and self.model_filter not in (rec.served, rec.model):
+            return False
+        return True
+
+    def action_toggle_errors(self) -> None:
+        self.errors_only = not self.errors_only
+        self._rebuild = self._dirty = True
+        self._flush()
+
+    def action_next_model(self) -> None:
+        names = list(dict.fromkeys([*self.fold.models, *self.fold.per_model]))
+        choices: list[str | None] = [None, *names]
+        at = choices.index(self.model_filter) if self.model_filter in choices else 0
+        self.model_filter = choices[(at + 1) % len(choices)]
+        self._rebuild = self._dirty = True
+        self._flush()
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self._dirty = True
+        self._flush(force=True)
+
+    def on_data_table_row_highlighted(self, message: DataTable.RowHighlighted) -> None:
+        key = message.row_key.value
+        self.selected = int(key) if key is not None else None
+        self._show_details()
+
+    # -- drawing ---------------------------------------------------------
+    def _flush(self, force: bool = False) -> None:
+        if not self._dirty or (self.paused and not force):
+            if self.paused:
+                self._draw_band()
+            return
+        self._dirty = False
+        self._draw_band()
+        if self.paused:
+            return
+        self._draw_table()
+        records = [r for r in self.fold.records() if self.passes(r)]
+        width = max(20, self.size.width // 2 - 30)
+        self.query_one("#rates", Static).update(rate_chart(records, width=width))
+        self.query_one("#times", Static).update(time_chart(records, width=width, rows=9))
+        self._show_details()
+
+    def _draw_band(self) -> None:
+        f = self.fold
+        state = "paused" if self.paused else self.state
+        style = "green" if state == "live" else "blue" if state == "paused" else "yellow"
+        filters = []
+        if self.errors_only:
+            filters.append("errors only")
+        if self.model_filter:
+            filters.append(f"model {self.model_filter}")
+        band = Text()
+        for label, value, vstyle in (
+            ("state", state, style),
+            ("address", self.url, ""),
+            ("models", ", ".join(f.models) or "–", ""),
+            ("requests", str(f.requests), ""),
+            ("in flight", str(f.in_flight), ""),
+            ("errors", str(f.errors), "red" if f.errors else ""),
+            ("decode tok/s", _num(f.decode_tok_per_sec), ""),
+            ("prefix reuse", "–" if f.reuse_ratio is None else f"{f.reuse_ratio:.0%}", ""),
+            ("evictions", str(f.evictions), ""),
+            ("log gaps", str(f.dropped_events), "yellow" if f.dropped_events else ""),
+        ):
+            band.append(f"{label} ", style="dim")
+            band.append(value, style=vstyle or "bold")
+            band.append("   ")
+        if filters:
+            band.append("filter: " + ", ".join(filters), style="magenta")
+        self.query_one("#band", Static).update(band)
+
+    def _draw_table(self) -> None:
+        table = self.query_one("#requests", DataTable)
+        if self._rebuild:
+            self._rebuild = False
+            self._touched.clear()
+            table.clear()
+            for rec in self.fold.records():
+                if self.passes(rec):
+                    table.add_row(*row_cells(rec), key=str(rec.id))
+            return
+        touched, self._touched = sorted(self._touched), set()
+        for rid in touched:
+            rec = self.fold.record(rid)
+            key = str(rid)
+            present = key in table.rows
+            if rec is None or not self.passes(rec):
+                if present:
+                    table.remove_row(key)
+                continue
+            cells = row_cells(rec)
+            if present:
+                for (_, column), value in zip(COLUMNS, cells):
+                    table.update_cell(key, column, value)
+            else:
+                table.add_row(*cells, key=key)
+        while table.row_count > MAX_ROWS:
+            table.remove_row(next(iter(table.rows)))
+
+    def _show_details(self) -> None:
+        rec = self.fold.record(self.selected) if self.selected is not None else None
+        if rec is not None:
+            self.query_one("#details", Static).update(details_text(rec))

@@ -1,0 +1,71 @@
+"""Text charts for the console (Textual has no chart widget): Unicode
+sparklines and stacked bars, as rich ``Text``. Pure functions of fold
+records, so they are tested without a terminal."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.text import Text
+
+from ..fold import RequestRecord
+
+TICKS = "▁▂▃▄▅▆▇█"
+MODEL_COLORS = ("cyan", "green", "yellow", "magenta", "blue", "red")
+PARTS = (("prefill", "cyan"), ("queued", "yellow"), ("decode", "green"))
+
+
+def sparkline(values: Sequence[float], top: float | None = None) -> str:
+    """One character per value, scaled to ``top`` (default: the largest)."""
+    if not values:
+        return ""
+    top = top if top is not None else max(values)
+    if top <= 0:
+        return TICKS[0] * len(values)
+    last = len(TICKS) - 1
+    return "".join(TICKS[min(last, max(0, round(v / top * last)))] for v in values)
+
+
+def rate_chart(records: Sequence[RequestRecord], width: int = 60) -> Text:
+    """Decode tok/s of each request, one sparkline per model (the newest
+    ``width`` requests that decoded), on one shared scale."""
+    out = Text()
+    rated = [r for r in records if r.decode_seconds > 0]
+    if not rated:
+        return Text("no decoded requests yet", style="dim")
+    top = max(r.new_tokens / r.decode_seconds for r in rated)
+    models: dict[str, list[float]] = {}
+    for r in rated:
+        models.setdefault(r.model or r.served or "?", []).append(r.new_tokens / r.decode_seconds)
+    label_w = min(24, max(len(m) for m in models))
+    for i, (model, rates) in enumerate(models.items()):
+        color = MODEL_COLORS[i % len(MODEL_COLORS)]
+        line = rates[-width:]
+        out.append(f"{model[:label_w]:<{label_w}} ", style=color)
+        out.append(sparkline(line, top), style=color)
+        out.append(f"  last {line[-1]:.1f}  max {max(line):.1f} tok/s\n", style="dim")
+    out.rstrip()
+    return out
+
+
+def time_chart(records: Sequence[RequestRecord], width: int = 50, rows: int = 8) -> Text:
+    """Where the time went for the newest ``rows`` requests that generated:
+    prefill, queued (non-streamed only) and decode as one stacked bar each,
+    on one scale."""
+    done = [r for r in records if r.generations > 0][-rows:]
+    if not done:
+        return Text("no generations yet", style="dim")
+    parts = [(r, r.prefill_seconds * 1000.0, r.queued_ms or 0.0, r.decode_seconds * 1000.0) for r in done]
+    top = max(p + q + d for _, p, q, d in parts) or 1.0
+    out = Text()
+    for name, color in PARTS:
+        out.append("█ ", style=color)
+        out.append(name + "  ", style="dim")
+    out.append("\n")
+    for r, p, q, d in parts:
+        out.append(f"#{r.id:<5}", style="dim")
+        for ms, (_, color) in zip((p, q, d), PARTS):
+            out.append("█" * round(ms / top * width), style=color)
+        out.append(f" {p + q + d:.0f} ms\n", style="dim")
+    out.rstrip()
+    return out

@@ -1,0 +1,281 @@
+"""OpenTelemetry traces: one span per request, built from its events.
+
+Optional (``pip install 'turbospark[otel]'``); ``opentelemetry`` is imported
+only when a sink is made. ``turbospark serve --otlp-endpoint URL`` or the
+standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
+variables turn it on (OTLP over HTTP); ``OTEL_SERVICE_NAME`` names the
+service (default ``turbospark``). Nothing is enabled when none is set.
+
+A span starts at ``requestStarted``'s ``atMs`` and ends when the request is
+over: at ``requestFinished`` for a non-streamed request (its generations are
+already done) or an error, but at ``generated`` for a stream, whose
+``requestFinished`` fires when the stream STARTS. Attributes follow the
+OpenTelemetry ``gen_ai.*`` and HTTP semantic conventions, plus the engine's
+timings under ``turbospark.*``; the time to first token is measured from
+arrival (receipt of ``generated`` - ``decodeSeconds`` - ``atMs``) and named so.
+
+``record`` only enqueues; one worker thread folds the events and talks to the
+OpenTelemetry SDK, so a slow exporter never touches a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .. import __version__
+from ..observe import Generated, RequestFinished, RequestRouted, RequestStarted, ServerEvent
+from .paths import RouteTemplates, default_templates
+
+log = logging.getLogger("turbospark.sinks")
+
+#: ``gen_ai.provider.name`` / ``gen_ai.system``
+PROVIDER = "turbospark"
+#: requests whose closing event has not come yet, kept at most (a stream
+#: that failed mid-way never sends ``generated``; it is ended when evicted)
+MAX_OPEN = 10_000
+ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+#: route template -> gen_ai.operation.name
+OPERATIONS = {
+    "/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/messages": "chat",
+    "/v1/responses": "chat", "/responses": "chat", "/api/chat": "chat",
+    "/v1/completions": "text_completion", "/completions": "text_completion",
+    "/api/generate": "text_completion",
+    "/v1/embeddings": "embeddings", "/embeddings": "embeddings",
+    "/api/embed": "embeddings", "/api/embeddings": "embeddings",
+}
+
+_STOP = object()
+_FLUSH = object()
+
+
+def otel_wanted(endpoint: str | None, env: Mapping[str, str] = os.environ) -> bool:
+    """True when an endpoint was given or the standard variables name one
+    (and ``OTEL_SDK_DISABLED`` does not say otherwise)."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return bool(endpoint) or any(env.get(k) for k in ENV_ENDPOINTS)
+
+
+def traces_url(endpoint: str) -> str:
+    """``--otlp-endpoint`` takes the collector's base URL, like
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``; the traces path is added unless given."""
+    base = endpoint.rstrip("/")
+    return base if base.endswith("/v1/traces") else base + "/v1/traces"
+
+
+@dataclass(slots=True)
+class _Request:
+    """A request's facts, gathered until its span can be written."""
+
+    id: int
+    start_ns: int
+    method: str
+    path: str
+    route: str
+    requested: str | None = None
+    served: str | None = None
+    stream: bool = False
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    prefill: float = 0.0
+    decode: float = 0.0
+    ttft: float | None = None
+    generations: int = 0
+    evicted: bool = False
+    drafted: int = 0
+    accepted: int = 0
+    stop_reasons: list[str] = field(default_factory=list)
+    status: int | None = None
+    duration_ms: int | None = None
+    error: str | None = None
+
+
+class OtelSink:
+    """An observer that exports one span per request.
+
+    ``tracer_provider`` lets a host (or a test, with an in-memory exporter)
+    bring its own SDK set-up; without one the sink builds a provider that
+    exports OTLP/HTTP to ``endpoint`` or where the ``OTEL_*`` variables say,
+    and owns it (shut down by :meth:`close`).
+    """
+
+    def __init__(
+        self,
+        tracer_provider: Any = None,
+        *,
+        endpoint: str | None = None,
+        templates: RouteTemplates | None = None,
+    ) -> None:
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        self._kind, self._status, self._code = SpanKind.SERVER, Status, StatusCode
+        self._owned = tracer_provider is None
+        self.provider = tracer_provider if tracer_provider is not None else _otlp_provider(endpoint)
+        self.tracer = self.provider.get_tracer("turbospark", __version__)
+        self._templates = templates
+        self._open: OrderedDict[int, _Request] = OrderedDict()
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="turbospark-otel", daemon=True)
+        self._thread.start()
+
+    # -- the observer ------------------------------------------------------------
+    def record(self, event: ServerEvent) -> None:
+        if isinstance(event, (RequestStarted, RequestRouted, Generated, RequestFinished)):
+            self._queue.put((event, time.time_ns()))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every event recorded so far is folded into spans and
+        the provider has exported the finished ones."""
+        done = threading.Event()
+        self._queue.put((_FLUSH, done))
+        if not done.wait(timeout):
+            return False
+        flush = getattr(self.provider, "force_flush", None)
+        return bool(flush(int(timeout * 1000))) if flush is not None else True
+
+    def close(self) -> None:
+        """End what is still open, stop the worker, shut an owned provider."""
+        self._queue.put((_STOP, None))
+        self._thread.join(10)
+        if self._owned:
+            self.provider.shutdown()
+
+    # -- the worker --------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item, arg = self._queue.get()
+            if item is _STOP:
+                for req in list(self._open.values()):
+                    self._end(req, time.time_ns(), incomplete=True)
+                self._open.clear()
+                return
+            if item is _FLUSH:
+                arg.set()
+                continue
+            try:
+                self._fold(item, arg)
+            except Exception:  # pragma: no cover - a bad event must not kill the thread
+                log.exception("otel sink failed on %r", item)
+
+    def _route(self, path: str) -> str:
+        if self._templates is None:
+            self._templates = default_templates()
+        return self._templates.of(path)
+
+    def _fold(self, event: ServerEvent, at_ns: int) -> None:
+        if isinstance(event, RequestStarted):
+            self._open[event.id] = _Request(
+                event.id, event.at_ms * 1_000_000, event.method, event.path, self._route(event.path))
+            while len(self._open) > MAX_OPEN:
+                _, old = self._open.popitem(last=False)
+                self._end(old, at_ns, incomplete=True)
+            return
+        req = self._open.get(event.id)
+        if req is None:  # started before this sink, or evicted
+            return
+        if isinstance(event, RequestRouted):
+            req.requested, req.served, req.stream = event.requested, event.served, event.stream
+        elif isinstance(event, Generated):
+            if req.generations == 0:
+                req.ttft = max(0.0, (at_ns - req.start_ns) / 1e9 - event.decode_seconds)
+            req.generations += 1
+            req.served = event.model
+            req.input_tokens += event.prompt_tokens
+            req.output_tokens += event.new_tokens
+            req.cached_tokens += event.reused_prefix_tokens
+            req.prefill += event.prefill_seconds
+            req.decode += event.decode_seconds
+            req.evicted |= event.session_slot_evicted
+            req.drafted += event.drafted_tokens
+            req.accepted += event.accepted_tokens
+            req.stop_reasons.append(event.stop_reason)
+            if req.status is not None:  # a stream: generated ends the turn
+                del self._open[event.id]
+                self._end(req, at_ns)
+        elif isinstance(event, RequestFinished):
+            req.status, req.duration_ms, req.error = event.status, event.duration_ms, event.error
+            if req.stream and event.status < 400 and req.generations == 0:
+                return  # the stream started; generated closes it
+            del self._open[event.id]
+            self._end(req, at_ns)
+
+    def _end(self, req: _Request, end_ns: int, incomplete: bool = False) -> None:
+        """Write the span. ``incomplete``: its closing event never came (the
+        sink closed, or too many requests were open)."""
+        op = OPERATIONS.get(req.route)
+        model = req.served
+        name = f"{op} {model}" if op and model else f"{req.method} {req.route}"
+        span = self.tracer.start_span(
+            name, kind=self._kind, start_time=req.start_ns, attributes=_attributes(req, op))
+        if req.status is not None and (req.status >= 500 or req.error):
+            span.set_attribute("error.type", str(req.status))
+            span.set_status(self._status(self._code.ERROR, req.error or f"HTTP {req.status}"))
+        if incomplete:
+            span.set_attribute("turbospark.incomplete", True)
+        span.end(end_time=max(end_ns, req.start_ns))
+
+
+def _attributes(req: _Request, op: str | None) -> dict[str, Any]:
+    a: dict[str, Any] = {
+        "turbospark.request_id": req.id,  # the x-request-id header, the events' id
+        "http.request.method": req.method,
+        "http.route": req.route,
+        "url.path": req.path,
+    }
+    if req.status is not None:
+        a["http.response.status_code"] = req.status
+    if req.served is not None or req.generations:
+        a["gen_ai.provider.name"] = PROVIDER
+        a["gen_ai.system"] = PROVIDER
+        if op:
+            a["gen_ai.operation.name"] = op
+        if req.requested is not None:
+            a["gen_ai.request.model"] = req.requested
+        if req.served is not None:
+            a["gen_ai.response.model"] = req.served
+        a["turbospark.stream"] = req.stream
+    if req.generations:
+        a.update({
+            "gen_ai.usage.input_tokens": req.input_tokens,
+            "gen_ai.usage.output_tokens": req.output_tokens,
+            "gen_ai.usage.cache_read.input_tokens": req.cached_tokens,
+            "gen_ai.response.finish_reasons": list(req.stop_reasons),
+            "turbospark.generations": req.generations,
+            "turbospark.prefill_seconds": req.prefill,
+            "turbospark.decode_seconds": req.decode,
+            "turbospark.session_slot_evicted": req.evicted,
+        })
+        if req.ttft is not None:
+            a["turbospark.time_to_first_token_from_arrival_seconds"] = req.ttft
+        if req.drafted:
+            a["turbospark.speculative.drafted_tokens"] = req.drafted
+            a["turbospark.speculative.accepted_tokens"] = req.accepted
+        if not req.stream and req.duration_ms is not None:
+            a["turbospark.queue_seconds"] = max(0.0, req.duration_ms / 1000 - req.prefill - req.decode)
+    return a
+
+
+def _otlp_provider(endpoint: str | None) -> Any:
+    """A provider exporting in batches over OTLP/HTTP, named by
+    ``OTEL_SERVICE_NAME`` (default ``turbospark``)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "turbospark"}))
+    provider = TracerProvider(resource=resource)
+    exporter = OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider

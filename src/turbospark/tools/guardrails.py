@@ -1,0 +1,105 @@
+"""Guardrails for tool calls (REFERENCE.md §8): a call must name an offered
+tool and its arguments must validate against that tool's JSON schema; when a
+turn fails that (or names no call although one was required) the model gets
+ONE corrective user turn and a second attempt. Each attempt is real work and
+is reported as its own ``generated`` event.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+
+from .prompting import functions_of
+
+
+def validate_calls(calls: list[Any], tools: list[dict[str, Any]] | None) -> list[str]:
+    """Problems with parsed calls (empty when all are valid)."""
+    schemas = {fn["name"]: fn.get("parameters") or {"type": "object"} for fn in functions_of(tools)}
+    problems: list[str] = []
+    for call in calls:
+        schema = schemas.get(call.name)
+        if schema is None:
+            problems.append(f"{call.name!r} is not one of the offered functions ({', '.join(schemas)})")
+            continue
+        try:
+            args = json.loads(call.arguments)
+        except ValueError as exc:
+            problems.append(f"the arguments of {call.name!r} are not valid JSON ({exc})")
+            continue
+        try:
+            jsonschema.validate(args, schema)
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
+            problems.append(f"the arguments of {call.name!r} do not match its schema at {where}: {exc.message}")
+        except jsonschema.SchemaError:
+            pass  # the client's schema is broken; nothing the model can fix
+    return problems
+
+
+def corrective_turn(raw_output: str, problems: list[str], names: list[str], example: str) -> list[dict[str, Any]]:
+    """The assistant's attempt and a user turn saying what to fix."""
+    listing = "; ".join(problems) if problems else "no function call was found, but one is required"
+    return [
+        {"role": "assistant", "content": raw_output},
+        {
+            "role": "user",
+            "content": (
+                f"That reply did not contain a valid function call: {listing}. "
+                f"Reply again with only a corrected call to one of: {', '.join(names)}, "
+                f"with arguments that match the function's JSON schema, written like:\n{example}"
+            ),
+        },
+    ]
+
+
+def _canonical(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+
+
+def answered_calls(messages: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """Calls in the conversation that already have a result: (name, canonical
+    arguments) -> the result text."""
+    by_id: dict[str, tuple[str, str]] = {}
+    out: dict[tuple[str, str], str] = {}
+    for m in messages:
+        if m.get("role") == "assistant":
+            for c in m.get("tool_calls") or []:
+                fn = c.get("function") or c
+                by_id[str(c.get("id"))] = (str(fn.get("name")), _canonical(fn.get("arguments") or {}))
+        elif m.get("role") == "tool":
+            key = by_id.get(str(m.get("tool_call_id")))
+            if key is not None:
+                out[key] = str(m.get("content") or "")
+    return out
+
+
+def repeated(calls: list[Any], messages: list[dict[str, Any]]) -> list[str]:
+    """Results of the calls that merely repeat an answered call (all of them
+    must repeat, else the turn is doing new work and this returns [])."""
+    done = answered_calls(messages)
+    results = [done.get((c.name, _canonical(c.arguments))) for c in calls]
+    return [r for r in results if r is not None] if calls and all(r is not None for r in results) else []
+
+
+def answer_turn(raw_output: str, results: list[str]) -> list[dict[str, Any]]:
+    """Small models often call a tool again instead of reading its result:
+    hand the result back and ask for the answer."""
+    shown = "\n".join(results)
+    return [
+        {"role": "assistant", "content": raw_output},
+        {
+            "role": "user",
+            "content": (
+                f"The function result is: {shown}. Now answer my original question in plain words, "
+                "without calling any function."
+            ),
+        },
+    ]

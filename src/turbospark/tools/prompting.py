@@ -1,0 +1,78 @@
+"""Getting tools into a prompt and constraints into the sampler.
+
+A model's own chat template renders ``tools`` and assistant ``tool_calls``
+when it knows how (Qwen, Llama 3, Mistral ...). Templates that ignore them
+(SmolLM2's, plain ChatML) would hide the tools from the model, so for those
+the tools are described in the system turn in the Hermes format, and earlier
+calls and results are written into the conversation as text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .calls import render_call
+
+TOOL_SYSTEM = (
+    "You can call functions to help answer. The available functions are listed as JSON "
+    "inside <tools></tools>:\n<tools>\n{tools}\n</tools>\n\n"
+    "To call a function, reply with a JSON object holding its name and arguments inside "
+    "<tool_call></tool_call> tags, like this:\n<tool_call>\n"
+    '{{"name": "<function-name>", "arguments": {{"<arg>": "<value>"}}}}\n</tool_call>'
+)
+
+
+def template_knows_tools(template_source: str) -> bool:
+    """Whether the template renders a ``tools`` list at all."""
+    return "tools" in template_source
+
+
+def functions_of(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The ``function`` objects of OpenAI-style tools."""
+    out = []
+    for t in tools or []:
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            out.append(fn)
+    return out
+
+
+def tool_names(tools: list[dict[str, Any]] | None) -> list[str]:
+    return [fn["name"] for fn in functions_of(tools)]
+
+
+def inline_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, syntax: str) -> list[dict[str, Any]]:
+    """Messages for a template that does not render tools: the tool list in
+    the system turn, calls and results as plain text."""
+    out: list[dict[str, Any]] = []
+    if tools:
+        listing = "\n".join(json.dumps(fn, ensure_ascii=False) for fn in functions_of(tools))
+        section = TOOL_SYSTEM.format(tools=listing)
+        if messages and messages[0].get("role") == "system":
+            first = dict(messages[0])
+            first["content"] = f"{first.get('content') or ''}\n\n{section}".strip()
+            messages = [first, *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": section}, *messages]
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant" and m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function") or c
+                args = fn.get("arguments") or {}
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args.strip() else {}
+                    except ValueError:
+                        args = {"_raw": args}
+                calls.append(render_call(syntax, fn.get("name", ""), args))
+            text = "\n".join(filter(None, [m.get("content") or "", *calls]))
+            out.append({"role": "assistant", "content": text})
+        elif role == "tool":
+            name = m.get("name") or m.get("tool_name") or "tool"
+            out.append({"role": "user", "content": f"<tool_response name=\"{name}\">\n{m.get('content') or ''}\n</tool_response>"})
+        else:
+            out.append(m)
+    return out

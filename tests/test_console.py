@@ -1,0 +1,111 @@
+"""``turbospark console`` driven by Textual's test pilot against a live
+server, fed only by its /v1/events stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+from rich.text import Text
+
+from turbospark.console.app import COLUMNS, ConsoleApp
+from turbospark.observe import ListObserver
+
+from .views_support import chat, fresh_server
+
+COL = {key: i for i, (_, key) in enumerate(COLUMNS)}
+
+
+def plain(cell) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+async def until(pilot, cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("the console never got there")
+        await pilot.pause(0.05)
+
+
+def test_console_shows_requests_from_the_event_stream(server):
+    seen = ListObserver()
+    with fresh_server(server, observers=[seen], api_keys=["k1"]) as srv:
+        auth = {"Authorization": "Bearer k1"}
+
+        async def main() -> None:
+            app = ConsoleApp(srv.url, api_key="k1")
+            async with app.run_test(size=(200, 50)) as pilot:
+                await until(pilot, lambda: app.source.connected and app.fold.models == ["smollm2-135m"])
+                missing = await asyncio.to_thread(httpx.get, srv.url + "/v1/nope", headers=auth, timeout=30)
+                streamed = await asyncio.to_thread(chat, srv.url, model="smollm2-135m", stream=True, headers=auth)
+                fallback = await asyncio.to_thread(chat, srv.url, model="gpt-4o", max_tokens=5, headers=auth)
+                assert (missing.status_code, streamed.status_code, fallback.status_code) == (404, 200, 200)
+                ids = [int(r.headers["x-request-id"]) for r in (missing, streamed, fallback)]
+                table = app.query_one("#requests")
+
+                def settled() -> bool:
+                    recs = [app.fold.record(i) for i in ids]
+                    return table.row_count == 3 and all(r is not None and r.state == "done" for r in recs)
+
+                await until(pilot, settled)
+                await pilot.pause(0.4)  # one more redraw after the last event
+                rows = {i: [plain(c) for c in table.get_row(str(i))] for i in ids}
+                assert table.row_count == 3  # the console's own /v1/events is not a row
+
+                gens = {e.id: e for e in seen.events if e.kind == "generated"}
+                r404, rstream, rfall = (rows[i] for i in ids)
+                assert r404[COL["status"]] == "404" and r404[COL["path"]] == "/v1/nope"
+                assert r404[COL["route"]] == "–" and r404[COL["new"]] == "–"
+                assert rstream[COL["status"]] == "200" and rstream[COL["stream"]] == "yes"
+                assert rstream[COL["route"]] == "smollm2-135m → smollm2-135m"
+                assert rfall[COL["status"]] == "200" and rfall[COL["stream"]] == "no"
+                assert rfall[COL["route"]] == "gpt-4o → smollm2-135m"
+                for rid, row in ((ids[1], rstream), (ids[2], rfall)):
+                    g = gens[rid]
+                    assert row[COL["prompt"]] == str(g.prompt_tokens)
+                    assert row[COL["new"]] == str(g.new_tokens)
+                    assert row[COL["reused"]] == str(g.reused_prefix_tokens)
+                    assert row[COL["prefill"]] == f"{g.prefill_seconds * 1000:.1f}"
+                    assert row[COL["decode"]] == f"{g.decode_seconds * 1000:.1f}"
+                assert rfall[COL["new"]] == "5" or gens[ids[2]].stop_reason != "maxTokens"
+                assert rstream[COL["queued"]] == "–" and rfall[COL["queued"]] != "–"
+
+                band = app.query_one("#band").render()
+                text = band.plain if isinstance(band, Text) else str(band)
+                assert "state live" in text and "requests 3" in text and "errors 1" in text
+                assert "in flight 0" in text and "log gaps 0" in text and "smollm2-135m" in text
+
+                # details pane follows the cursor; filters and pause work
+                table.focus()
+                table.move_cursor(row=table.get_row_index(str(ids[2])))
+                await pilot.pause(0.1)
+                details = app.query_one("#details").render()
+                assert "gpt-4o" in (details.plain if isinstance(details, Text) else str(details))
+                await pilot.press("e")
+                await until(pilot, lambda: table.row_count == 1)
+                assert plain(table.get_row(str(ids[0]))[COL["status"]]) == "404"
+                await pilot.press("e")
+                await until(pilot, lambda: table.row_count == 3)
+                await pilot.press("m")  # the one model: the 404 never reached it
+                await until(pilot, lambda: table.row_count == 2)
+                assert app.model_filter == "smollm2-135m"
+                await pilot.press("m")
+                await until(pilot, lambda: table.row_count == 3)
+                await pilot.press("p")
+                assert app.paused
+                extra = await asyncio.to_thread(httpx.get, srv.url + "/v1/nope2", headers=auth, timeout=30)
+                await until(pilot, lambda: app.fold.record(int(extra.headers["x-request-id"])) is not None)
+                await pilot.pause(0.4)
+                assert table.row_count == 3  # frozen, but folded
+                await pilot.press("p")
+                await until(pilot, lambda: table.row_count == 4)
+
+                # the charts drew the two generations
+                rates = app.query_one("#rates").render()
+                times = app.query_one("#times").render()
+                assert "smollm2-135m" in rates.plain and "tok/s" in rates.plain
+                assert f"#{ids[1]}" in times.plain and f"#{ids[2]}" in times.plain
+
+        asyncio.run(main())

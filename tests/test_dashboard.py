@@ -1,0 +1,123 @@
+"""GET /dashboard in a real headless Chromium against a live server with
+API keys (the page takes the key from ``#key=``): rows in the DOM, charts
+drawn, a non-blank screenshot, and live updates from /v1/events."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import time
+
+import httpx
+import pytest
+
+from turbospark.observe import ListObserver
+
+from .chromium import LivePage, run_once
+from .views_support import chat, fresh_server
+
+ARTIFACTS = os.path.join(os.path.dirname(__file__), "artifacts")
+KEY = "dash-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+DECODE_GREEN = (0x3F, 0xB9, 0x50)  # the decode bars' colour in the page
+
+
+@pytest.fixture(scope="module")
+def dashed(server):
+    seen = ListObserver()
+    with fresh_server(server, observers=[seen], api_keys=[KEY]) as srv:
+        fallback = chat(srv.url, model="gpt-4o", max_tokens=6, headers=AUTH)
+        streamed = chat(srv.url, model="smollm2-135m", stream=True, max_tokens=6, headers=AUTH)
+        missing = httpx.get(srv.url + "/v1/nope", headers=AUTH, timeout=30)
+        ids = [int(r.headers["x-request-id"]) for r in (fallback, streamed, missing)]
+        deadline = time.monotonic() + 30
+        while sum(e.kind == "generated" for e in seen.events) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield srv, seen, ids
+
+
+def generated(seen: ListObserver, rid: int):
+    return next(e for e in seen.events if e.kind == "generated" and e.id == rid)
+
+
+def row_cells(dom: str, rid: int) -> list[str]:
+    m = re.search(rf'<tr data-id="{rid}"[^>]*>(.*?)</tr>', dom, re.S)
+    assert m, f"no row for request {rid}"
+    return [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", m.group(1), re.S)]
+
+
+def test_dashboard_dom_and_screenshot(dashed):
+    srv, seen, (fallback, streamed, missing) = dashed
+    url = f"{srv.url}/dashboard#key={KEY}"
+    dom = run_once(url, "--virtual-time-budget=8000", "--window-size=1400,900", "--dump-dom")
+    rows = re.findall(r'<tr data-id="(\d+)"', dom)
+    assert sorted(map(int, rows)) == sorted([fallback, streamed, missing]), dom[-2000:]
+    f, s, m = row_cells(dom, fallback), row_cells(dom, streamed), row_cells(dom, missing)
+    # id, status, method, path, route, stream, prompt, new, ...
+    assert m[1] == "404" and m[3] == "/v1/nope" and m[4] == "–"
+    assert f[1] == "200" and f[4] == "gpt-4o → smollm2-135m" and f[5] == "no"
+    assert s[1] == "200" and s[4] == "smollm2-135m → smollm2-135m" and s[5] == "yes"
+    for cells, rid in ((f, fallback), (s, streamed)):
+        g = generated(seen, rid)
+        assert (cells[6], cells[7]) == (str(g.prompt_tokens), str(g.new_tokens))
+    assert re.search(r'<b id="requests">3</b>', dom) and re.search(r'<b id="errors">1</b>', dom)
+    assert re.search(r'<b id="state" class="live">live</b>', dom)
+    assert re.search(r'<b id="models">smollm2-135m</b>', dom)
+    assert re.search(r'<canvas id="rateChart"[^>]*data-points="2"', dom), "decode-rate chart drew nothing"
+    assert re.search(r'<canvas id="timeChart"[^>]*data-points="2"', dom), "time chart drew nothing"
+
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    shot = os.path.join(ARTIFACTS, "dashboard.png")
+    if os.path.exists(shot):
+        os.unlink(shot)
+    run_once(url, "--virtual-time-budget=8000", "--window-size=1400,900", f"--screenshot={shot}")
+    assert_drawn(open(shot, "rb").read())
+
+
+def assert_drawn(png: bytes) -> None:
+    """A valid PNG with the page's colours and the decode bars in it."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    img = (mpimg.imread(io.BytesIO(png), format="png")[..., :3] * 255).round().astype(np.uint8)
+    assert img.shape[0] >= 600 and img.shape[1] >= 1000
+    assert len(np.unique(img.reshape(-1, 3), axis=0)) > 50, "the screenshot is blank"
+    assert np.all(img == DECODE_GREEN, axis=-1).sum() > 100, "no decode bars in the screenshot"
+
+
+def test_dashboard_updates_live_without_feeding_on_itself(dashed):
+    srv, seen, ids = dashed
+    with LivePage(f"{srv.url}/dashboard#key={KEY}") as page:
+        page.wait("document.getElementById('state').textContent === 'live'")
+        page.wait(f"document.querySelectorAll('#rows tr').length === {len(ids)}")
+        r = chat(srv.url, model="gpt-4o", max_tokens=4, content="One more.", headers=AUTH)
+        rid = int(r.headers["x-request-id"])
+        cells = page.wait(
+            f"(() => {{ const tr = document.querySelector('#rows tr[data-id=\"{rid}\"]');"
+            " return tr && tr.children[1].textContent === '200' && tr.children[7].textContent !== '–'"
+            " ? [...tr.children].map((td) => td.textContent) : null; })()"
+        )
+        g = generated(seen, rid)
+        assert (cells[6], cells[7]) == (str(g.prompt_tokens), str(g.new_tokens))
+        assert page.js("document.getElementById('requests').textContent") == str(len(ids) + 1)
+        assert page.js("document.getElementById('rateChart').dataset.points") == "3"
+        # the page re-reads /v1/stats because of OTHER clients' events only:
+        # its own reads report events too, and following them would loop
+        time.sleep(1.0)
+        reads = lambda: sum(1 for e in seen.events if e.kind == "requestStarted" and e.path == "/v1/stats")
+        before = reads()
+        time.sleep(2.0)
+        assert reads() == before
+        # details pane and the errors-only filter
+        page.js(f"document.querySelector('#rows tr[data-id=\"{rid}\"]').click()")
+        assert f'"id": {rid}' in page.js("document.getElementById('details').textContent")
+        toggle = ("(() => { const b = document.getElementById('errorsOnly'); b.checked = !b.checked;"
+                  " b.dispatchEvent(new Event('change')); })()")
+        page.js(toggle)
+        assert page.js("document.querySelectorAll('#rows tr').length") == 1
+        page.js(toggle)
+        assert page.js("document.querySelectorAll('#rows tr').length") == len(ids) + 1
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        assert_drawn(page.screenshot(os.path.join(ARTIFACTS, "dashboard-live.png")))

@@ -1,0 +1,199 @@
+"""The one fold every view uses, and the live ring behind /v1/events
+(unit level: no server; the HTTP side is in test_events_stream.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import pytest
+from rich.text import Text
+
+from turbospark.console.charts import rate_chart, sparkline, time_chart
+from turbospark.console.client import SSEParser
+from turbospark.fold import Fold, percentile
+from turbospark.observe import Generated, ModelAttached, ModelDetached, RequestFinished, RequestRouted, RequestStarted
+from turbospark.sinks.live import LiveEvents
+
+
+def gen(rid, new=10, prompt=20, prefill=0.1, decode=0.5, reused=0, evicted=False, model="m", **kw):
+    return Generated(id=rid, model=model, prompt_tokens=prompt, new_tokens=new, prefill_seconds=prefill,
+                     decode_seconds=decode, stop_reason="endOfTurn", reused_prefix_tokens=reused,
+                     session_slot_evicted=evicted, **kw).to_dict()
+
+
+def started(rid, path="/v1/chat/completions", at=1000):
+    return RequestStarted(id=rid, at_ms=at, method="POST", path=path).to_dict()
+
+
+def routed(rid, stream=False, requested="gpt-4o", served="m"):
+    return RequestRouted(id=rid, requested=requested, served=served, stream=stream).to_dict()
+
+
+def finished(rid, status=200, ms=1000, error=None):
+    return RequestFinished(id=rid, status=status, duration_ms=ms, error=error).to_dict()
+
+
+def test_percentile_nearest_rank():
+    assert percentile([], 50) is None
+    assert percentile([1.0], 95) == 1.0
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0 and percentile(values, 95) == 95.0
+
+
+def test_fold_requests_tokens_timings_and_queue():
+    f = Fold()
+    f.feed(ModelAttached(at_ms=1, model="m").to_dict())
+    # 1: non-streamed, fallback, prefix reuse; queue = 1000 - (100 + 500) = 400 ms
+    for e in (started(1), routed(1), gen(1, new=10, prompt=20, reused=5), finished(1, ms=1000)):
+        f.feed(e)
+    # 2: streamed: finished fires at stream start, generated closes it; no queue
+    f.feed(started(2))
+    f.feed(routed(2, stream=True, requested=None))
+    f.feed(finished(2, ms=30))
+    assert f.record(2).state == "streaming"
+    f.feed(gen(2, new=30, prompt=40, prefill=0.2, decode=1.5, evicted=True, drafted_tokens=8, accepted_tokens=5))
+    # 3: a 404 that never routed; 4: still running
+    f.feed(started(3, path="/nope"))
+    f.feed(finished(3, status=404, ms=1, error="no route"))
+    f.feed(started(4))
+    s = f.summary()
+    assert (s["requests"], s["inFlight"], s["errors"], s["generations"]) == (4, 1, 1, 2)
+    assert (s["promptTokens"], s["newTokens"]) == (60, 40)
+    assert s["decodeTokPerSec"] == pytest.approx(40 / 2.0)
+    assert s["prefixReuseRatio"] == pytest.approx(5 / 60)
+    assert s["evictions"] == 1 and (s["draftedTokens"], s["acceptedTokens"]) == (8, 5)
+    assert s["prefillMs"] == {"p50": pytest.approx(100.0), "p95": pytest.approx(200.0), "n": 2}
+    assert s["queueMs"] == {"p50": pytest.approx(400.0), "p95": pytest.approx(400.0), "n": 1}
+    assert s["models"] == ["m"]
+    assert s["perModel"]["m"]["requests"] == 2 and s["perModel"]["m"]["newTokens"] == 40
+    assert s["perModel"]["m"]["decodeTokPerSec"] == pytest.approx(20.0)
+    recs = {r["id"]: r for r in s["records"]}
+    assert recs[1]["queuedMs"] == pytest.approx(400.0) and recs[1]["requested"] == "gpt-4o"
+    assert recs[2]["queuedMs"] is None and recs[2]["state"] == "done" and recs[2]["evicted"]
+    assert recs[3]["status"] == 404 and recs[3]["error"] == "no route" and recs[3]["served"] is None
+    assert recs[4]["state"] == "running"
+    f.feed(ModelDetached(at_ms=2, model="m").to_dict())
+    assert f.summary()["models"] == []
+
+
+def test_fold_sums_a_guardrail_reask_and_hides_the_views_own_traffic():
+    f = Fold()
+    f.feed_all([started(1), routed(1), gen(1, new=4, decode=0.1), gen(1, new=6, decode=0.2), finished(1, ms=900)])
+    rec = f.record(1)
+    assert (rec.generations, rec.new_tokens) == (2, 10)
+    assert rec.queued_ms == pytest.approx(900 - (0.2 + 0.3) * 1000)
+    assert f.summary()["queueMs"]["n"] == 1  # sampled once per request
+    for rid, path in ((2, "/v1/events"), (3, "/v1/stats"), (4, "/dashboard")):
+        f.feed(started(rid, path=path))
+        f.feed(finished(rid))
+    s = f.summary()
+    assert s["requests"] == 1 and s["inFlight"] == 0 and [r["id"] for r in s["records"]] == [1]
+    everything = Fold(hide_paths=frozenset()).feed_all([started(2, path="/v1/stats"), finished(2)])
+    assert everything.requests == 1
+
+
+def test_fold_bounds_records_counts_gaps_and_joins_mid_stream():
+    f = Fold(max_requests=3)
+    for rid in range(1, 11):
+        f.feed_all([started(rid), routed(rid), gen(rid), finished(rid)])
+    s = f.summary()
+    assert s["requests"] == 10 and s["newTokens"] == 100  # aggregates cover everything
+    assert [r["id"] for r in s["records"]] == [8, 9, 10]
+    assert [r["id"] for r in f.summary(max_requests=2)["records"]] == [9, 10]
+    f.feed({"kind": "gap", "missed": 7, "from": 1, "to": 7})
+    assert f.summary()["droppedEvents"] == 7
+    # a view that joined mid-stream: a finish whose start it never saw is not a request
+    late = Fold()
+    late.feed(finished(99))
+    late.feed(gen(98))
+    s = late.summary()
+    assert s["requests"] == 0 and s["errors"] == 0 and s["newTokens"] == 10
+
+
+def test_sse_parser():
+    p = SSEParser()
+    frames = [p.feed(line) for line in ["retry: 1000", "", ": keep-alive", "", "id: 7", "event: generated",
+                                        'data: {"a":', "data: 1}", ""]]
+    got = [f for f in frames if f is not None]
+    assert len(got) == 1 and got[0].id == 7 and got[0].event == "generated" and got[0].data == '{"a":\n1}'
+
+
+def test_text_charts():
+    assert sparkline([0, 1, 2, 4]) == "▁▃▅█"
+    assert sparkline([]) == "" and sparkline([0, 0]) == "▁▁"
+    f = Fold().feed_all([started(1), routed(1), gen(1, model="a"), finished(1),
+                         started(2), routed(2, stream=True), finished(2), gen(2, model="b", decode=1.0)])
+    rates = rate_chart(f.records())
+    assert isinstance(rates, Text) and "a " in rates.plain and "b " in rates.plain
+    times = time_chart(f.records(), width=40)
+    assert "#1" in times.plain and "#2" in times.plain and "█" in times.plain
+    assert "no generations" in time_chart([]).plain
+
+
+# -------------------------------------------------------------- live ring
+
+
+def events(n, start=1):
+    return [RequestStarted(id=i, at_ms=i, method="GET", path="/x") for i in range(start, start + n)]
+
+
+def test_live_ring_replays_after_since_and_marks_what_it_no_longer_holds():
+    async def main():
+        live = LiveEvents(max_events=5)
+        for e in events(12):
+            live.record(e)
+        sub, gap, replay = live.subscribe(since=3)
+        assert gap is not None and gap.to_dict() == {"missed": 4, "from": 4, "to": 7}
+        assert [i.seq for i in replay] == [8, 9, 10, 11, 12]
+        assert orjson.loads(replay[0].data) == events(12)[7].to_dict()
+        sub2, gap2, replay2 = live.subscribe(since=10)
+        assert gap2 is None and [i.seq for i in replay2] == [11, 12]
+        sub3, gap3, replay3 = live.subscribe(since=None)  # live only
+        assert gap3 is None and replay3 == []
+        sub4, _, replay4 = live.subscribe(since=500)  # a client of an earlier server run
+        assert [i.seq for i in replay4] == [8, 9, 10, 11, 12]
+        assert live.subscribers == 4
+        for s in (sub, sub2, sub3, sub4):
+            live.unsubscribe(s)
+        assert live.subscribers == 0
+
+    asyncio.run(main())
+
+
+def test_slow_subscriber_never_blocks_record_and_gets_a_gap():
+    async def main():
+        live = LiveEvents(max_queue=3)
+        sub, _, _ = live.subscribe(since=None)
+        t0 = time.perf_counter()
+        for e in events(10_000):
+            live.record(e)
+        elapsed = time.perf_counter() - t0
+        assert elapsed < 5  # generous: O(1) per event, nothing waits on the reader
+        gap, items = live.take(sub)
+        assert gap is not None and gap.to_dict() == {"missed": 9997, "from": 1, "to": 9997}
+        assert [i.seq for i in items] == [9998, 9999, 10000]
+        await asyncio.wait_for(sub.wake.wait(), 1)  # it was woken (once)
+        assert live.take(sub) == (None, [])
+        live.record(events(1)[0])
+        gap, items = live.take(sub)
+        assert gap is None and [i.seq for i in items] == [10001]
+        assert live.summary(max_requests=0)["seq"] == 10001
+
+    asyncio.run(main())
+
+
+def test_record_from_another_thread_wakes_the_stream():
+    import threading
+
+    async def main():
+        live = LiveEvents()
+        sub, _, _ = live.subscribe(since=None)
+        threading.Thread(target=live.record, args=(events(1)[0],)).start()
+        await asyncio.wait_for(sub.wake.wait(), 5)
+        assert [i.seq for i in live.take(sub)[1]] == [1]
+        live.close()
+        assert sub.closed
+
+    asyncio.run(main())

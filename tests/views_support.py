@@ -1,0 +1,56 @@
+"""Helpers for the view tests: a fresh server around the session's already
+loaded model (nothing reloads; its ring and fold start empty), and a small
+SSE reader."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import httpx
+import orjson
+
+from turbospark import Server
+from turbospark.console.client import SSEParser
+
+
+@contextlib.contextmanager
+def fresh_server(shared: Server, **kw: Any) -> Iterator[Server]:
+    srv = Server(models=[shared.registry.models()[0]], **kw).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def chat(url: str, *, model: str = "gpt-4o", stream: bool = False, max_tokens: int = 8,
+         content: str = "Say hello.", headers: dict[str, str] | None = None) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=120)
+
+
+class FrameReader:
+    """Frames (``{"id", "event", "data"}``, data parsed) from an open SSE
+    response; comments come as ``{"comment": text}``."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._lines = response.iter_lines()
+        self._parser = SSEParser()
+
+    def until(self, done) -> list[dict[str, Any]]:
+        """Read until ``done(frames read by this call)`` is true."""
+        frames: list[dict[str, Any]] = []
+        for line in self._lines:
+            if line.startswith(":"):
+                frames.append({"comment": line[1:].strip()})
+            frame = self._parser.feed(line)
+            if frame is not None and frame.data:
+                frames.append({"id": frame.id, "event": frame.event, "data": orjson.loads(frame.data)})
+            if done(frames):
+                return frames
+        raise AssertionError(f"the stream ended early: {frames}")
+
+
+def read_frames(response: httpx.Response, done) -> list[dict[str, Any]]:
+    return FrameReader(response).until(done)
