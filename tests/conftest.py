@@ -1,5 +1,6 @@
 """Shared fixtures: ONE real server on a loopback port with the bundled
-model, shared by the whole session, and a hub of observers tests can tap."""
+model, shared by the whole session, a hub of observers tests can tap, and a
+server around a scripted model that fails mid-generation."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any, Callable
 
 import pytest
 
-from turbospark import Server
+from turbospark import ListObserver, Server
 from turbospark.observe import ServerEvent
+
+from .fakes import Script, ScriptedModel
 
 
 class Hub:
@@ -84,3 +87,13 @@ def oai(server):
     import openai
 
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture()
+def failing():
+    """A server whose scripted model fails after two pieces (``one``, `` two``):
+    ``(server, model, observer)``."""
+    model = ScriptedModel(scripts=[Script(["one", " two", " three"], fail_after=2)])
+    obs = ListObserver()
+    with Server(models=[model], observer=obs) as srv:
+        yield srv, model, obs

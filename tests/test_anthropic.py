@@ -10,13 +10,14 @@ import anthropic
 import httpx
 import pytest
 
-from turbospark import ListObserver, Server
+from turbospark import Server
 from turbospark.dialects import anthropic as msgs
 from turbospark.dialects.common import BadRequest
 from turbospark.engine.detok import StopMatcher
 from turbospark.engine.types import StopReason
 
 from .fakes import Script, ScriptedModel
+from .support import assert_anthropic_error, post_body, sse_frames
 
 GREEDY = {"temperature": 0}  # this SDK version no longer has a temperature argument
 HELLO = [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]
@@ -39,22 +40,7 @@ def kinds(events):
 
 
 def post(url: str, body, path: str = "/v1/messages", **kw) -> httpx.Response:
-    if isinstance(body, (bytes, str)):
-        return httpx.post(url + path, content=body, headers={"content-type": "application/json"}, timeout=60, **kw)
-    return httpx.post(url + path, json=body, timeout=60, **kw)
-
-
-def sse_frames(raw: str) -> list[tuple[str, dict]]:
-    """``event: X\\ndata: {...}`` frames, each checked for exact framing."""
-    out = []
-    for frame in raw.split("\n\n"):
-        if not frame.strip():
-            continue
-        lines = frame.split("\n")
-        assert len(lines) == 2, frame
-        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), frame
-        out.append((lines[0][7:], json.loads(lines[1][6:])))
-    return out
+    return post_body(url + path, body, **kw)
 
 
 def assert_usage_is_engines(usage, gen) -> None:
@@ -365,22 +351,14 @@ def with_content(*blocks):
     ],
 )
 def test_bad_bodies_are_400_in_anthropic_shape(base_url, body, contains):
-    r = post(base_url, body)
-    assert r.status_code == 400, r.text
-    data = r.json()
-    assert set(data) == {"type", "error"} and data["type"] == "error"
-    assert set(data["error"]) == {"type", "message"}
-    assert data["error"]["type"] == "invalid_request_error"
-    assert contains.lower() in data["error"]["message"].lower(), data["error"]["message"]
+    assert_anthropic_error(post(base_url, body), 400, contains)
 
 
 @pytest.mark.parametrize(
     "body", [b"{oops", {"model": "m"}, {"model": "m", "messages": OK, "tools": [{"name": "f"}]}]
 )
 def test_bad_count_tokens_bodies_are_400_in_shape(base_url, body):
-    r = post(base_url, body, path="/v1/messages/count_tokens")
-    assert r.status_code == 400
-    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
+    assert_anthropic_error(post(base_url, body, path="/v1/messages/count_tokens"), 400)
 
 
 def test_sdk_raises_bad_request_and_failure_is_observed(ant, hub):
@@ -395,16 +373,8 @@ def test_sdk_raises_bad_request_and_failure_is_observed(ant, hub):
 
 
 # ------------------------------------------------------------- scripted model
-@pytest.fixture()
-def scripted():
-    model = ScriptedModel(scripts=[Script(["one", " two", " three"], fail_after=2)])
-    obs = ListObserver()
-    with Server(models=[model], observer=obs) as srv:
-        yield srv, model, obs
-
-
-def test_midstream_failure_is_an_error_event_without_message_stop(scripted):
-    srv, _, obs = scripted
+def test_midstream_failure_is_an_error_event_without_message_stop(failing):
+    srv, _, obs = failing
     body = {"model": "x", "max_tokens": 20, "stream": True, "messages": OK}
     with httpx.stream("POST", srv.url + "/v1/messages", json=body, timeout=30) as r:
         assert r.status_code == 200
@@ -422,8 +392,8 @@ def test_midstream_failure_is_an_error_event_without_message_stop(scripted):
     assert not [e for e in obs.events if e.kind == "generated"]
 
 
-def test_midstream_failure_raises_in_the_sdk(scripted):
-    srv, _, _ = scripted
+def test_midstream_failure_raises_in_the_sdk(failing):
+    srv, _, _ = failing
     client = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0, timeout=30)
     with pytest.raises(anthropic.APIStatusError) as exc:
         with client.messages.stream(model="x", max_tokens=20, messages=OK) as s:
@@ -431,8 +401,8 @@ def test_midstream_failure_raises_in_the_sdk(scripted):
     assert exc.value.body["error"]["type"] == "api_error"
 
 
-def test_non_stream_failure_is_500_in_anthropic_shape(scripted):
-    srv, _, obs = scripted
+def test_non_stream_failure_is_500_in_anthropic_shape(failing):
+    srv, _, obs = failing
     client = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0, timeout=30)
     with pytest.raises(anthropic.InternalServerError) as exc:
         client.messages.create(model="x", max_tokens=20, messages=OK)

@@ -123,3 +123,29 @@ def test_serve_refuses_a_public_address_without_a_key():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "refusing to listen on 0.0.0.0 without an API key" in out.stderr
+
+
+def test_kv_reuse_never_crosses_api_keys(server):
+    """The same conversation under key B gets nothing from key A's cache."""
+    from turbospark.catalog import resolve_model
+    from turbospark.engine.model import LlamaChatModel, ModelOptions
+
+    model = LlamaChatModel(ModelOptions(path=resolve_model("smollm2-135m")[0], id="tenants", parallel=1, session_slots=2))
+    obs = ListObserver()
+    try:
+        with Server(models=[model], observer=obs, api_keys=["key-a", "key-b"]) as srv:
+            body = {"model": "m", "messages": [{"role": "user", "content": "Describe a quiet library."}], "max_tokens": 4}
+
+            def reused(key: str) -> int:
+                r = httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"x-api-key": key}, timeout=60)
+                assert r.status_code == 200
+                gen = next(e for e in obs.of(int(r.headers["x-request-id"])) if e.kind == "generated")
+                assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == gen.reused_prefix_tokens
+                return gen.reused_prefix_tokens
+
+            assert reused("key-a") == 0
+            assert reused("key-b") == 0  # A's conversation is there, but not B's to reuse
+            assert reused("key-a") > 0  # A reuses its own
+            assert reused("key-b") > 0
+    finally:
+        model.close()

@@ -210,3 +210,33 @@ def test_full_wait_list_is_503_with_retry_after():
             assert results == [200]
     finally:
         model.close()
+
+
+def test_a_kv_configuration_that_does_not_fit_is_refused_with_the_arithmetic():
+    from turbospark.engine.memory import MemoryRefused
+
+    with pytest.raises(MemoryRefused) as exc:
+        LlamaChatModel(ModelOptions(path=path(), id="huge", ctx=1_000_000, parallel=64))
+    msg = str(exc.value)
+    assert "64 slots x 1000000 tokens" in msg and "does not fit" in msg and "MiB" in msg
+
+
+def test_cli_refuses_an_oversized_kv_cache_with_exit_2():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "turbospark.cli", "serve", "--ctx", "1000000", "--parallel", "64"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "does not fit" in out.stderr
+
+
+def test_speculation_counts_reach_the_generated_event(oai, hub):
+    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
+    raw = oai.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": f"Repeat exactly: {text}. Repeat exactly: {text}."}],
+        max_tokens=60, temperature=0)
+    gen = hub.wait_kind(raw.headers["x-request-id"], "generated")
+    d = gen.to_dict()
+    assert d["draftedTokens"] > 0 and 0 <= d["acceptedTokens"] <= d["draftedTokens"]
+    assert gen.new_tokens == raw.parse().usage.completion_tokens

@@ -9,10 +9,6 @@ import httpx
 import openai
 import pytest
 
-from turbospark import ListObserver, Server
-
-from .fakes import Script, ScriptedModel
-
 COUNTING = "Here is a list of numbers: 1, 2, 3,"
 
 
@@ -199,14 +195,6 @@ def test_context_overflow_is_a_400_with_the_numbers(oai):
 
 
 # -- scripted engine failures --------------------------------------------------
-@pytest.fixture()
-def failing():
-    model = ScriptedModel(scripts=[Script(["one", " two", " three"], fail_after=2)])
-    obs = ListObserver()
-    with Server(models=[model], observer=obs) as srv:
-        yield srv, model, obs
-
-
 def test_midstream_failure_is_one_error_frame_without_done(failing):
     srv, model, obs = failing
     body = {"model": "x", "prompt": "hi there", "stream": True}

@@ -26,6 +26,7 @@ from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.types import AdmissionError, Embeddings, EngineError
 
 from .fakes import ScriptedModel
+from .support import assert_ollama_error, assert_openai_error, post_body
 
 CAT = "The cat sat on the mat."
 KITTEN = "A kitten is sleeping on the rug."
@@ -225,22 +226,7 @@ def test_bare_embeddings_path(base_url):
 
 # ------------------------------------------------------------------ OpenAI errors
 def post(base_url: str, body: Any, path: str = "/v1/embeddings") -> httpx.Response:
-    if isinstance(body, bytes):
-        return httpx.post(base_url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
-    return httpx.post(base_url + path, json=body, timeout=60)
-
-
-def assert_openai_error(r: httpx.Response, status: int, param: str | None = None, contains: str = "") -> dict:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"}
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert err["message"]
-    if param is not None:
-        assert err["param"] == param, err
-    assert contains.lower() in err["message"].lower(), err["message"]
-    return err
+    return post_body(base_url + path, body)
 
 
 @pytest.mark.parametrize(
@@ -351,11 +337,7 @@ def test_ollama_empty_input_loads_and_returns_nothing(base_url, hub):
     ],
 )
 def test_ollama_errors_in_ollama_shape(base_url, path, body, contains):
-    r = post(base_url, body, path)
-    assert r.status_code == 400, r.text
-    data = r.json()
-    assert set(data) == {"error"} and isinstance(data["error"], str)
-    assert contains.lower() in data["error"].lower(), data["error"]
+    assert_ollama_error(post(base_url, body, path), 400, contains)
 
 
 def test_ollama_client_raises_response_error(base_url):

@@ -11,9 +11,10 @@ import httpx
 import ollama
 import pytest
 
-from turbospark import ListObserver, Server
+from turbospark import Server
 
-from .fakes import Script, ScriptedModel
+from .fakes import ScriptedModel
+from .support import assert_ollama_error
 
 HELLO = [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon."}]
@@ -330,10 +331,7 @@ def test_version_and_root(base_url):
     ],
 )
 def test_malformed_bodies_are_400_in_ollama_shape(base_url, path, body):
-    r = httpx.post(base_url + path, json=body, timeout=30)
-    assert r.status_code == 400, r.text
-    err = r.json()
-    assert list(err) == ["error"] and isinstance(err["error"], str) and err["error"]
+    assert_ollama_error(httpx.post(base_url + path, json=body, timeout=30), 400)
 
 
 @pytest.mark.parametrize("path", ["/api/chat", "/api/generate", "/api/show"])
@@ -358,17 +356,9 @@ def test_unknown_model_is_404_when_several_are_loaded():
         assert names == ["alpha", "beta"]
 
 
-@pytest.fixture()
-def failing():
-    model = ScriptedModel(scripts=[Script(["one", " two", " three"], fail_after=2)])
-    obs = ListObserver()
-    with Server(models=[model], observer=obs) as srv:
-        yield srv, obs
-
-
 @pytest.mark.parametrize("path, key", [("/api/chat", "message"), ("/api/generate", "response")])
 def test_midstream_failure_ends_with_an_error_line(failing, path, key):
-    srv, obs = failing
+    srv, _, obs = failing
     body = {"model": "x", "messages": HELLO} if key == "message" else {"model": "x", "prompt": "hi"}
     with httpx.stream("POST", srv.url + path, json=body, timeout=30) as r:
         assert r.status_code == 200
@@ -382,7 +372,7 @@ def test_midstream_failure_ends_with_an_error_line(failing, path, key):
 
 
 def test_midstream_failure_raises_in_the_sdk(failing):
-    srv, _ = failing
+    srv, _, _ = failing
     got = []
     with pytest.raises(ollama.ResponseError) as exc:
         for part in ollama.Client(host=srv.url).chat(model="x", messages=HELLO, stream=True):
@@ -391,10 +381,9 @@ def test_midstream_failure_raises_in_the_sdk(failing):
 
 
 def test_non_stream_failure_is_500_in_shape(failing):
-    srv, obs = failing
+    srv, _, obs = failing
     r = httpx.post(srv.url + "/api/generate", json={"model": "x", "prompt": "hi", "stream": False}, timeout=30)
-    assert r.status_code == 500
-    assert list(r.json()) == ["error"] and r.json()["error"].startswith("engine error")
+    assert assert_ollama_error(r, 500).startswith("engine error")
     fin = [e for e in obs.events if e.kind == "requestFinished"][-1]
     assert fin.status == 500 and fin.error.startswith("engine error")
     with pytest.raises(ollama.ResponseError) as exc:

@@ -6,35 +6,20 @@ import httpx
 import openai
 import pytest
 
+from .support import MALFORMED_BODIES, assert_openai_error, post_body
+
 URL = "/v1/chat/completions"
 OK_MSG = [{"role": "user", "content": "hi"}]
 
 
 def post(base_url: str, body, **kw) -> httpx.Response:
-    if isinstance(body, (bytes, str)):
-        return httpx.post(base_url + URL, content=body, headers={"content-type": "application/json"}, timeout=60, **kw)
-    return httpx.post(base_url + URL, json=body, timeout=60, **kw)
-
-
-def assert_openai_error(r: httpx.Response, status: int, param: str | None = None, contains: str = "") -> dict:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"}
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert isinstance(err["message"], str) and err["message"]
-    if param is not None:
-        assert err["param"] == param, err
-    assert contains.lower() in err["message"].lower(), err["message"]
-    return err
+    return post_body(base_url + URL, body, **kw)
 
 
 @pytest.mark.parametrize(
     "body, param, contains",
     [
-        (b"{not json", None, "malformed JSON"),
-        (b"", None, "empty"),
-        (b"[1, 2]", None, "JSON object"),
+        *MALFORMED_BODIES,
         ({"model": "m"}, "messages", "missing"),
         ({"model": "m", "messages": []}, "messages", ""),
         ({"model": "m", "messages": "hello"}, "messages", ""),

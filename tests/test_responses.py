@@ -4,7 +4,6 @@ the scripted model."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
@@ -17,6 +16,7 @@ from turbospark.engine.types import StopReason
 from turbospark.generation import ChatRequest, render
 
 from .fakes import Script, ScriptedModel
+from .support import MALFORMED_BODIES, assert_openai_error, post_body, sse_frames
 
 URL = "/v1/responses"
 QUESTION = "What is the capital of France? Answer in one short sentence."
@@ -40,19 +40,6 @@ def kinds(events) -> list[str]:
 
 def the_model(server) -> Any:
     return server.registry.models()[0]
-
-
-def sse_frames(raw: str) -> list[tuple[str, dict[str, Any]]]:
-    """Each frame must be exactly one ``event:`` line and one ``data:`` line."""
-    out = []
-    for frame in raw.split("\n\n"):
-        if not frame.strip():
-            continue
-        lines = frame.split("\n")
-        assert len(lines) == 2, frame
-        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), frame
-        out.append((lines[0][len("event: "):], json.loads(lines[1][len("data: "):])))
-    return out
 
 
 def post_stream(url: str, body: dict[str, Any]) -> tuple[httpx.Response, list[tuple[str, dict[str, Any]]]]:
@@ -308,30 +295,13 @@ def test_sdk_stream_capped(oai):
 
 
 def post(base_url: str, body: Any) -> httpx.Response:
-    if isinstance(body, (bytes, str)):
-        return httpx.post(base_url + URL, content=body, headers={"content-type": "application/json"}, timeout=60)
-    return httpx.post(base_url + URL, json=body, timeout=60)
-
-
-def assert_openai_error(r: httpx.Response, status: int, param: str | None = None, contains: str = "") -> dict:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"}
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert isinstance(err["message"], str) and err["message"]
-    if param is not None:
-        assert err["param"] == param, err
-    assert contains.lower() in err["message"].lower(), err["message"]
-    return err
+    return post_body(base_url + URL, body)
 
 
 @pytest.mark.parametrize(
     "body, param, contains",
     [
-        (b"{not json", None, "malformed JSON"),
-        (b"", None, "empty"),
-        (b"[1, 2]", None, "JSON object"),
+        *MALFORMED_BODIES,
         ({"model": "m"}, "input", "missing"),
         ({"model": "m", "input": 5}, "input", ""),
         ({"model": "m", "input": None}, "input", ""),

@@ -6,24 +6,15 @@ from __future__ import annotations
 import json
 
 import httpx
-import pytest
 
-from turbospark import ListObserver, Server
+from turbospark import Server
 from turbospark.engine.types import StopReason
 
 from .fakes import Script, ScriptedModel
 
 
-@pytest.fixture()
-def scripted():
-    model = ScriptedModel(scripts=[Script(["one", " two", " three"], fail_after=2)])
-    obs = ListObserver()
-    with Server(models=[model], observer=obs) as srv:
-        yield srv, model, obs
-
-
-def test_openai_midstream_failure_is_one_error_frame_without_done(scripted):
-    srv, _, obs = scripted
+def test_openai_midstream_failure_is_one_error_frame_without_done(failing):
+    srv, _, obs = failing
     body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=30) as r:
         assert r.status_code == 200
@@ -40,8 +31,8 @@ def test_openai_midstream_failure_is_one_error_frame_without_done(scripted):
     assert not [e for e in obs.events if e.kind == "generated"]
 
 
-def test_openai_non_stream_failure_is_500_in_shape(scripted):
-    srv, _, obs = scripted
+def test_openai_non_stream_failure_is_500_in_shape(failing):
+    srv, _, obs = failing
     r = httpx.post(srv.url + "/v1/chat/completions", timeout=30,
                    json={"model": "x", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 500

@@ -13,54 +13,17 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from turbospark import ListObserver, Server
-
-from .fakes import Script, ScriptedModel
+from .fakes import Script
+from .support import ASK, BAD_CALL, GOOD_CALL, SCHEMAS, THINKING, TIME_FUNCTION, WEATHER_FUNCTION
+from .support import anthropic_tool, assert_anthropic_error, generated, scripted, sse_frames
 
 GREEDY = {"temperature": 0}  # this SDK version has no temperature argument
-WEATHER = {
-    "name": "get_weather",
-    "description": "Get the current weather for a city.",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "description": "City name, e.g. Paris", "maxLength": 40},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
-TIME = {
-    "name": "get_time",
-    "description": "Get the current local time in a timezone.",
-    "input_schema": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}},
-                     "required": ["timezone"], "additionalProperties": False},
-}
-SCHEMAS = {"get_weather": WEATHER["input_schema"], "get_time": TIME["input_schema"]}
-ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
-BAD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'
-GOOD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-THINKING = ["<think>", "The user wants ", "the weather.", "</think>", "\n\nLet me", " check."]
+WEATHER = anthropic_tool(WEATHER_FUNCTION)
+TIME = anthropic_tool(TIME_FUNCTION)
 
 
 def client(srv) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0, timeout=300)
-
-
-def sse_frames(raw: str) -> list[tuple[str, dict]]:
-    """``event: X\\ndata: {...}`` frames, each checked for exact framing."""
-    out = []
-    for frame in raw.split("\n\n"):
-        if not frame.strip():
-            continue
-        lines = frame.split("\n")
-        assert len(lines) == 2, frame
-        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), frame
-        name, data = lines[0][7:], json.loads(lines[1][6:])
-        assert data["type"] == name
-        out.append((name, data))
-    return out
 
 
 def stream_frames(url: str, body: dict) -> tuple[httpx.Response, list[tuple[str, dict]]]:
@@ -99,10 +62,6 @@ def blocks_of(frames: list[tuple[str, dict]]) -> list[dict]:
             open_index = None
     assert open_index is None
     return blocks
-
-
-def generated(events, rid) -> list:
-    return [e for e in events.of(int(rid)) if e.kind == "generated"]
 
 
 # ------------------------------------------------------------ Qwen2.5-Coder
@@ -205,10 +164,8 @@ def test_output_config_json_schema_is_enforced(server):
 ])
 def test_bad_tool_and_format_bodies_are_400_in_anthropic_shape(base_url, body, needle):
     r = httpx.post(base_url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": ASK, **body}, timeout=60)
-    assert r.status_code == 400, r.text
-    err = r.json()
-    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
-    assert needle in err["error"]["message"]
+    err = assert_anthropic_error(r, 400)
+    assert needle in err["message"]
 
 
 def test_count_tokens_leaves_tools_out_when_tool_choice_is_none(base_url):
@@ -223,12 +180,6 @@ def test_count_tokens_leaves_tools_out_when_tool_choice_is_none(base_url):
 
 
 # ------------------------------------------------------------------ scripted
-def scripted(*scripts: Script, guardrails: bool = True):
-    model = ScriptedModel(scripts=list(scripts))
-    obs = ListObserver()
-    return Server(models=[model], observer=obs, guardrails=guardrails), model, obs
-
-
 def test_thinking_lands_only_in_the_thinking_block_before_the_text():
     srv, _, obs = scripted(Script(THINKING))
     with srv:

@@ -12,42 +12,14 @@ import jsonschema
 import ollama
 import pytest
 
-from turbospark import ListObserver, Server
 from turbospark.dialects import ollama as ol
 
-from .fakes import Script, ScriptedModel
+from .fakes import Script
+from .support import ASK, BAD_CALL, GOOD_CALL, PERSON, THINKING, WEATHER_FUNCTION, assert_ollama_error
+from .support import chat_tool, generated, scripted
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "City name, e.g. Paris", "maxLength": 40},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 30},
-        "age": {"type": "integer", "minimum": 0, "maximum": 130},
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
-    },
-    "required": ["name", "age", "hobbies"],
-    "additionalProperties": False,
-}
+WEATHER = chat_tool(WEATHER_FUNCTION)
 GREEDY = {"temperature": 0, "num_predict": 120}
-BAD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'
-GOOD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-THINKING = ["<think>", "The user wants ", "the weather.", "</think>", "\n\nLet me", " check."]
 
 
 def client(srv) -> ollama.Client:
@@ -62,10 +34,6 @@ def ndjson_lines(url: str, path: str, body: dict) -> tuple[httpx.Response, list[
     lines = [json.loads(line) for line in raw.splitlines()]
     assert all(not line["done"] for line in lines[:-1]) and lines[-1]["done"] is True
     return r, lines
-
-
-def generated(events, rid) -> list:
-    return [e for e in events.of(int(rid)) if e.kind == "generated"]
 
 
 class Ids:
@@ -166,8 +134,7 @@ def test_bad_think_tools_and_format_are_400_in_ollama_shape(base_url, path, body
     base = {"model": "m", "stream": False, "options": {"num_predict": 2}}
     base.update({"messages": ASK} if path == "/api/chat" else {"prompt": "hi"})
     r = httpx.post(base_url + path, json={**base, **body}, timeout=60)
-    assert r.status_code == 400, r.text
-    assert list(r.json()) == ["error"] and needle in r.json()["error"]
+    assert needle in assert_ollama_error(r, 400)
 
 
 def test_tool_name_on_tool_messages_becomes_the_tool_messages_name():
@@ -185,12 +152,6 @@ def test_tool_name_on_tool_messages_becomes_the_tool_messages_name():
 
 
 # ------------------------------------------------------------------ scripted
-def scripted(*scripts: Script, guardrails: bool = True):
-    model = ScriptedModel(scripts=list(scripts))
-    obs = ListObserver()
-    return Server(models=[model], observer=obs, guardrails=guardrails), model, obs
-
-
 def test_thinking_lands_only_in_the_thinking_fields_in_order():
     srv, _, _ = scripted(Script(THINKING))
     with srv:

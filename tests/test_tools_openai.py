@@ -11,40 +11,13 @@ import jsonschema
 import openai
 import pytest
 
-from turbospark import ListObserver, Server
+from .fakes import Script
+from .support import ASK, BAD_CALL, GOOD_CALL, PERSON, TIME_FUNCTION, WEATHER_FUNCTION, assert_openai_error
+from .support import chat_tool, generated, scripted
+from .support import openai_client as client
 
-from .fakes import Script, ScriptedModel
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "City name, e.g. Paris", "maxLength": 40},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Get the current local time in a timezone.",
-        "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}},
-                       "required": ["timezone"], "additionalProperties": False},
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
-
-
-def client(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
+WEATHER = chat_tool(WEATHER_FUNCTION)
+TIME = chat_tool(TIME_FUNCTION)
 
 
 def valid_args(call, tool=WEATHER) -> dict:
@@ -109,21 +82,11 @@ def test_smollm2_makes_a_valid_call_when_one_is_required(oai, hub, choice):
 
 
 def test_json_schema_output_parses_and_validates(oai):
-    schema = {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 30},
-            "age": {"type": "integer", "minimum": 0, "maximum": 130},
-            "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
-        },
-        "required": ["name", "age", "hobbies"],
-        "additionalProperties": False,
-    }
     for prompt in ["Invent a person.", "Describe a retired sailor as JSON.", "A student who likes chess."]:
         r = oai.chat.completions.create(
             model="m", messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=200,
-            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
-        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
 
 
 def test_json_object_output_parses(oai):
@@ -151,27 +114,16 @@ def test_unsupported_schema_feature_is_400_naming_it(oai):
 ])
 def test_bad_tool_bodies_are_400(base_url, body, param):
     r = httpx.post(base_url + "/v1/chat/completions", json={"model": "m", "messages": ASK, "max_tokens": 5, **body})
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param
+    assert_openai_error(r, 400, param)
 
 
 # ---------------------------------------------------------------- scripted
-def scripted(*scripts: Script, guardrails: bool = True):
-    model = ScriptedModel(scripts=list(scripts))
-    obs = ListObserver()
-    return Server(models=[model], observer=obs, guardrails=guardrails), model, obs
-
-
-BAD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'
-GOOD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
 def test_invalid_call_is_reasked_once_and_the_second_answer_returned():
     srv, model, obs = scripted(Script([BAD_CALL]), Script([GOOD_CALL]))
     with srv:
         raw = client(srv).chat.completions.with_raw_response.create(model="m", messages=ASK, tools=[WEATHER], max_tokens=50)
     r = raw.parse()
-    gens = [e for e in obs.of(int(raw.headers["x-request-id"])) if e.kind == "generated"]
+    gens = generated(obs, raw.headers["x-request-id"])
     assert len(gens) == 2
     assert r.usage.completion_tokens == sum(g.new_tokens for g in gens)
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}
@@ -185,7 +137,7 @@ def test_still_invalid_after_the_reask_returns_the_last_answer_as_is():
         raw = client(srv).chat.completions.with_raw_response.create(model="m", messages=ASK, tools=[WEATHER], max_tokens=50)
     r = raw.parse()
     assert raw.status_code == 200
-    assert len([e for e in obs.of(int(raw.headers["x-request-id"])) if e.kind == "generated"]) == 2
+    assert len(generated(obs, raw.headers["x-request-id"])) == 2
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
 
 
@@ -193,7 +145,7 @@ def test_guardrails_off_means_one_attempt():
     srv, _, obs = scripted(Script([BAD_CALL]), Script([GOOD_CALL]), guardrails=False)
     with srv:
         raw = client(srv).chat.completions.with_raw_response.create(model="m", messages=ASK, tools=[WEATHER], max_tokens=50)
-    assert len([e for e in obs.of(int(raw.headers["x-request-id"])) if e.kind == "generated"]) == 1
+    assert len(generated(obs, raw.headers["x-request-id"])) == 1
 
 
 def test_text_before_a_call_streams_and_the_call_follows():

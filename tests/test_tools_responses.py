@@ -9,68 +9,17 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 from pydantic import BaseModel
 
-from turbospark import ListObserver, Server
+from .fakes import Script
+from .support import BAD_CALL, GOOD_CALL, PERSON, SCHEMAS, THINKING, TIME_FUNCTION, WEATHER_FUNCTION
+from .support import assert_openai_error, generated, responses_tool, scripted, sse_frames
+from .support import ASK_TEXT as ASK
+from .support import openai_client as client
 
-from .fakes import Script, ScriptedModel
-
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the current weather for a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "description": "City name, e.g. Paris", "maxLength": 40},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "description": "Get the current local time in a timezone.",
-    "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}},
-                   "required": ["timezone"], "additionalProperties": False},
-}
-SCHEMAS = {"get_weather": WEATHER["parameters"], "get_time": TIME["parameters"]}
-ASK = "What is the weather like in Paris right now?"
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 30},
-        "age": {"type": "integer", "minimum": 0, "maximum": 130},
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
-    },
-    "required": ["name", "age", "hobbies"],
-    "additionalProperties": False,
-}
-BAD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'
-GOOD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-THINKING = ["<think>", "The user wants ", "the weather.", "</think>", "\n\nLet me", " check."]
-
-
-def client(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
-
-
-def sse_frames(raw: str) -> list[tuple[str, dict]]:
-    out = []
-    for frame in raw.split("\n\n"):
-        if not frame.strip():
-            continue
-        lines = frame.split("\n")
-        assert len(lines) == 2, frame
-        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), frame
-        name, data = lines[0][7:], json.loads(lines[1][6:])
-        assert data["type"] == name
-        out.append((name, data))
-    return out
+WEATHER = responses_tool(WEATHER_FUNCTION)
+TIME = responses_tool(TIME_FUNCTION)
 
 
 def stream_frames(url: str, body: dict) -> tuple[httpx.Response, list[tuple[str, dict]]]:
@@ -117,10 +66,6 @@ def items_of(frames: list[tuple[str, dict]]) -> list[dict]:
     assert current is None
     assert frames[-1][1]["response"]["output"] == done
     return [dict(i, **{"done": f}) for i, f in zip(items, done)]
-
-
-def generated(events, rid) -> list:
-    return [e for e in events.of(int(rid)) if e.kind == "generated"]
 
 
 def calls_of(response) -> list:
@@ -247,18 +192,11 @@ def test_json_object_format_and_streamed_json_schema(base_url):
 def test_bad_tool_and_format_bodies_are_400(base_url, body, param, needle):
     r = httpx.post(base_url + "/v1/responses", json={"model": "m", "input": ASK, "max_output_tokens": 5, **body},
                    timeout=60)
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["param"] == param and needle in err["message"] and err["type"] == "invalid_request_error"
+    err = assert_openai_error(r, 400, param)
+    assert needle in err["message"] and err["type"] == "invalid_request_error"
 
 
 # ------------------------------------------------------------------ scripted
-def scripted(*scripts: Script, guardrails: bool = True):
-    model = ScriptedModel(scripts=list(scripts))
-    obs = ListObserver()
-    return Server(models=[model], observer=obs, guardrails=guardrails), model, obs
-
-
 def test_thinking_is_a_reasoning_item_before_the_message():
     srv, _, obs = scripted(Script(THINKING))
     with srv:

@@ -3,14 +3,25 @@
 Sampling in llama.cpp's own chain is what keeps the decode loop free of
 per-token logits copies into Python (the reason ``Llama.generate`` is slower
 than llama.cpp's server).
+
+A grammar is kept out of the chain: applying it to the whole vocabulary costs
+several milliseconds a token (as much as the decode itself on a small model),
+so, as llama.cpp's own server does, the token is picked without it and only
+that one token is checked against the grammar; the full-vocabulary pass runs
+only when the pick is rejected.
 """
 
 from __future__ import annotations
 
+import ctypes
 import random
+
+import numpy as np
 
 from .llama import LlamaModelFile, lib
 from .types import AdmissionError, GenerationConfig
+
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
 class SamplerChain:
@@ -32,12 +43,17 @@ class SamplerChain:
                 arr[i].token = tok
                 arr[i].bias = b
             add(L.llama_sampler_init_logit_bias(model.n_vocab, len(bias), arr))
+        self.grammar = None
+        self.n_vocab = model.n_vocab
         if config.grammar:
             g = L.llama_sampler_init_grammar(model.vocab, config.grammar.encode(), b"root")
             if not g:
                 self.close()
                 raise AdmissionError("the grammar could not be parsed by llama.cpp", "grammar")
-            add(g)
+            self.grammar = g
+            self._data = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
+            self._ids = np.arange(model.n_vocab, dtype=np.int32)
+            self._one = np.zeros(1, dtype=_TOKEN_DATA)
         if (
             config.repeat_penalty != 1.0
             or config.presence_penalty != 0.0
@@ -66,12 +82,54 @@ class SamplerChain:
         add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
     def sample(self, ctx_ptr, index: int) -> int:
-        return lib().llama_sampler_sample(self.ptr, ctx_ptr, index)
+        if self.grammar is None:
+            return lib().llama_sampler_sample(self.ptr, ctx_ptr, index)
+        return self._sample_constrained(ctx_ptr, index)
+
+    def _array(self, data: np.ndarray) -> "ctypes.Structure":
+        L = lib()
+        arr = L.llama_token_data_array()
+        arr.data = data.ctypes.data_as(L.llama_token_data_p)
+        arr.size = len(data)
+        arr.selected = -1
+        arr.sorted = False
+        return arr
+
+    def _candidates(self, ctx_ptr, index: int) -> "ctypes.Structure":
+        row = lib().llama_get_logits_ith(ctx_ptr, index)
+        data = self._data
+        data["id"] = self._ids
+        data["logit"] = np.ctypeslib.as_array(row, shape=(self.n_vocab,))
+        data["p"] = 0.0
+        return self._array(data)
+
+    def _sample_constrained(self, ctx_ptr, index: int) -> int:
+        L = lib()
+        arr = self._candidates(ctx_ptr, index)
+        L.llama_sampler_apply(self.ptr, ctypes.byref(arr))
+        token = int(arr.data[arr.selected].id)  # samplers may re-point data
+        one = self._one
+        one["id"][0], one["logit"][0], one["p"][0] = token, 1.0, 0.0
+        single = self._array(one)
+        L.llama_sampler_apply(self.grammar, ctypes.byref(single))
+        if not np.isfinite(one["logit"][0]):  # the grammar forbids it: full pass
+            arr = self._candidates(ctx_ptr, index)
+            L.llama_sampler_apply(self.grammar, ctypes.byref(arr))
+            L.llama_sampler_apply(self.ptr, ctypes.byref(arr))
+            token = int(arr.data[arr.selected].id)
+        L.llama_sampler_accept(self.grammar, token)
+        L.llama_sampler_accept(self.ptr, token)
+        return token
 
     def accept(self, token: int) -> None:
         lib().llama_sampler_accept(self.ptr, token)
+        if self.grammar is not None:
+            lib().llama_sampler_accept(self.grammar, token)
 
     def close(self) -> None:
+        if getattr(self, "grammar", None):
+            lib().llama_sampler_free(self.grammar)
+            self.grammar = None
         if self.ptr:
             lib().llama_sampler_free(self.ptr)
             self.ptr = None

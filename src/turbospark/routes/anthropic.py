@@ -7,8 +7,6 @@ ignores the query string.
 
 from __future__ import annotations
 
-from typing import AsyncIterator
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -16,18 +14,17 @@ from starlette.routing import Route
 from ..dialects import anthropic as msgs
 from ..dialects.common import validate
 from ..dialects.errors import anthropic_error
-from ..engine.types import CancelFlag
-from ..generation import Delta, Final, ReasoningDelta, ToolCallDelta, complete, prepare, render, stream
+from ..generation import render
 from .common import (
-    DisconnectWatch,
-    bind_request,
+    Frames,
     JSONResponse,
     endpoint,
-    error_response,
+    error_frame,
     read_json,
     request_id,
+    respond,
+    route_and_prepare,
     route_model,
-    sse_response,
     warning_headers,
 )
 
@@ -35,8 +32,7 @@ from .common import (
 def anthropic_error_frame(exc: BaseException) -> bytes:
     """Mid-stream failure: one ``event: error`` in Anthropic's shape (an
     engine failure is an ``api_error``), and no ``message_stop`` after it."""
-    body = error_response(anthropic_error, exc).body
-    return b"event: error\ndata: " + bytes(body) + b"\n\n"
+    return error_frame(anthropic_error, exc)
 
 
 def _headers(request: Request, warnings: list[str]) -> dict[str, str]:
@@ -53,36 +49,20 @@ def _headers(request: Request, warnings: list[str]) -> dict[str, str]:
 async def messages(request: Request) -> Response:
     body = validate(msgs.MessagesRequest, await read_json(request))
     req, warnings = msgs.to_chat_request(body)
-    bind_request(req, request)
-    model, route = await route_model(request, body.model, "chat", bool(body.stream))
-    prepared = prepare(model, req)
+    model, route, prepared = await route_and_prepare(request, req, body.model, bool(body.stream))
     # the budget (asked for, or the default) was cut to the room in the context
     clipped = prepared.config.max_new_tokens < req.default_max_tokens
     renderer = msgs.MessageRenderer(body.model or route.served, req.config.stop, clipped)
-    cancel = CancelFlag()
+    frames = Frames(
+        opening=lambda: renderer.start_frames(len(prepared.prompt_ids)),
+        text=renderer.text_frame,
+        reasoning=renderer.thinking_frame,
+        tool_call=lambda delta: renderer.tool_call_frames(delta.call),
+        final=renderer.final_frames,
+        error=anthropic_error_frame,
+    )
     headers = _headers(request, warnings)
-    if not body.stream:
-        async with DisconnectWatch(request, cancel):
-            final = await complete(model, prepared, cancel)
-        return JSONResponse(renderer.response(final), headers=headers)
-
-    async def frames() -> AsyncIterator[bytes]:
-        async with DisconnectWatch(request, cancel):
-            yield renderer.start_frames(len(prepared.prompt_ids))
-            try:
-                async for item in stream(model, prepared, cancel):
-                    if isinstance(item, Delta):
-                        yield renderer.text_frame(item.text)
-                    elif isinstance(item, ReasoningDelta):
-                        yield renderer.thinking_frame(item.text)
-                    elif isinstance(item, ToolCallDelta):
-                        yield renderer.tool_call_frames(item.call)
-                    elif isinstance(item, Final):
-                        yield renderer.final_frames(item)
-            except Exception as exc:  # noqa: BLE001 - framed for the client
-                yield anthropic_error_frame(exc)
-
-    return sse_response(frames(), headers)
+    return await respond(request, model, prepared, bool(body.stream), renderer.response, frames, headers)
 
 
 @endpoint(anthropic_error)

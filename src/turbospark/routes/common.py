@@ -1,5 +1,7 @@
 """Glue shared by every route module: state, body parsing, routing, errors,
-disconnect watching. Dialect specifics stay in ``turbospark.dialects``."""
+disconnect watching, and the one shape of a generating route (:func:`respond`,
+:func:`run_nonstream`, :func:`stream_frames`). Dialect specifics stay in
+``turbospark.dialects``."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable, Union
 
 import orjson
 from starlette.requests import Request
@@ -18,6 +20,7 @@ from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
 from ..middleware import LEASES_KEY
 from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded
+from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta, complete, prepare, stream
 from ..observe import REQUEST_ID_KEY, Observer, RequestIds, RequestRouted, observed, record
 from ..registry import Capability, Registry, Route, RoutingError
 
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("turbospark.http")
 
 ErrorShape = Callable[..., dict[str, Any]]
+#: What a frame callback returns: one frame, several (sent one by one), or None (nothing to send).
+FrameOut = Union[bytes, Iterable[bytes], None]
 
 
 @dataclass
@@ -65,8 +70,6 @@ async def read_json(request: Request) -> dict[str, Any]:
     return parse_json_object(await request.body())
 
 
-
-
 def bind_request(req: Any, request: Request) -> Any:
     """Fill what the HTTP envelope knows into a ChatRequest's config: the
     tenant (KV reuse never crosses API keys) and an ``x-session-id`` header
@@ -98,6 +101,21 @@ async def route_model(
             lambda: RequestRouted(id=rid, requested=requested, served=route.served, stream=stream),
         )
     return observed(route.model, st.observer, rid), route
+
+
+async def route_and_prepare(
+    request: Request,
+    req: ChatRequest,
+    requested: str | None,
+    streamed: bool,
+    prepare_fn: Callable[[Any, ChatRequest], Prepared] = prepare,
+) -> tuple[Any, Route, Prepared]:
+    """Bind ``req`` to the HTTP envelope, route a chat model for it and
+    prepare the generation (``prepare_fn``: a dialect's own wrapper of
+    ``prepare``), all before any byte of the response is sent."""
+    bind_request(req, request)
+    model, route = await route_model(request, requested, "chat", streamed)
+    return model, route, prepare_fn(model, req)
 
 
 def error_response(shape: ErrorShape, exc: BaseException) -> Response:
@@ -165,6 +183,86 @@ class DisconnectWatch:
     async def __aexit__(self, *exc: Any) -> None:
         if self._task is not None:
             self._task.cancel()
+
+
+def error_frame(shape: ErrorShape, exc: BaseException) -> bytes:
+    """Mid-stream failure as one SSE ``event: error`` frame carrying the body
+    the non-streamed error would have (OpenAI and Anthropic streams)."""
+    body = error_response(shape, exc).body
+    return b"event: error\ndata: " + bytes(body) + b"\n\n"
+
+
+@dataclass(frozen=True)
+class Frames:
+    """How a dialect writes a streamed answer. Each callback renders one kind
+    of stream item (a callback left None: that kind is not sent); ``opening``
+    is sent first; ``error`` renders a failure mid-way, after which nothing
+    more is sent."""
+
+    final: Callable[[Final], FrameOut]
+    error: Callable[[BaseException], bytes]
+    opening: Callable[[], bytes] | None = None
+    text: Callable[[str], FrameOut] | None = None
+    reasoning: Callable[[str], FrameOut] | None = None
+    tool_call: Callable[[ToolCallDelta], FrameOut] | None = None
+
+    def render(self, item: Any) -> FrameOut:
+        if isinstance(item, Delta):
+            return self.text(item.text) if self.text else None
+        if isinstance(item, ReasoningDelta):
+            return self.reasoning(item.text) if self.reasoning else None
+        if isinstance(item, ToolCallDelta):
+            return self.tool_call(item) if self.tool_call else None
+        if isinstance(item, Final):
+            return self.final(item)
+        return None
+
+
+async def run_nonstream(request: Request, model: Any, prepared: Prepared, cancel: CancelFlag) -> Final:
+    """The whole answer, cancelled if the client disconnects while waiting."""
+    async with DisconnectWatch(request, cancel):
+        return await complete(model, prepared, cancel)
+
+
+async def stream_frames(
+    request: Request, model: Any, prepared: Prepared, cancel: CancelFlag, frames: Frames
+) -> AsyncIterator[bytes]:
+    """A streamed answer in ``frames``' dialect, cancelled if the client
+    disconnects; any failure once the stream has begun becomes its error frame."""
+    async with DisconnectWatch(request, cancel):
+        if frames.opening is not None:
+            yield frames.opening()
+        try:
+            async for item in stream(model, prepared, cancel):
+                out = frames.render(item)
+                if out is None:
+                    continue
+                if isinstance(out, (bytes, bytearray)):
+                    yield out
+                else:
+                    for frame in out:
+                        yield frame
+        except Exception as exc:  # noqa: BLE001 - framed for the client
+            yield frames.error(exc)
+
+
+async def respond(
+    request: Request,
+    model: Any,
+    prepared: Prepared,
+    streamed: bool,
+    response: Callable[[Final], Any],
+    frames: Frames,
+    headers: dict[str, str],
+    streaming: Callable[[AsyncIterator[bytes], dict[str, str]], Response] | None = None,
+) -> Response:
+    """The answer as one JSON body (``response``), or, when the request asked
+    for a stream, as ``frames`` in a ``streaming`` response (default: SSE)."""
+    cancel = CancelFlag()
+    if not streamed:
+        final = await run_nonstream(request, model, prepared, cancel)
+        return JSONResponse(response(final), headers=headers)
+    return (streaming or sse_response)(stream_frames(request, model, prepared, cancel, frames), headers)
 
 
 def sse_response(frames: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> StreamingResponse:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import orjson
 from starlette.requests import Request
@@ -17,16 +17,16 @@ from starlette.routing import Route
 from ..dialects import ollama as ol
 from ..dialects.common import BadRequest, ndjson, validate
 from ..dialects.errors import ollama_error
-from ..engine.types import CancelFlag
-from ..generation import Delta, Final, ReasoningDelta, ToolCallDelta, complete, prepare, stream
+from ..generation import Final, ToolCallDelta, prepare
 from ..tools.calls import ToolCall
 from .common import (
-    DisconnectWatch,
+    Frames,
     JSONResponse,
     bind_request,
     endpoint,
     error_response,
     read_json,
+    respond,
     route_model,
     state_of,
     warning_headers,
@@ -47,32 +47,37 @@ async def _answer(
         return JSONResponse(renderer.loaded(tr.done_reason), headers=warning_headers(tr.warnings))
     prepared = prepare(model, bind_request(tr.request, request))
     warnings = tr.warnings + ol.fit_context(prepared, tr, model.max_context)
-    headers = warning_headers(warnings)
-    cancel = CancelFlag()
-    if not tr.stream:
-        async with DisconnectWatch(request, cancel):
-            final = await complete(model, prepared, cancel)
-        return JSONResponse(renderer.response(final, time.perf_counter_ns() - started_ns), headers=headers)
+    calls: list[ToolCall] = []
 
-    async def lines() -> AsyncIterator[bytes]:
-        async with DisconnectWatch(request, cancel):
-            calls: list[ToolCall] = []
-            try:
-                async for item in stream(model, prepared, cancel):
-                    if isinstance(item, Delta):
-                        yield ndjson(renderer.piece(item.text))
-                    elif isinstance(item, ReasoningDelta):
-                        yield ndjson(renderer.thinking(item.text))
-                    elif isinstance(item, ToolCallDelta):
-                        calls.append(item.call)  # the calls come last, together: one piece
-                    elif isinstance(item, Final):
-                        if calls:
-                            yield ndjson(renderer.tool_calls(calls))
-                        yield ndjson(renderer.done(item, time.perf_counter_ns() - started_ns))
-            except Exception as exc:  # noqa: BLE001 - framed for the client
-                yield ndjson(renderer.error(_error_text(exc)))
+    def call(delta: ToolCallDelta) -> None:
+        calls.append(delta.call)  # the calls come last, together: one piece
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)
+    def done(final: Final) -> Iterator[bytes]:
+        if calls:
+            yield ndjson(renderer.tool_calls(calls))
+        yield ndjson(renderer.done(final, time.perf_counter_ns() - started_ns))
+
+    frames = Frames(
+        text=lambda text: ndjson(renderer.piece(text)),
+        reasoning=lambda text: ndjson(renderer.thinking(text)),
+        tool_call=call,
+        final=done,
+        error=lambda exc: ndjson(renderer.error(_error_text(exc))),
+    )
+    return await respond(
+        request,
+        model,
+        prepared,
+        tr.stream,
+        lambda final: renderer.response(final, time.perf_counter_ns() - started_ns),
+        frames,
+        warning_headers(warnings),
+        _ndjson_response,
+    )
+
+
+def _ndjson_response(lines: AsyncIterator[bytes], headers: dict[str, str]) -> Response:
+    return StreamingResponse(lines, media_type="application/x-ndjson", headers=headers)
 
 
 @endpoint(ollama_error)

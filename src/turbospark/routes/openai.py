@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -11,17 +11,15 @@ from starlette.routing import Route
 from ..dialects import openai_chat as chat
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import openai_error
-from ..engine.types import CancelFlag
-from ..generation import Delta, Final, ReasoningDelta, ToolCallDelta, complete, prepare, stream
+from ..generation import ChatRequest
 from .common import (
-    bind_request,
-    DisconnectWatch,
+    Frames,
     JSONResponse,
     endpoint,
-    error_response,
+    error_frame,
     read_json,
-    route_model,
-    sse_response,
+    respond,
+    route_and_prepare,
     state_of,
     warning_headers,
 )
@@ -29,43 +27,44 @@ from .common import (
 
 def openai_error_frame(exc: BaseException) -> bytes:
     """Mid-stream failure: one ``event: error`` frame, and no ``[DONE]``."""
-    body = error_response(openai_error, exc).body
-    return b"event: error\ndata: " + bytes(body) + b"\n\n"
+    return error_frame(openai_error, exc)
+
+
+async def openai_generation(
+    request: Request,
+    schema: type[Any],
+    translate: Callable[[Any], tuple[ChatRequest, list[str]]],
+    renderer_class: Callable[[str, bool, bool], Any],
+    frames: Callable[[Any], Frames],
+) -> Response:
+    """What the two OpenAI generation routes (chat, legacy completions) share:
+    the body validated against ``schema``, translated, routed and prepared,
+    then rendered by ``renderer_class`` as JSON or, streamed, as ``frames``."""
+    body = validate(schema, await read_json(request))
+    req, warnings = translate(body)
+    model, route, prepared = await route_and_prepare(request, req, body.model, bool(body.stream))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    renderer = renderer_class(body.model or route.served, include_usage, bool(body.timings))
+    headers = warning_headers(warnings)
+    return await respond(request, model, prepared, bool(body.stream), renderer.response, frames(renderer), headers)
+
+
+def _chat_frames(renderer: chat.ChatRenderer) -> Frames:
+    return Frames(
+        opening=renderer.role_frame,
+        text=renderer.text_frame,
+        reasoning=renderer.reasoning_frame,
+        tool_call=lambda delta: renderer.tool_call_frame(delta.index, delta.call),
+        final=renderer.final_frames,
+        error=openai_error_frame,
+    )
 
 
 @endpoint(openai_error)
 async def chat_completions(request: Request) -> Response:
-    body = validate(chat.ChatCompletionRequest, await read_json(request))
-    req, warnings = chat.to_chat_request(body)
-    bind_request(req, request)
-    model, route = await route_model(request, body.model, "chat", bool(body.stream))
-    prepared = prepare(model, req)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = chat.ChatRenderer(body.model or route.served, include_usage, bool(body.timings))
-    cancel = CancelFlag()
-    headers = warning_headers(warnings)
-    if not body.stream:
-        async with DisconnectWatch(request, cancel):
-            final = await complete(model, prepared, cancel)
-        return JSONResponse(renderer.response(final), headers=headers)
-
-    async def frames() -> AsyncIterator[bytes]:
-        async with DisconnectWatch(request, cancel):
-            yield renderer.role_frame()
-            try:
-                async for item in stream(model, prepared, cancel):
-                    if isinstance(item, Delta):
-                        yield renderer.text_frame(item.text)
-                    elif isinstance(item, ReasoningDelta):
-                        yield renderer.reasoning_frame(item.text)
-                    elif isinstance(item, ToolCallDelta):
-                        yield renderer.tool_call_frame(item.index, item.call)
-                    elif isinstance(item, Final):
-                        yield renderer.final_frames(item)
-            except Exception as exc:  # noqa: BLE001 - framed for the client
-                yield openai_error_frame(exc)
-
-    return sse_response(frames(), headers)
+    return await openai_generation(
+        request, chat.ChatCompletionRequest, chat.to_chat_request, chat.ChatRenderer, _chat_frames
+    )
 
 
 def model_card(entry: Any, created: int) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -12,19 +12,9 @@ from starlette.routing import Route
 from ..dialects import openai_responses as rs
 from ..dialects.common import validate
 from ..dialects.errors import openai_error
-from ..engine.types import AdmissionError, CancelFlag, Overloaded
-from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta, complete, prepare, stream
-from .common import (
-    DisconnectWatch,
-    bind_request,
-    JSONResponse,
-    endpoint,
-    error_response,
-    read_json,
-    route_model,
-    sse_response,
-    warning_headers,
-)
+from ..engine.types import AdmissionError, Overloaded
+from ..generation import ChatRequest, Prepared, prepare
+from .common import Frames, endpoint, error_response, read_json, respond, route_and_prepare, warning_headers
 
 #: Engine parameter names in admission errors -> this dialect's names.
 _PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
@@ -50,35 +40,23 @@ def _error_message(exc: BaseException) -> str:
 async def create_response(request: Request) -> Response:
     body = validate(rs.ResponsesRequest, await read_json(request))
     req, warnings, tools = rs.to_chat_request(body)
-    bind_request(req, request)
-    model, route = await route_model(request, body.model, "chat", bool(body.stream))
-    prepared = _prepare(model, req)
+    model, route, prepared = await route_and_prepare(request, req, body.model, bool(body.stream), _prepare)
     renderer = rs.ResponsesRenderer(body, body.model or route.served, prepared.config, tools)
-    cancel = CancelFlag()
+
+    def failed(exc: BaseException) -> bytes:
+        code = "rate_limit_exceeded" if isinstance(exc, Overloaded) else "server_error"
+        return renderer.failed_frame(_error_message(exc), code)
+
+    frames = Frames(
+        opening=renderer.opening_frames,
+        text=renderer.delta_frame,
+        reasoning=renderer.reasoning_frame,
+        tool_call=lambda delta: renderer.tool_call_frames(delta.call),
+        final=renderer.closing_frames,
+        error=failed,
+    )
     headers = warning_headers(warnings)
-    if not body.stream:
-        async with DisconnectWatch(request, cancel):
-            final = await complete(model, prepared, cancel)
-        return JSONResponse(renderer.response(final), headers=headers)
-
-    async def frames() -> AsyncIterator[bytes]:
-        async with DisconnectWatch(request, cancel):
-            yield renderer.opening_frames()
-            try:
-                async for item in stream(model, prepared, cancel):
-                    if isinstance(item, Delta):
-                        yield renderer.delta_frame(item.text)
-                    elif isinstance(item, ReasoningDelta):
-                        yield renderer.reasoning_frame(item.text)
-                    elif isinstance(item, ToolCallDelta):
-                        yield renderer.tool_call_frames(item.call)
-                    elif isinstance(item, Final):
-                        yield renderer.closing_frames(item)
-            except Exception as exc:  # noqa: BLE001 - framed for the client
-                code = "rate_limit_exceeded" if isinstance(exc, Overloaded) else "server_error"
-                yield renderer.failed_frame(_error_message(exc), code)
-
-    return sse_response(frames(), headers)
+    return await respond(request, model, prepared, bool(body.stream), renderer.response, frames, headers)
 
 
 routes: list[Route] = [
