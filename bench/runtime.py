@@ -161,12 +161,14 @@ def last_turn_prefill(url: str, event_log: str, turns: int = 8) -> float:
         r.raise_for_status()
         rid = int(r.headers["x-request-id"])
         msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
-    time.sleep(0.3)
-    with open(event_log) as f:
-        for line in f:
-            e = json.loads(line)
-            if e["kind"] == "generated" and e["id"] == rid:
-                return e["prefillSeconds"]
+    deadline = time.monotonic() + 10  # the event log is flushed off the request path
+    while time.monotonic() < deadline:
+        with open(event_log) as f:
+            for line in f:
+                e = json.loads(line)
+                if e["kind"] == "generated" and e["id"] == rid:
+                    return e["prefillSeconds"]
+        time.sleep(0.2)
     raise SystemExit("no generated event for the last turn")
 
 
@@ -215,6 +217,7 @@ def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple
                 proc.wait(30)
             (ts_single if who == "turbospark" else ll_single).append(s)
             (ts_multi if who == "turbospark" else ll_multi).append(m)
+    print(f"{name}: single {ts_single} vs {ll_single}; 4 streams {ts_multi} vs {ll_multi}", flush=True)
     rows.append((f"{name}: single-stream decode tok/s", med(ts_single), med(ll_single), ">= 0.95", "turbospark / llama-server"))
     rows.append((f"{name}: 4 streams aggregate tok/s", med(ts_multi), med(ll_multi), ">= 0.95", "turbospark / llama-server"))
 
@@ -230,6 +233,7 @@ def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple
                 proc.terminate()
                 proc.wait(30)
                 os.unlink(log)
+    print(f"{name}: 8th-turn prefill on {on} off {off}", flush=True)
     rows.append((f"{name}: 8th-turn prefill s", med(on), med(off), "<= 0.25", "reuse on / off"))
 
     # 4: prompt lookup with / without

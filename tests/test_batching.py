@@ -188,7 +188,7 @@ def test_full_wait_list_is_503_with_retry_after():
     try:
         with Server(models=[model]) as srv:
             body = {"model": "m", "messages": [{"role": "user", "content": "Write a long story."}],
-                    "max_tokens": 300, "temperature": 0, "stream": True}
+                    "max_tokens": 300, "temperature": 0, "stream": True, "ignore_eos": True}
             results: list[int] = []
             with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r1:
                 lines = r1.iter_lines()
@@ -202,6 +202,7 @@ def test_full_wait_list_is_503_with_retry_after():
                 deadline = time.monotonic() + 10
                 while model.load()["waiting"] < 1 and time.monotonic() < deadline:
                     time.sleep(0.01)
+                assert model.load()["waiting"] == 1 and model.load()["running"] == 1
                 r3 = httpx.post(srv.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=60)
                 assert r3.status_code == 503
                 assert r3.headers["retry-after"]

@@ -342,7 +342,15 @@ class ChatRenderer:
         return sse_data(self._chunk({"role": "assistant", "content": ""}))
 
     def text_frame(self, text: str) -> bytes:
-        return sse_data(self._chunk({"content": text}))
+        # the hot path (one frame per token): the chunk around the text is
+        # the same every time, so it is serialized once
+        frame = getattr(self, "_text_parts", None)
+        if frame is None:
+            mark = "\u0000turbospark\u0000"
+            rendered = sse_data(self._chunk({"content": mark}))
+            head, _, tail = rendered.partition(orjson.dumps(mark))
+            frame = self._text_parts = (head, tail)
+        return frame[0] + orjson.dumps(text) + frame[1]
 
     def reasoning_frame(self, text: str) -> bytes:
         return sse_data(self._chunk({"reasoning_content": text}))

@@ -79,6 +79,11 @@ class Slot:
         }
 
 
+def _runs(ids: set[int]) -> int:
+    """How many runs of consecutive integers ``ids`` forms."""
+    return sum(1 for i in ids if i - 1 not in ids)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -291,7 +296,10 @@ class Scheduler:
                 return best, True
         empty = [s for s in free if not s.tokens]
         if empty:
-            return empty[0], False
+            # keep running sequences on consecutive ids: llama.cpp batches
+            # only runs of consecutive ids in one pass (see _step)
+            busy = {s.seq_id for s in self.slots if s.busy} | {s.seq_id for s in taken}
+            return min(empty, key=lambda s: (_runs(busy | {s.seq_id}), s.seq_id)), False
         return min(free, key=lambda s: s.last_used), False
 
     def _start(self, job: Job, slot: Slot, extension: bool) -> None:
@@ -332,28 +340,42 @@ class Scheduler:
                 self._finish(seq, StopReason.CANCELLED)
         if not self._active:
             return
-        # (seq, tokens fed, output index or -1, drafted tokens)
-        plan: list[tuple[Seq, int, int, list[int]]] = []
+        # Choose the tokens: decoders first (one token each, plus drafts), so
+        # a long prompt never starves them; then prefill chunks in the room
+        # left. (seq, tokens, logits wanted: "all" | "last" | "none", drafts)
+        room = batch.capacity
+        chosen: list[tuple[Seq, list[int], str, list[int]]] = []
         for seq in self._active:
             if seq.decoding:
                 drafts: list[int] = []
                 if seq.drafter is not None:
-                    drafts = seq.drafter.draft(seq.max_new - seq.new_tokens - 1)
-                    if len(drafts) + 1 > batch.room:
-                        drafts = drafts[: max(0, batch.room - 1)]
-                idx = batch.add(seq.last_token, seq.n_past, seq.slot.seq_id, True)
-                for j, d in enumerate(drafts):
-                    batch.add(d, seq.n_past + 1 + j, seq.slot.seq_id, True)
-                plan.append((seq, 1 + len(drafts), idx, drafts))
+                    drafts = seq.drafter.draft(seq.max_new - seq.new_tokens - 1)[: max(0, room - 1)]
+                chosen.append((seq, [seq.last_token, *drafts], "all", drafts))
+                room -= 1 + len(drafts)
         for seq in self._active:
-            if seq.decoding or batch.room <= 0:
+            if seq.decoding or room <= 0:
                 continue
             remaining = len(seq.pending) - seq.fed
-            take = min(remaining, batch.room, self.prefill_chunk)
-            done = take == remaining
+            take = min(remaining, room, self.prefill_chunk)
             chunk = seq.pending[seq.fed : seq.fed + take]
-            idx = batch.add_run(chunk, seq.n_past, seq.slot.seq_id, done)
-            plan.append((seq, take, idx if done else -1, []))
+            chosen.append((seq, chunk, "last" if take == remaining else "none", []))
+            room -= take
+        # Write them in sequence-id order: with one KV stream per sequence,
+        # llama.cpp computes a batch in one pass only over runs of
+        # consecutive sequence ids (its "sequential equal split").
+        chosen.sort(key=lambda c: c[0].slot.seq_id)
+        # (seq, tokens fed, index of its first output or -1, drafted tokens)
+        plan: list[tuple[Seq, int, int, list[int]]] = []
+        for seq, tokens, logits, drafts in chosen:
+            sid = seq.slot.seq_id
+            if logits == "all":
+                first = batch.n
+                for j, t in enumerate(tokens):
+                    batch.add(t, seq.n_past + j, sid, True)
+                plan.append((seq, len(tokens), first, drafts))
+            else:
+                idx = batch.add_run(tokens, seq.n_past, sid, logits == "last")
+                plan.append((seq, len(tokens), idx if logits == "last" else -1, []))
         if not plan:
             return
         t0 = time.perf_counter()
