@@ -89,6 +89,10 @@ class Servers:
         )
         url = f"http://127.0.0.1:{port}"
         wait_up(url, proc)
+        # let the engine time its decode steps while idle (engine/speculative.py:
+        # the draft-length choice uses them); a server that has been up a few
+        # seconds always has them
+        time.sleep(5)
         return proc, url
 
     def peer(self, *extra: str) -> tuple[subprocess.Popen, str]:

@@ -192,7 +192,10 @@ def test_full_wait_list_is_503_with_retry_after():
             results: list[int] = []
             with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r1:
                 lines = r1.iter_lines()
-                next(lines)  # the first sequence runs
+                next(lines)
+                deadline = time.monotonic() + 10
+                while model.load()["running"] < 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # the first sequence runs (admitted between steps)
 
                 def queued():
                     results.append(httpx.post(srv.url + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=60).status_code)

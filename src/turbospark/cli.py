@@ -255,7 +255,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--prefix-reuse", choices=["on", "off"], default=None, help="reuse KV prefixes (default on)")
     s.add_argument("--speculative", choices=["ngram", "off"], default=None,
                    help="prompt-lookup speculative decoding, exact (default ngram)")
-    s.add_argument("--draft-max", type=int, default=None, help="most tokens drafted per step (default 8)")
+    s.add_argument("--draft-max", type=int, default=None, help="most tokens drafted per step (default 16; fewer are verified when this machine's step costs say so)")
     s.add_argument("--max-queue", type=int, default=None,
                    help="most requests waiting for a sequence (0 = unbounded); full -> 503")
     s.add_argument("--keep-alive", type=float, default=None, metavar="SECONDS",

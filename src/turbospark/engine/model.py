@@ -49,7 +49,7 @@ class ModelOptions:
     prefix_reuse: bool = True
     #: prompt-lookup speculative decoding (exact; see engine/speculative.py)
     speculative: bool = True
-    draft_max: int = 8
+    draft_max: int = 16
     max_queue: int = 0
     batch: int = 512
     prefill_chunk: int = 256

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from .detok import StopMatcher, Utf8Stream
 from .llama import Batch, LlamaContext, LlamaModelFile
 from .sampling import SamplerChain
-from .speculative import NgramDrafter
+from .speculative import NgramDrafter, StepCosts
 from .types import (
     AdmissionError,
     CancelFlag,
@@ -96,6 +96,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+#: step-cost tables already measured in this process, by model file and
+#: compute settings, so reloading a model does not time it again
+_CALIBRATIONS: dict[tuple, dict[int, float]] = {}
+
+
 class Seq:
     """A running sequence: one job in one slot."""
 
@@ -147,7 +152,7 @@ class Scheduler:
         prefill_chunk: int = 256,
         end_turn_tokens: frozenset[int] = frozenset(),
         speculative: bool = False,
-        draft_max: int = 8,
+        draft_max: int = 16,
         name: str = "model",
         on_step: Callable[[], None] | None = None,
     ) -> None:
@@ -160,6 +165,15 @@ class Scheduler:
         self.end_turn_tokens = end_turn_tokens
         self.speculative = speculative
         self.draft_max = draft_max
+        self.step_costs = StepCosts(min(64, ctx.opts.n_batch))
+        # batch sizes still to time while idle (two passes; see _calibrate)
+        sizes = list(range(1, min(self.step_costs.limit, draft_max + self.parallel) + 1))
+        self._calibration_key = (model.path, ctx.threads, ctx.opts.n_batch, ctx.opts.flash_attn, len(sizes))
+        known = _CALIBRATIONS.get(self._calibration_key)
+        if known is not None:
+            self.step_costs.calibrate(known)
+        self._calibration: list[int] = [0, *sizes, *sizes] if speculative and known is None else []
+        self._calibrated: dict[int, float] = {}
         self.slots = [Slot(i) for i in range(ctx.opts.n_seq_max)]
         self._batch = Batch(ctx.opts.n_batch)
         self._waiting: deque[Job] = deque()
@@ -206,12 +220,16 @@ class Scheduler:
         try:
             while True:
                 with self._cond:
-                    while not self._stopping and not self._waiting and not self._active:
+                    while (not self._stopping and not self._waiting and not self._active
+                           and not self._calibration):
                         self._cond.wait()
                     if self._stopping:
                         break
                     self._drop_cancelled_waiting()
                     admitted = self._admit_locked()
+                if not admitted and not self._active and self._calibration:
+                    self._calibrate(self._calibration.pop(0))
+                    continue
                 for job, slot, extension in admitted:
                     self._start(job, slot, extension)
                 if self._active:
@@ -230,6 +248,33 @@ class Scheduler:
                 job.sink.put(EngineError("the model was unloaded before this request ran"))
             for seq in list(self._active):
                 self._fail(seq, EngineError("the model was unloaded during this request"))
+
+    def _calibrate(self, n: int) -> None:
+        """Time one decode step of ``n`` tokens on an idle slot (after its
+        cached tokens, removed again at once), so the draft-length choice
+        knows this machine's step costs before the first request needs
+        them. Runs only while nothing waits; size 0 is an untimed warm-up."""
+        slot = max(self.slots, key=lambda s: self.ctx.n_ctx_seq - len(s.tokens))
+        p0 = len(slot.tokens)
+        if slot.busy or p0 + max(n, 1) > self.ctx.n_ctx_seq:
+            self._calibration.clear()
+            return
+        batch = self._batch
+        batch.clear()
+        for j in range(max(n, 1)):
+            batch.add(self.model.bos if self.model.bos >= 0 else 0, p0 + j, slot.seq_id, True)
+        t0 = time.perf_counter()
+        rc = self.ctx.decode(batch)
+        dt = time.perf_counter() - t0
+        self.ctx.seq_rm(slot.seq_id, p0, -1)
+        if rc != 0:
+            self._calibration.clear()
+            return
+        if n:
+            self._calibrated[n] = min(dt, self._calibrated.get(n, dt))
+        if not self._calibration:
+            self.step_costs.calibrate(self._calibrated)
+            _CALIBRATIONS[self._calibration_key] = dict(self._calibrated)
 
     def _drop_cancelled_waiting(self) -> None:
         if not any(j.cancel.cancelled for j in self._waiting):
@@ -345,13 +390,18 @@ class Scheduler:
         # left. (seq, tokens, logits wanted: "all" | "last" | "none", drafts)
         room = batch.capacity
         chosen: list[tuple[Seq, list[int], str, list[int]]] = []
+        decoders = sum(1 for seq in self._active if seq.decoding)
+        base = decoders - 1  # other tokens in the step, for the draft-length choice
         for seq in self._active:
             if seq.decoding:
                 drafts: list[int] = []
                 if seq.drafter is not None:
                     drafts = seq.drafter.draft(seq.max_new - seq.new_tokens - 1)[: max(0, room - 1)]
+                    drafts = seq.drafter.choose(self.step_costs, base, drafts)
+                    base += len(drafts)
                 chosen.append((seq, [seq.last_token, *drafts], "all", drafts))
                 room -= 1 + len(drafts)
+        pure_decode = True
         for seq in self._active:
             if seq.decoding or room <= 0:
                 continue
@@ -360,6 +410,7 @@ class Scheduler:
             chunk = seq.pending[seq.fed : seq.fed + take]
             chosen.append((seq, chunk, "last" if take == remaining else "none", []))
             room -= take
+            pure_decode = False
         # Write them in sequence-id order: with one KV stream per sequence,
         # llama.cpp computes a batch in one pass only over runs of
         # consecutive sequence ids (its "sequential equal split").
@@ -381,6 +432,8 @@ class Scheduler:
         t0 = time.perf_counter()
         rc = self.ctx.decode(batch)
         dt = time.perf_counter() - t0
+        if pure_decode and rc == 0:
+            self.step_costs.observe(batch.n, dt)
         if rc != 0:
             err = EngineError(f"llama_decode failed (code {rc})")
             for seq, _, _, _ in plan:

@@ -1,0 +1,82 @@
+"""Draft-length choice for prompt lookup (engine/speculative.py): pure logic,
+plus the idle calibration on the real model."""
+
+from __future__ import annotations
+
+import time
+
+from turbospark.catalog import resolve_model
+from turbospark.engine.model import LlamaChatModel, ModelOptions
+from turbospark.engine.speculative import NgramDrafter, StepCosts, best_draft_length
+
+# step seconds shaped like the CPU kernels measured here: columns in tiles of 4
+TILED = {1: 0.020, 2: 0.040, 3: 0.045, 4: 0.048, 5: 0.066, 6: 0.075, 7: 0.080, 8: 0.083,
+         9: 0.103, 12: 0.104, 16: 0.120, 17: 0.150}
+
+
+def tiled() -> StepCosts:
+    c = StepCosts()
+    c.calibrate(TILED)
+    return c
+
+
+def test_costs_unknown_until_calibrated_then_measured_interpolated_extrapolated():
+    c = StepCosts()
+    c.observe(1, 0.02)  # online samples alone do not make a table
+    assert c.estimate(1) is None
+    c = tiled()
+    assert c.estimate(4) == 0.048
+    assert abs(c.estimate(10) - (0.103 + (0.104 - 0.103) / 3)) < 1e-12  # between 9 and 12
+    assert abs(c.estimate(34) - 0.150 * 34 / 17) < 1e-12  # per-token cost of the largest
+    c.observe(4, 0.058)  # moving average once ready
+    assert 0.048 < c.estimate(4) < 0.058
+
+
+def test_without_a_table_every_available_draft_is_verified():
+    assert best_draft_length(StepCosts(), 0, 7, 0.1) == 7
+
+
+def test_draft_length_follows_cost_tiles_and_acceptance():
+    c = tiled()
+    # likely acceptance: fill the 4-column tile rather than stop at 2 tokens
+    assert best_draft_length(c, 0, 8, 0.9) == 3
+    # near-certain acceptance: the long, cheap-per-token step wins
+    assert best_draft_length(c, 0, 15, 0.98) == 15
+    # a sequence that is not copying does not pay for drafts
+    assert best_draft_length(c, 0, 8, 0.3) == 0
+    # nearly free extra tokens (a GPU): verify the whole match
+    flat = StepCosts()
+    flat.calibrate({n: 0.010 + 0.0001 * n for n in range(1, 20)})
+    assert best_draft_length(flat, 0, 12, 0.9) == 12
+    assert best_draft_length(flat, 0, 12, 0.5) >= 4 > best_draft_length(c, 0, 12, 0.5)
+
+
+def test_drafter_estimate_falls_on_misses_and_probes_again():
+    d = NgramDrafter([1, 2, 3, 4, 5, 1, 2, 3], k_max=4)
+    assert d.draft(10) == [4, 5, 1, 2]
+    before = d.accept
+    for _ in range(12):
+        d.feedback(3, 0)
+    assert d.accept < 0.3 < before
+    c = tiled()
+    picks = [d.choose(c, 0, [4, 5, 1, 2]) for _ in range(8)]
+    assert picks[:7] == [[]] * 7  # not worth it ...
+    assert picks[7] == [4, 5, 1]  # ... but probed, at the length that would pay
+    for _ in range(20):
+        d.feedback(3, 3)
+    assert d.accept > 0.9 and d.choose(c, 0, [4, 5, 1, 2]) == [4, 5, 1]
+
+
+def test_idle_engine_times_its_decode_steps():
+    path, _ = resolve_model("smollm2-135m")
+    model = LlamaChatModel(ModelOptions(path=path, id="calib", parallel=1, draft_max=4))
+    try:
+        costs = model.scheduler.step_costs
+        deadline = time.monotonic() + 60
+        while not costs.ready and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert costs.ready
+        measured = [costs.seconds[n] for n in range(1, 6)]
+        assert all(s is not None and 0 < s < 5 for s in measured)
+    finally:
+        model.close()
