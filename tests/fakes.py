@@ -90,7 +90,7 @@ class ScriptedModel:
     def load(self) -> dict[str, Any]:
         return {"running": 0, "waiting": 0, "slots": []}
 
-    def encode(self, texts: list[str]) -> list[list[float]]:
+    def encode(self, texts: list[str], truncate: bool = False) -> list[list[float]]:
         raise AdmissionError("the scripted model does not embed", "model")
 
     async def run_completion(

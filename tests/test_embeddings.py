@@ -115,6 +115,16 @@ def test_engine_refuses_too_long_input_with_numbers(small):
         small.encode([])
 
 
+def test_engine_truncates_at_the_end_when_asked(small):
+    text = "word " * 100
+    cut = small.encode(["short", text], truncate=True)
+    assert cut.token_counts[1] == 64 == small.embedder().max_tokens
+    # the cut input embeds as its own first 64 tokens do
+    toks = small.tokenize(text, True, False)[:64]
+    assert small.embedder().admit([text], truncate=True) == [toks]
+    assert abs(np.linalg.norm(vec(cut.vectors[1])) - 1) < 1e-6
+
+
 def test_engine_close_frees_the_embedder():
     path, _ = resolve_model(DEFAULT_MODEL)
     m = LlamaChatModel(ModelOptions(path=path, id="closing", ctx=256, parallel=1, extra={"embed_ctx": 32}))
@@ -321,6 +331,21 @@ def test_ollama_empty_input_loads_and_returns_nothing(base_url, hub):
     assert r.status_code == 200 and r.json() == {"embedding": []}
 
 
+def test_ollama_embed_truncates_long_input_by_default(base_url, real_model):
+    long = "word " * 3000
+    limit = real_model.embedder().max_tokens
+    c = ollama.Client(host=base_url)
+    r = c.embed(model="smollm2", input=[CAT, long])
+    assert len(r.embeddings) == 2
+    assert r.prompt_eval_count == real_tokens(real_model, CAT) + limit
+    with pytest.raises(ollama.ResponseError) as exc:
+        c.embed(model="smollm2", input=[long], truncate=False)
+    assert exc.value.status_code == 400 and str(limit) in str(exc.value)
+    # the legacy endpoint has no truncate option: over-long is refused
+    r = httpx.post(base_url + "/api/embeddings", json={"model": "smollm2", "prompt": long}, timeout=60)
+    assert r.status_code == 400 and "tokens" in r.json()["error"]
+
+
 @pytest.mark.parametrize(
     "path, body, contains",
     [
@@ -331,7 +356,7 @@ def test_ollama_empty_input_loads_and_returns_nothing(base_url, hub):
         ("/api/embed", {"model": "smollm2", "input": "x", "dimensions": 0}, "dimensions"),
         ("/api/embed", {"model": "smollm2", "input": "x", "dimensions": 5000}, "576"),
         ("/api/embed", {"model": "smollm2", "input": "x", "truncate": "yes"}, "truncate"),
-        ("/api/embed", {"model": "smollm2", "input": "word " * 3000}, "tokens"),
+        ("/api/embed", {"model": "smollm2", "input": "word " * 3000, "truncate": False}, "tokens"),
         ("/api/embeddings", {"model": "smollm2", "prompt": 12}, "prompt"),
         ("/api/embeddings", b"", "empty"),
     ],
@@ -342,8 +367,8 @@ def test_ollama_errors_in_ollama_shape(base_url, path, body, contains):
 
 def test_ollama_client_raises_response_error(base_url):
     with pytest.raises(ollama.ResponseError) as exc:
-        ollama.Client(host=base_url).embed(model="smollm2", input="word " * 3000)
-    assert exc.value.status_code == 400
+        ollama.Client(host=base_url).embed(model="smollm2", input="fine", dimensions=5000)
+    assert exc.value.status_code == 400 and "576" in str(exc.value)
 
 
 # ------------------------------------------------------------------ never behind chat
@@ -390,7 +415,7 @@ class FakeEmbedModel(ScriptedModel):
     delay: float = 0.0
     threads: list[str] | None = None
 
-    def encode(self, texts: list[str]) -> Embeddings:  # type: ignore[override]
+    def encode(self, texts: list[str], truncate: bool = False) -> Embeddings:  # type: ignore[override]
         if self.threads is not None:
             self.threads.append(threading.current_thread().name)
         time.sleep(self.delay)

@@ -89,6 +89,12 @@ def test_embeddings_route_to_the_embedding_model(multi):
     raw = client(srv).embeddings.with_raw_response.create(model="embedder", input="hello")
     assert len(raw.parse().data[0].embedding) > 0
     assert routed(obs, raw).served == "embedder"
+    # an embedding-kind model holds no chat context, KV slots or scheduler
+    model = next(m for m in srv.registry.models() if m.model_id == "embedder")
+    assert model.ctx is None and model.scheduler is None
+    assert model.info()["kv_cache_bytes"] == 0 and model.load() == {"running": 0, "waiting": 0, "slots": []}
+    ps = httpx.get(srv.url + "/api/ps").json()["models"]
+    assert "embedder" in {m["name"].split(":")[0] for m in ps}
 
 
 def test_lookups_never_fall_back(multi):

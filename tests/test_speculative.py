@@ -80,3 +80,19 @@ def test_idle_engine_times_its_decode_steps():
         assert all(s is not None and 0 < s < 5 for s in measured)
     finally:
         model.close()
+
+
+def test_drafter_keeps_copying_from_its_source_in_repetitive_text():
+    # similar lines "7 5 5 5 <n>" after a unique header
+    prompt = [100, 101, 102, 7, 5, 5, 5, 1, 7, 5, 5, 5, 2, 50]
+    d = NgramDrafter(prompt, k_max=16)
+    for t in (100, 101, 102):  # the output starts copying the prompt
+        d.push(t)
+    assert d.draft(16)[:6] == [7, 5, 5, 5, 1, 7]
+    for t in (7, 5, 5, 5, 1, 7, 5, 5, 5):  # accepted so far
+        d.push(t)
+    # every n-gram of the suffix was last seen in the line just written
+    # (followed by 1); the source being copied continues with 2
+    assert d.draft(2) == [2, 50]
+    d.push(9)  # the model wrote something else: the alignment is dropped
+    assert d.src is None

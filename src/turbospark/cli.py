@@ -133,10 +133,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     def loaded(model: Any) -> None:
         info = model.info()
+        took = time.perf_counter() - started[0]
+        if not model.supports_chat:
+            print(f"  model {model.model_id}: {info['description']}, embeddings only, "
+                  f"threads {info['threads']}, loaded in {took:.1f}s", file=sys.stderr)
+            return
         print(
             f"  model {model.model_id}: {info['description']}, context {model.max_context}, "
             f"{info['parallel']} parallel / {info['session_slots']} slots, "
-            f"threads {model.ctx.threads}, loaded in {time.perf_counter() - started[0]:.1f}s",
+            f"threads {info['threads']}, loaded in {took:.1f}s",
             file=sys.stderr,
         )
         print(f"    {info['kv_cache']}; speculative: {'ngram' if info['speculative'] else 'off'}",

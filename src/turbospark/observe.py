@@ -390,8 +390,8 @@ class ReportingModel:
     def load(self) -> dict[str, Any]:
         return self.inner.load()
 
-    def encode(self, texts: list[str]) -> Any:
-        return self.inner.encode(texts)
+    def encode(self, texts: list[str], truncate: bool = False) -> Any:
+        return self.inner.encode(texts, truncate) if truncate else self.inner.encode(texts)
 
     # -- the one generation entry point ---------------------------------
     async def run_completion(

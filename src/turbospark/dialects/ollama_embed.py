@@ -3,9 +3,10 @@
 ``{"error": "..."}``.
 
 Like Ollama, an empty ``input`` / ``prompt`` is not an error (clients send it
-to load a model) and yields no vectors. Unlike Ollama, ``truncate`` is never
-honoured: an input longer than the embedding context is a 400 with the
-numbers, never silently cut.
+to load a model) and yields no vectors. ``truncate`` (default true, as in
+Ollama) cuts an input longer than the embedding context at its end;
+``truncate: false`` makes such an input a 400 with the numbers. The legacy
+endpoint has no such option and refuses over-long input.
 """
 
 from __future__ import annotations

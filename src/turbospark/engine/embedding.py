@@ -8,7 +8,8 @@ lock) and runs in the caller's thread, next to the scheduler.
 Why one ubatch per sequence: llama.cpp pools per ubatch (a sequence split
 over two ubatches is pooled over the last part only), so the context is
 created with ``n_ctx == n_batch == n_ubatch`` and a sequence longer than that
-is refused (a 400 with the numbers), never truncated.
+is refused (a 400 with the numbers) unless the caller asks for truncation
+(Ollama's ``truncate``, on by default there).
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ class Embedder:
             self.ctx.n_ctx, self.ctx.n_ctx_seq, L.llama_n_batch(self.ctx.ptr), L.llama_n_ubatch(self.ctx.ptr)
         )
         self.max_seqs = n_seq_max
+        # a tokenizer that appends EOS / SEP keeps it when an input is cut
+        self.appends_end = bool(L.llama_vocab_get_add_eos(file.vocab)) or bool(
+            L.llama_vocab_get_add_sep(file.vocab)
+        )
         self.dim = file.n_embd
         self._batch = Batch(self.max_tokens)
         self._lock = threading.Lock()
@@ -106,7 +111,7 @@ class Embedder:
         ``add_bos`` / ``add_eos`` / ``add_sep`` flags say so)."""
         return self.file.tokenize(text, True, False)
 
-    def admit(self, texts: list[str]) -> list[list[int]]:
+    def admit(self, texts: list[str], truncate: bool = False) -> list[list[int]]:
         if not texts:
             raise AdmissionError("no input to embed", "input")
         out: list[list[int]] = []
@@ -114,6 +119,9 @@ class Embedder:
             toks = self.tokens(text)
             if not toks:
                 raise AdmissionError(f"input[{i}] is empty (0 tokens)", "input")
+            if len(toks) > self.max_tokens and truncate:
+                keep = self.max_tokens - 1 if self.appends_end else self.max_tokens
+                toks = toks[:keep] + (toks[-1:] if self.appends_end else [])
             if len(toks) > self.max_tokens:
                 raise AdmissionError(
                     f"input[{i}] is {len(toks)} tokens, but the embedding context is "
@@ -140,8 +148,10 @@ class Embedder:
         return groups
 
     # -- encode ------------------------------------------------------------------
-    def encode(self, texts: list[str]) -> Embeddings:
-        toks = self.admit(texts)
+    def encode(self, texts: list[str], truncate: bool = False) -> Embeddings:
+        """Unit vectors for ``texts``; an input over the context is refused,
+        or cut at the end when ``truncate`` (usage counts what was used)."""
+        toks = self.admit(texts, truncate)
         vectors: list[list[float]] = [[] for _ in toks]
         groups = self.plan([len(t) for t in toks])
         with self._lock:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from .channel import Channel
 from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
 from .llama import ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
-from .memory import plan_kv
+from .memory import KvPlan, plan_kv
 from .scheduler import Job, Scheduler
 from .template import TURN_END_MARKERS, ChatTemplate
 from .types import (
@@ -86,36 +86,49 @@ class LlamaChatModel:
             raise ValueError(f"model kind must be 'chat' or 'embedding', not {opts.kind!r}")
         self.supports_chat = opts.kind == "chat"
         self.file = LlamaModelFile(opts.path, n_gpu_layers=opts.gpu_layers, progress=progress)
-        try:
-            slots = max(opts.session_slots or opts.parallel, opts.parallel, 1)
-            #: --ctx is what ONE request may use (prompt + new tokens); the
-            #: unified KV cache holds that for every session slot.
-            self.seq_ctx = opts.ctx or self.file.n_ctx_train
-            self.kv_plan = plan_kv(self.file, slots, self.seq_ctx)
-            self.ctx = LlamaContext(
-                self.file,
-                ContextOptions(
-                    n_ctx=self.kv_plan.cells,
-                    n_batch=opts.batch,
-                    n_ubatch=opts.batch,
-                    n_seq_max=slots,
-                    n_threads=opts.threads or default_threads(),
-                ),
-            )
-        except Exception:
-            self.file.close()
-            raise
-        self._embedder: Embedder | None = None  # created on first encode()
-        self._embedder_lock = threading.Lock()
-        self._closed = False
+        #: --ctx is what ONE request may use (prompt + new tokens)
+        self.seq_ctx = opts.ctx or self.file.n_ctx_train
         self.model_id = opts.id or derive_id(opts.path)
         self.aliases = tuple(opts.aliases)
         self.default_system = opts.default_system
         self.default_reasoning = opts.default_reasoning
+        self._embedder: Embedder | None = None  # created on first encode()
+        self._embedder_lock = threading.Lock()
+        self._closed = False
         bos = self.file.token_text(self.file.bos) if self.file.bos >= 0 else ""
         eos = self.file.token_text(self.file.eos) if self.file.eos >= 0 else ""
         self.template = ChatTemplate(opts.chat_template or self.file.chat_template(), bos, eos)
         self.end_turn_tokens = self._end_turn_tokens()
+        # An embedding-only model has no chat context, KV slots or scheduler:
+        # only its embedding context, made at once since it is the point.
+        self.kv_plan: KvPlan | None = None
+        self.ctx: LlamaContext | None = None
+        self.scheduler: Scheduler | None = None
+        try:
+            if self.supports_chat:
+                self._open_chat()
+            else:
+                self.embedder()
+        except Exception:
+            self.file.close()
+            raise
+
+    def _open_chat(self) -> None:
+        """The chat context (its KV cache holds ``seq_ctx`` tokens for every
+        session slot) and the scheduler thread that owns it."""
+        opts = self.opts
+        slots = max(opts.session_slots or opts.parallel, opts.parallel, 1)
+        self.kv_plan = plan_kv(self.file, slots, self.seq_ctx)
+        self.ctx = LlamaContext(
+            self.file,
+            ContextOptions(
+                n_ctx=self.kv_plan.cells,
+                n_batch=opts.batch,
+                n_ubatch=opts.batch,
+                n_seq_max=slots,
+                n_threads=opts.threads or default_threads(),
+            ),
+        )
         self.scheduler = Scheduler(
             self.file,
             self.ctx,
@@ -165,11 +178,12 @@ class LlamaChatModel:
             "size_bytes": self.file.size_bytes,
             "context": self.max_context,
             "context_train": self.file.n_ctx_train,
-            "parallel": self.scheduler.parallel,
-            "session_slots": len(self.scheduler.slots),
-            "speculative": self.scheduler.speculative,
-            "kv_cache": self.kv_plan.describe(),
-            "kv_cache_bytes": self.kv_plan.kv_bytes,
+            "parallel": self.scheduler.parallel if self.scheduler else 0,
+            "session_slots": len(self.scheduler.slots) if self.scheduler else 0,
+            "speculative": self.scheduler.speculative if self.scheduler else False,
+            "kv_cache": self.kv_plan.describe() if self.kv_plan else "no chat KV cache (embedding model)",
+            "kv_cache_bytes": self.kv_plan.kv_bytes if self.kv_plan else 0,
+            "threads": self.ctx.threads if self.ctx else self.embedder().ctx.threads,
             "quantization": md.get("general.file_type", ""),
             "chat_template": self.template.source,
         }
@@ -239,6 +253,8 @@ class LlamaChatModel:
     ) -> RawDecodeResult:
         if images:
             raise AdmissionError("this model does not accept images", "images")
+        if self.scheduler is None:
+            raise AdmissionError(f"model {self.model_id!r} serves embeddings only", "model")
         self.check_admission(len(prompt_ids), config.max_new_tokens)
         channel = Channel(asyncio.get_running_loop())
         self.scheduler.submit(Job(list(prompt_ids), config, cancel, channel))
@@ -260,6 +276,8 @@ class LlamaChatModel:
     def load(self) -> dict[str, Any]:
         """What the scheduler is doing now (for /api/ps, /v1/slots, gauges)."""
         sch = self.scheduler
+        if sch is None:
+            return {"running": 0, "waiting": 0, "slots": []}
         return {"running": sch.running, "waiting": sch.waiting, "slots": sch.slot_view()}
 
     def embedder(self) -> Embedder:
@@ -271,14 +289,21 @@ class LlamaChatModel:
                 raise EngineError(f"model {self.model_id!r} is closed")
             if self._embedder is None:
                 n_ctx = int(self.opts.extra.get("embed_ctx") or min(self.max_context, DEFAULT_EMBED_CTX))
-                threads = int(self.opts.extra.get("embed_threads") or embed_threads(self.opts.threads))
+                # beside a chat context it takes half the threads; alone, all
+                threads = int(
+                    self.opts.extra.get("embed_threads")
+                    or (embed_threads(self.opts.threads) if self.supports_chat
+                        else self.opts.threads or default_threads())
+                )
                 self._embedder = Embedder(self.file, n_ctx=n_ctx, threads=threads)
             return self._embedder
 
-    def encode(self, texts: list[str]) -> Embeddings:
+    def encode(self, texts: list[str], truncate: bool = False) -> Embeddings:
         """Blocking (call it from a worker thread); never waits for the chat
-        scheduler, since the embedder has a context of its own."""
-        return self.embedder().encode(texts)
+        scheduler, since the embedder has a context of its own. ``truncate``
+        cuts inputs longer than the embedding context (Ollama's default)
+        instead of refusing them."""
+        return self.embedder().encode(texts, truncate)
 
     def close(self) -> None:
         with self._embedder_lock:
@@ -286,6 +311,8 @@ class LlamaChatModel:
             embedder, self._embedder = self._embedder, None
         if embedder is not None:
             embedder.close()
-        self.scheduler.close()
-        self.ctx.close()
+        if self.scheduler is not None:
+            self.scheduler.close()
+        if self.ctx is not None:
+            self.ctx.close()
         self.file.close()

@@ -18,6 +18,7 @@ tokens. Sampling time is charged to the sequence sampled.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections import deque
@@ -99,6 +100,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 #: step-cost tables already measured in this process, by model file and
 #: compute settings, so reloading a model does not time it again
 _CALIBRATIONS: dict[tuple, dict[int, float]] = {}
+#: one calibration step at a time in the process: two models timing their
+#: steps at once would each measure the other
+_CALIBRATION_LOCK = threading.Lock()
+CALIBRATION_PASSES = 3
 
 
 class Seq:
@@ -166,14 +171,16 @@ class Scheduler:
         self.speculative = speculative
         self.draft_max = draft_max
         self.step_costs = StepCosts(min(64, ctx.opts.n_batch))
-        # batch sizes still to time while idle (two passes; see _calibrate)
-        sizes = list(range(1, min(self.step_costs.limit, draft_max + self.parallel) + 1))
+        # batch sizes still to time while idle (see _calibrate)
+        sizes = list(range(1, min(self.step_costs.limit, draft_max + 1) + 1))
         self._calibration_key = (model.path, ctx.threads, ctx.opts.n_batch, ctx.opts.flash_attn, len(sizes))
         known = _CALIBRATIONS.get(self._calibration_key)
         if known is not None:
             self.step_costs.calibrate(known)
-        self._calibration: list[int] = [0, *sizes, *sizes] if speculative and known is None else []
-        self._calibrated: dict[int, float] = {}
+        self._calibration: list[int] = (
+            [0, *sizes * CALIBRATION_PASSES] if speculative and known is None else []
+        )
+        self._calibrated: dict[int, list[float]] = {}
         self.slots = [Slot(i) for i in range(ctx.opts.n_seq_max)]
         self._batch = Batch(ctx.opts.n_batch)
         self._waiting: deque[Job] = deque()
@@ -252,8 +259,11 @@ class Scheduler:
     def _calibrate(self, n: int) -> None:
         """Time one decode step of ``n`` tokens on an idle slot (after its
         cached tokens, removed again at once), so the draft-length choice
-        knows this machine's step costs before the first request needs
-        them. Runs only while nothing waits; size 0 is an untimed warm-up."""
+        knows this machine's step costs before requests need them. Runs only
+        while nothing waits; size 0 is an untimed warm-up. Each size is timed
+        in several passes, and the table keeps the median of each size, made
+        non-decreasing (more tokens never cost less, so a noisy size is
+        capped by a larger one)."""
         slot = max(self.slots, key=lambda s: self.ctx.n_ctx_seq - len(s.tokens))
         p0 = len(slot.tokens)
         if slot.busy or p0 + max(n, 1) > self.ctx.n_ctx_seq:
@@ -263,18 +273,23 @@ class Scheduler:
         batch.clear()
         for j in range(max(n, 1)):
             batch.add(self.model.bos if self.model.bos >= 0 else 0, p0 + j, slot.seq_id, True)
-        t0 = time.perf_counter()
-        rc = self.ctx.decode(batch)
-        dt = time.perf_counter() - t0
+        with _CALIBRATION_LOCK:
+            t0 = time.perf_counter()
+            rc = self.ctx.decode(batch)
+            dt = time.perf_counter() - t0
         self.ctx.seq_rm(slot.seq_id, p0, -1)
         if rc != 0:
             self._calibration.clear()
             return
         if n:
-            self._calibrated[n] = min(dt, self._calibrated.get(n, dt))
+            self._calibrated.setdefault(n, []).append(dt)
         if not self._calibration:
-            self.step_costs.calibrate(self._calibrated)
-            _CALIBRATIONS[self._calibration_key] = dict(self._calibrated)
+            table = {size: statistics.median(ts) for size, ts in self._calibrated.items()}
+            low = float("inf")
+            for size in sorted(table, reverse=True):
+                low = table[size] = min(table[size], low)
+            self.step_costs.calibrate(table)
+            _CALIBRATIONS[self._calibration_key] = table
 
     def _drop_cancelled_waiting(self) -> None:
         if not any(j.cancel.cancelled for j in self._waiting):

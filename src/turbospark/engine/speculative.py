@@ -94,7 +94,7 @@ def best_draft_length(costs: StepCosts, base: int, available: int, accept: float
 
 
 class NgramDrafter:
-    __slots__ = ("hist", "sizes", "index", "k_max", "k", "hits", "misses", "idle")
+    __slots__ = ("hist", "sizes", "index", "k_max", "k", "hits", "misses", "idle", "src")
 
     def __init__(self, tokens: list[int], sizes: tuple[int, ...] = (4, 3, 2), k_max: int = 16) -> None:
         self.hist: list[int] = list(tokens)
@@ -108,6 +108,9 @@ class NgramDrafter:
         # rejections, seeded optimistic so a fresh sequence tries drafting
         self.hits, self.misses = 9.0, 1.0
         self.idle = 0  # steps a match was available but not drafted
+        #: where the sequence is copying from: the index in ``hist`` of the
+        #: token predicted next, while every token since the match agreed
+        self.src: int | None = None
         for end in range(1, len(self.hist)):
             self._register(end)
 
@@ -119,6 +122,9 @@ class NgramDrafter:
 
     def push(self, token: int) -> None:
         """A token joined the sequence (sampled; maybe not yet in the KV)."""
+        src = self.src
+        if src is not None:
+            self.src = src + 1 if src < len(self.hist) and self.hist[src] == token else None
         self.hist.append(token)
         self._register(len(self.hist) - 1)
 
@@ -128,11 +134,17 @@ class NgramDrafter:
         if k <= 0:
             return []
         h = self.hist
+        # Keep copying from where the last tokens came from: a fresh n-gram
+        # lookup would jump to the LATEST occurrence, which in repetitive text
+        # (a list of similar lines) is often the wrong one.
+        if self.src is not None and self.src < len(h):
+            return h[self.src : self.src + k]
         for n in self.sizes:
             if len(h) < n:
                 continue
             end = self.index[n].get(tuple(h[-n:]))
             if end is not None:
+                self.src = end
                 return h[end : end + k]
         return []
 

@@ -26,8 +26,10 @@ from ..engine.types import Embeddings
 from .common import JSONResponse, endpoint, read_json, route_model
 
 
-async def encode(model: Any, texts: list[str]) -> Embeddings:
+async def encode(model: Any, texts: list[str], truncate: bool = False) -> Embeddings:
     """The model's blocking ``encode`` in a worker thread."""
+    if truncate:
+        return await anyio.to_thread.run_sync(model.encode, texts, True)
     return await anyio.to_thread.run_sync(model.encode, texts)
 
 
@@ -47,7 +49,8 @@ async def ollama_embed(request: Request) -> Response:
     texts = oe.embed_texts(body)
     dimensions = oe.check_dimensions(body.dimensions)
     model, route = await route_model(request, oe.model_name(body.model), "embeddings", False)
-    result = await encode(model, texts) if texts else None
+    truncate = body.truncate is not False
+    result = await encode(model, texts, truncate) if texts else None
     took = time.perf_counter_ns() - started
     return JSONResponse(oe.render_embed(body.model, route.served, result, dimensions, took))
 
