@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 export VENV
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test bench bench-runtime clean
 
 install:
 	@scripts/install.sh
@@ -24,6 +24,11 @@ test:
 
 bench: install
 	$(VENV)/bin/python bench/overhead.py
+
+# side by side with llama.cpp's llama-server (built once by bench/peer.sh)
+bench-runtime:
+	@FOR_TESTS=1 scripts/install.sh
+	$(VENV)/bin/python bench/runtime.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

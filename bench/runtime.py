@@ -92,7 +92,7 @@ class Servers:
         # let the engine time its decode steps while idle (engine/speculative.py:
         # the draft-length choice uses them); a server that has been up a few
         # seconds always has them
-        time.sleep(5)
+        time.sleep(10)
         return proc, url
 
     def peer(self, *extra: str) -> tuple[subprocess.Popen, str]:

@@ -39,6 +39,7 @@ BAD = [
     ("[models.a]\nmodel = 'no-such-model'\n", "models.a.model: no model file at 'no-such-model'"),
     ("[server]\nport = 'eighty'\n", "server.port must be int"),
     ("[server]\nbogus = 1\n", "unknown key server.bogus"),
+    ("[server]\nguardrails = 'no'\n", "server.guardrails must be bool, not str"),
     ("[defaults]\nthreads = -1\n", "defaults.threads must not be negative"),
     ("[extras]\nx = 1\n", "unknown section [extras]"),
     ("[models.a\nmodel = 1\n", "not valid TOML"),
@@ -125,6 +126,26 @@ ctx = 512
     events = [json.loads(x) for x in log.read_text().splitlines()]
     routed = next(e for e in events if e["kind"] == "requestRouted" and e["id"] == other_id)
     assert (routed["requested"], routed["served"]) == ("embed", "chat")
+
+
+def test_server_section_sets_views_and_guardrails_and_flags_win(tmp_path):
+    from turbospark.cli import _model_options, parser
+
+    path = write(tmp_path, """
+[server]
+guardrails = false
+metrics_auth = false
+otlp_endpoint = "http://127.0.0.1:4318"
+""")
+    args = parser().parse_args(["serve", "--config", path])
+    _model_options(args)
+    assert (args.guardrails, args.metrics_auth, args.otlp_endpoint) == ("off", "off", "http://127.0.0.1:4318")
+    args = parser().parse_args(["serve", "--config", path, "--guardrails", "on", "--otlp-endpoint", "http://h:1"])
+    _model_options(args)
+    assert (args.guardrails, args.metrics_auth, args.otlp_endpoint) == ("on", "off", "http://h:1")
+    args = parser().parse_args(["serve"])  # no file: the defaults
+    _model_options(args)
+    assert (args.guardrails, args.metrics_auth, args.otlp_endpoint) == ("on", "on", None)
 
 
 def test_catalog_listing_loads_nothing(tmp_path):

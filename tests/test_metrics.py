@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from turbospark import ListObserver, Server
 from turbospark.auth import Auth
-from turbospark.cli import _sinks, parser
+from turbospark.cli import _model_options, _sinks, parser
 from turbospark.observe import (
     Generated,
     ModelAttached,
@@ -175,7 +175,9 @@ def test_serve_flags_build_the_sinks(tmp_path):
     finally:
         for s in sinks:
             getattr(s, "close", lambda: None)()
-    assert parser().parse_args(["serve"]).metrics_auth == "on"
+    args = parser().parse_args(["serve"])
+    _model_options(args)  # flags not given take the config file's value, else the default
+    assert args.metrics_auth == "on"
 
 
 # ------------------------------------------------------------------ unit

@@ -83,9 +83,13 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
             o.prefix_reuse = args.prefix_reuse == "on"
         if args.speculative is not None:
             o.speculative = args.speculative == "ngram"
-    for key in ("host", "port", "event_log", "max_resident"):
+    fallback = {"host": "127.0.0.1", "port": 8080, "max_resident": 0}
+    for key in ("host", "port", "event_log", "max_resident", "otlp_endpoint"):
         if getattr(args, key) is None:
-            setattr(args, key, server.get(key, {"host": "127.0.0.1", "port": 8080, "max_resident": 0}.get(key)))
+            setattr(args, key, server.get(key, fallback.get(key)))
+    for key in ("guardrails", "metrics_auth"):  # on/off flags, booleans in the file
+        if getattr(args, key) is None:
+            setattr(args, key, "off" if server.get(key) is False else "on")
     args.api_key = list(args.api_key or []) + list(server.get("api_keys", []))
     args.admin_key = list(args.admin_key or []) + list(server.get("admin_keys", []))
     return opts
@@ -270,10 +274,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", action="append", help="require this API key (repeatable; or TURBOSPARK_API_KEY)")
     s.add_argument("--admin-key", action="append",
                    help="a separate key for /v1/admin routes (or TURBOSPARK_ADMIN_KEY)")
-    s.add_argument("--guardrails", choices=["on", "off"], default="on",
+    s.add_argument("--guardrails", choices=["on", "off"], default=None,
                    help="validate tool calls against their schemas and re-ask once (default on)")
     s.add_argument("--event-log", metavar="FILE", default=None, help="append every event to FILE as JSON lines")
-    s.add_argument("--metrics-auth", choices=["on", "off"], default="on",
+    s.add_argument("--metrics-auth", choices=["on", "off"], default=None,
                    help="GET /metrics needs the API key when keys are set (default on)")
     s.add_argument("--otlp-endpoint", metavar="URL", default=None,
                    help="export one OpenTelemetry span per request over OTLP/HTTP to URL "

@@ -5,6 +5,9 @@
     port = 8080
     event_log = "events.jsonl"
     max_resident = 2          # most models in memory at once (0 = no cap)
+    guardrails = true         # tool-call validation and one re-ask
+    metrics_auth = true       # GET /metrics needs a key when keys are set
+    otlp_endpoint = "http://127.0.0.1:4318"   # one OpenTelemetry span per request
 
     [defaults]                # every model, unless its own section says otherwise
     ctx = 4096
@@ -66,6 +69,9 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "max_resident": (int,),
     "api_keys": (list,),
     "admin_keys": (list,),
+    "guardrails": (bool,),
+    "metrics_auth": (bool,),
+    "otlp_endpoint": (str,),
 }
 POSITIVE = {"ctx", "parallel", "draft_max"}
 NON_NEGATIVE = {"session_slots", "threads", "max_queue", "keep_alive", "port", "max_resident"}
