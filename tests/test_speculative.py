@@ -28,6 +28,9 @@ def test_costs_unknown_until_calibrated_then_measured_interpolated_extrapolated(
     assert c.estimate(4) == 0.048
     assert abs(c.estimate(10) - (0.103 + (0.104 - 0.103) / 3)) < 1e-12  # between 9 and 12
     assert abs(c.estimate(34) - 0.150 * 34 / 17) < 1e-12  # per-token cost of the largest
+    short = StepCosts(limit=20)
+    short.calibrate(TILED)
+    assert abs(short.estimate(40) - 0.150 * 40 / 17) < 1e-12  # beyond the table's limit too
     c.observe(4, 0.058)  # moving average once ready
     assert 0.048 < c.estimate(4) < 0.058
 

@@ -2,8 +2,10 @@
 
 Copy-heavy output (edits, refactors, quoting) repeats spans of the prompt. The
 drafter finds the most recent EARLIER occurrence of the last n tokens of the
-sequence (prompt + output) and proposes the tokens that followed it. The
-scheduler feeds the drafts in the same batch step as the real next token and
+sequence (prompt + output) and proposes the tokens that followed it; from
+then on it keeps copying from that source position for as long as the
+sequence agrees with it (in a list of similar lines, a fresh lookup would
+jump to the line just written, not the one being copied). The scheduler feeds the drafts in the same batch step as the real next token and
 keeps the longest prefix the model agrees with.
 
 Acceptance rule: at each drafted position the sequence's own sampler chain
@@ -17,8 +19,9 @@ How many drafts to verify is a cost question. On a CPU a decode step of n
 tokens does not cost n single steps, but neither is it flat: the quantised
 matmul kernels work on tiles of columns, so (on the machine this was tuned
 on) 2 tokens cost twice 1 token, 4 tokens 2.4x, 8 tokens 4x and 9 tokens as
-much as 12. :class:`StepCosts` learns the step time per batch size from the
-scheduler's own decode steps, each drafter keeps an estimate of how likely
+much as 12. :class:`StepCosts` holds the step time per batch size, timed by
+the scheduler while idle after loading and refined by its own decode steps;
+each drafter keeps an estimate of how likely
 its next draft token is to be accepted, and :func:`best_draft_length` picks
 the length with the most expected tokens per second of step time. On a GPU,
 where extra tokens are nearly free, the same rule drafts the whole match.
@@ -56,7 +59,8 @@ class StepCosts:
         if not self.ready:
             return None
         if n > self.limit:
-            n = self.limit
+            top = self.estimate(self.limit)
+            return None if top is None else top * n / self.limit
         sec = self.seconds
         if sec[n] is not None:
             return sec[n]
