@@ -166,3 +166,31 @@ def test_generated_carries_speculation_counts_only_when_drafting():
                   session_slot_evicted=False, drafted_tokens=8, accepted_tokens=5)
     d = g.to_dict()
     assert d["draftedTokens"] == 8 and d["acceptedTokens"] == 5
+
+
+def test_trace_context_reaches_observers_that_want_it_and_a_raising_one_spoils_nothing():
+    from turbospark.observe import FanOut, trace_context
+
+    got: list[tuple[int, dict]] = []
+
+    class Bad:
+        def record(self, event):
+            pass
+
+        def trace_context(self, rid, carrier):
+            raise RuntimeError("boom")
+
+    class Good:
+        def record(self, event):
+            pass
+
+        def trace_context(self, rid, carrier):
+            got.append((rid, carrier))
+
+    class Plain:  # no hook: skipped
+        def record(self, event):
+            pass
+
+    trace_context(FanOut([Bad(), Plain(), Good()]), 7, {"traceparent": "00-a-b-01"})
+    trace_context(None, 8, {"traceparent": "x"})
+    assert got == [(7, {"traceparent": "00-a-b-01"})]

@@ -115,6 +115,23 @@ def test_streamed_span_ends_at_generated_with_output_tokens(traced):
     assert span.end_time - span.start_time >= finished.duration_ms * 1_000_000 - 1_000_000
 
 
+def test_span_joins_the_callers_trace(traced):
+    srv, _, sink, exporter = traced
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, headers={
+        "traceparent": f"00-{trace_id}-{parent_id}-01", "tracestate": "vendor=x"},
+        json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert r.status_code == 200
+    span = span_of(sink, exporter, r.headers["x-request-id"])
+    assert format(span.context.trace_id, "032x") == trace_id
+    assert span.parent is not None and format(span.parent.span_id, "016x") == parent_id
+    assert span.parent.is_remote and span.context.trace_state.get("vendor") == "x"
+    # without the header, a root span of its own trace
+    r = httpx.get(srv.url + "/v1/models")
+    span = span_of(sink, exporter, r.headers["x-request-id"])
+    assert span.parent is None and format(span.context.trace_id, "032x") != trace_id
+
+
 def test_404_span_has_error_status(traced):
     srv, obs, sink, exporter = traced
     r = httpx.get(srv.url + "/v1/nothing/here")

@@ -20,7 +20,17 @@ import orjson
 
 from .auth import TENANT_KEY
 from .dialects.errors import error_message, shape_for_path
-from .observe import REQUEST_ID_KEY, Observer, RequestFinished, RequestIds, RequestStarted, now_ms, record
+from .observe import (
+    REQUEST_ID_KEY,
+    TRACE_HEADERS,
+    Observer,
+    RequestFinished,
+    RequestIds,
+    RequestStarted,
+    now_ms,
+    record,
+    trace_context,
+)
 
 Scope = dict[str, Any]
 #: Where ``routes.common.route_model`` leaves the registry leases a request
@@ -57,6 +67,10 @@ class ObserveMiddleware:
         started = time.perf_counter()
         method, path = scope.get("method", ""), scope.get("path", "")
         record(observer, lambda: RequestStarted(id=rid, at_ms=now_ms(), method=method, path=path))
+        carrier = {k.decode("latin-1"): v.decode("latin-1")
+                   for k, v in scope.get("headers", []) if k in TRACE_HEADERS}
+        if carrier:
+            trace_context(observer, rid, carrier)
         status = 0
         error_body = bytearray()
         done = False

@@ -218,6 +218,25 @@ def record(observer: Observer | None, build: Callable[[], ServerEvent]) -> None:
         log.exception("observer raised; event dropped")
 
 
+#: request headers handed to observers that join the caller's trace
+TRACE_HEADERS = (b"traceparent", b"tracestate")
+
+
+def trace_context(observer: Observer | None, rid: int, carrier: dict[str, str]) -> None:
+    """Offer a request's W3C trace headers (``traceparent``/``tracestate``)
+    to the observers that want them: those with a ``trace_context(id,
+    carrier)`` method (the OpenTelemetry sink, to parent its span). Not an
+    event: trace propagation is a tracing concern, and the events keep the
+    schema every view shares. Called right after ``requestStarted``."""
+    hook = getattr(observer, "trace_context", None)
+    if hook is None:
+        return
+    try:
+        hook(rid, carrier)
+    except Exception:
+        log.exception("observer raised on trace context; ignored")
+
+
 class FanOut:
     """Sends every event to several observers; one raising spoils nothing."""
 
@@ -230,6 +249,10 @@ class FanOut:
                 obs.record(event)
             except Exception:
                 log.exception("observer %r raised; event dropped for it", obs)
+
+    def trace_context(self, rid: int, carrier: dict[str, str]) -> None:
+        for obs in self.observers:
+            trace_context(obs, rid, carrier)
 
 
 def combine(observers: Iterable[Observer | None]) -> Observer | None:

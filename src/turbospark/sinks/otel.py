@@ -14,6 +14,11 @@ OpenTelemetry ``gen_ai.*`` and HTTP semantic conventions, plus the engine's
 timings under ``turbospark.*``; the time to first token is measured from
 arrival (receipt of ``generated`` - ``decodeSeconds`` - ``atMs``) and named so.
 
+A request that arrives with W3C ``traceparent`` / ``tracestate`` headers gets
+its span parented there (through the configured propagators), so the server
+span joins the client's trace; the middleware hands those headers over with
+``trace_context``, beside the events.
+
 ``record`` only enqueues; one worker thread folds the events and talks to the
 OpenTelemetry SDK, so a slow exporter never touches a request.
 """
@@ -54,6 +59,7 @@ OPERATIONS = {
 
 _STOP = object()
 _FLUSH = object()
+_CARRIER = object()
 
 
 def otel_wanted(endpoint: str | None, env: Mapping[str, str] = os.environ) -> bool:
@@ -97,6 +103,8 @@ class _Request:
     status: int | None = None
     duration_ms: int | None = None
     error: str | None = None
+    #: the caller's W3C trace headers, when it sent any: the span's parent
+    carrier: dict[str, str] | None = None
 
 
 class OtelSink:
@@ -115,9 +123,11 @@ class OtelSink:
         endpoint: str | None = None,
         templates: RouteTemplates | None = None,
     ) -> None:
+        from opentelemetry.propagate import extract
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         self._kind, self._status, self._code = SpanKind.SERVER, Status, StatusCode
+        self._extract = extract  # the configured propagators (W3C trace context by default)
         self._owned = tracer_provider is None
         self.provider = tracer_provider if tracer_provider is not None else _otlp_provider(endpoint)
         self.tracer = self.provider.get_tracer("turbospark", __version__)
@@ -131,6 +141,11 @@ class OtelSink:
     def record(self, event: ServerEvent) -> None:
         if isinstance(event, (RequestStarted, RequestRouted, Generated, RequestFinished)):
             self._queue.put((event, time.time_ns()))
+
+    def trace_context(self, rid: int, carrier: dict[str, str]) -> None:
+        """The request's ``traceparent``/``tracestate`` (see
+        ``observe.trace_context``): its span joins the caller's trace."""
+        self._queue.put((_CARRIER, (rid, carrier)))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every event recorded so far is folded into spans and
@@ -160,6 +175,11 @@ class OtelSink:
                 return
             if item is _FLUSH:
                 arg.set()
+                continue
+            if item is _CARRIER:
+                req = self._open.get(arg[0])
+                if req is not None:
+                    req.carrier = arg[1]
                 continue
             try:
                 self._fold(item, arg)
@@ -214,8 +234,9 @@ class OtelSink:
         op = OPERATIONS.get(req.route)
         model = req.served
         name = f"{op} {model}" if op and model else f"{req.method} {req.route}"
+        parent = self._extract(req.carrier) if req.carrier else None
         span = self.tracer.start_span(
-            name, kind=self._kind, start_time=req.start_ns, attributes=_attributes(req, op))
+            name, context=parent, kind=self._kind, start_time=req.start_ns, attributes=_attributes(req, op))
         if req.status is not None and (req.status >= 500 or req.error):
             span.set_attribute("error.type", str(req.status))
             span.set_status(self._status(self._code.ERROR, req.error or f"HTTP {req.status}"))
