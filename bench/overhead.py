@@ -36,6 +36,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+from streams import stream_chat
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
 
@@ -54,28 +55,11 @@ def direct_run(llm, prompt_tokens: list[int], n: int) -> float:
 
 
 def server_run(url: str, n: int) -> tuple[float, int]:
-    body = {
-        "model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": n,
-        "temperature": 0, "stream": True, "ignore_eos": True,
-        "stream_options": {"include_usage": True},
-    }
-    t_first = t_last = None
-    usage = None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
-        rid = int(r.headers["x-request-id"])
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                now = time.perf_counter()
-                t_first = t_first or now
-                t_last = now
-    assert usage and usage["completion_tokens"] == n, usage
-    # content chunks: first token's text .. last token's text = n - 1 decode steps
-    return (n - 1) / (t_last - t_first), rid
+    s = stream_chat(url, {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": n,
+                          "temperature": 0, "ignore_eos": True}, timeout=300)
+    assert s.usage and s.usage["completion_tokens"] == n, s.usage
+    assert s.request_id is not None
+    return s.decode_rate(), s.request_id
 
 
 def start_server(model: str, threads: int, ctx: int, event_log: str | None, extra: list[str]) -> tuple[subprocess.Popen, str]:

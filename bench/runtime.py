@@ -29,6 +29,7 @@ import threading
 import time
 
 import httpx
+from streams import stream_chat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORY = "Write a long story about a lighthouse keeper and a storm."
@@ -111,26 +112,8 @@ class Servers:
 
 def stream_rate(url: str, messages: list[dict], n: int, **extra) -> tuple[float, str, dict]:
     """Client-side decode tok/s from the first to the last content chunk."""
-    body = {"model": "m", "messages": messages, "max_tokens": n, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, **extra}
-    t_first = t_last = None
-    text, usage, count = [], {}, 0
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                now = time.perf_counter()
-                t_first = t_first or now
-                t_last = now
-                count += 1
-                text.append(chunk["choices"][0]["delta"]["content"])
-    tokens = usage.get("completion_tokens", count)
-    return (tokens - 1) / (t_last - t_first), "".join(text), usage
+    s = stream_chat(url, {"model": "m", "messages": messages, "max_tokens": n, "temperature": 0, **extra})
+    return s.decode_rate(), s.text, s.usage
 
 
 def single_stream(url: str, n: int) -> float:
