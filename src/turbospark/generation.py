@@ -141,9 +141,13 @@ class Final:
 
     @property
     def reason(self) -> StopReason:
-        """The turn's stop reason: tool calls win over the engine's ending."""
+        """The turn's stop reason: tool calls win over the engine's ending,
+        and the engine's "tool calls" stands only if a valid call survived
+        (one written in the reasoning, or failing its schema, is no call)."""
         if self.tool_calls:
             return StopReason.TOOL_CALLS
+        if self.result.reason is StopReason.TOOL_CALLS:
+            return StopReason.END_OF_TURN
         return self.result.reason
 
 
@@ -379,14 +383,15 @@ async def stream(model: Any, prepared: Prepared, cancel: CancelFlag) -> AsyncIte
             second: RawDecodeResult | None = None
             async for item in _run(model, retry, cancel):
                 if isinstance(item, Progress):
-                    for d in again.feed(item.text):
-                        if isinstance(d, ReasoningDelta):
-                            router.reasoning.append(d.text)
-                            yield d
+                    pieces = again.feed(item.text)
                 else:
-                    second = item
+                    second, pieces = item, again.flush()
+                # its reasoning streams at once; its answer is collected below
+                for d in pieces:
+                    if isinstance(d, ReasoningDelta):
+                        router.reasoning.append(d.text)
+                        yield d
             assert second is not None
-            again.flush()
             attempts.append(second)
             result = second
             calls, problems, leftover = _calls_of(again.tail, retry)
@@ -442,7 +447,8 @@ def _reask(
     retry_req = dataclasses.replace(
         req,
         messages=[*req.messages, *turn],
-        config=dataclasses.replace(prepared.config, grammar=None, tool_call_check=None),
+        # a copy: prepare sets the retry's own budget, grammar and call check
+        config=dataclasses.replace(prepared.config),
         # a budget that was clipped to the room in the context (not set by the
         # client) is clipped again to the room the longer prompt leaves, or
         # the second attempt could never fit

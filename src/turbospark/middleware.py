@@ -67,10 +67,11 @@ class ObserveMiddleware:
         started = time.perf_counter()
         method, path = scope.get("method", ""), scope.get("path", "")
         record(observer, lambda: RequestStarted(id=rid, at_ms=now_ms(), method=method, path=path))
-        carrier = {k.decode("latin-1"): v.decode("latin-1")
-                   for k, v in scope.get("headers", []) if k in TRACE_HEADERS}
-        if carrier:
-            trace_context(observer, rid, carrier)
+        if getattr(observer, "trace_context", None) is not None:
+            carrier = {k.decode("latin-1"): v.decode("latin-1")
+                       for k, v in scope.get("headers", []) if k in TRACE_HEADERS}
+            if carrier:
+                trace_context(observer, rid, carrier)
         status = 0
         error_body = bytearray()
         done = False

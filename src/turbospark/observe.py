@@ -242,6 +242,9 @@ class FanOut:
 
     def __init__(self, observers: Iterable[Observer]) -> None:
         self.observers: tuple[Observer, ...] = tuple(observers)
+        self._tracers = tuple(o for o in self.observers if getattr(o, "trace_context", None) is not None)
+        if not self._tracers:  # nobody joins traces: no hook, so no header scan
+            self.trace_context = None  # type: ignore[assignment]
 
     def record(self, event: ServerEvent) -> None:
         for obs in self.observers:
@@ -251,7 +254,7 @@ class FanOut:
                 log.exception("observer %r raised; event dropped for it", obs)
 
     def trace_context(self, rid: int, carrier: dict[str, str]) -> None:
-        for obs in self.observers:
+        for obs in self._tracers:
             trace_context(obs, rid, carrier)
 
 
@@ -414,7 +417,7 @@ class ReportingModel:
         return self.inner.load()
 
     def encode(self, texts: list[str], truncate: bool = False) -> Any:
-        return self.inner.encode(texts, truncate) if truncate else self.inner.encode(texts)
+        return self.inner.encode(texts, truncate)
 
     # -- the one generation entry point ---------------------------------
     async def run_completion(

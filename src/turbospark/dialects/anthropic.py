@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
 from ..tools.calls import ToolCall
-from .common import BadRequest, new_id, sse_event
+from .common import BadRequest, argument_pieces, new_id, sse_event
 
 DEFAULT_MAX_TOKENS = 1024
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
@@ -480,13 +480,6 @@ def tool_use_block(call: ToolCall) -> dict[str, Any]:
     return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": orjson.loads(call.arguments)}
 
 
-def json_pieces(text: str, n: int = 3) -> list[str]:
-    """The arguments cut into a few ``input_json_delta`` pieces, the way the
-    API streams them (clients must only rely on the concatenation)."""
-    size = max(1, -(-len(text) // n))
-    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
-
-
 class MessageRenderer:
     """Renders one response: a ``message`` object or its SSE events."""
 
@@ -578,7 +571,7 @@ class MessageRenderer:
         """One whole ``tool_use`` block: start (empty input), the arguments
         in a few ``input_json_delta`` pieces, stop."""
         out = self._start({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}})
-        for piece in json_pieces(call.arguments):
+        for piece in argument_pieces(call.arguments):
             out += self._delta({"type": "input_json_delta", "partial_json": piece})
         return out + self._close()
 

@@ -80,6 +80,13 @@ def validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
         raise validation_error(exc) from None
 
 
+def argument_pieces(text: str, n: int = 3) -> list[str]:
+    """Tool-call arguments cut into a few delta pieces, the way the APIs
+    stream them (clients must only rely on the concatenation)."""
+    size = max(1, -(-len(text) // n))
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
 from ..tools.calls import ToolCall
-from .common import BadRequest, new_id, sse_event, text_of, unix_time, validation_error
+from .common import BadRequest, argument_pieces, new_id, sse_event, text_of, unix_time, validation_error
 from .openai_chat import REASONING_EFFORTS, _tool_calls_for_template
 
 TOOL_CHOICES = ("none", "auto", "required")
@@ -342,12 +342,6 @@ def status_of(reason: StopReason) -> str:
 def function_call_item(call: ToolCall, item_id: str, status: str = "completed") -> dict[str, Any]:
     return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
             "arguments": call.arguments if status == "completed" else "", "status": status}
-
-
-def argument_pieces(text: str, n: int = 3) -> list[str]:
-    """The arguments cut into a few delta pieces (clients concatenate them)."""
-    size = max(1, -(-len(text) // n))
-    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
 class ResponsesRenderer:

@@ -121,11 +121,6 @@ class SamplerChain:
         L.llama_sampler_accept(self.ptr, token)
         return token
 
-    def accept(self, token: int) -> None:
-        lib().llama_sampler_accept(self.ptr, token)
-        if self.grammar is not None:
-            lib().llama_sampler_accept(self.grammar, token)
-
     def close(self) -> None:
         if getattr(self, "grammar", None):
             lib().llama_sampler_free(self.grammar)

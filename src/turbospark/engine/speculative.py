@@ -31,48 +31,47 @@ from __future__ import annotations
 
 
 class StepCosts:
-    """Seconds per pure-decode step by batch size, as a moving average."""
+    """Seconds per pure-decode step by batch size 1..limit: a dense table,
+    filled once by calibration (sizes not timed are interpolated between
+    timed neighbours, or extrapolated at the per-token cost of the nearest
+    timed size), then kept as a moving average of real steps. Looking a size
+    up on the decode path is an index."""
 
     __slots__ = ("seconds", "limit", "ready")
 
     def __init__(self, limit: int = 64) -> None:
         self.limit = limit
-        self.seconds: list[float | None] = [None] * (limit + 1)
+        self.seconds: list[float] = [0.0] * (limit + 1)
         #: False until a calibration filled the table: a few online samples
         #: alone would extrapolate linearly and never draft
         self.ready = False
 
     def calibrate(self, table: dict[int, float]) -> None:
-        for n, dt in table.items():
-            if 0 < n <= self.limit:
-                self.seconds[n] = dt
-        self.ready = bool(table)
+        timed = sorted(n for n in table if 0 < n <= self.limit)
+        if not timed:
+            return
+        for n in range(1, self.limit + 1):
+            lo = max((t for t in timed if t <= n), default=None)
+            hi = min((t for t in timed if t >= n), default=None)
+            if lo is not None and hi is not None and lo != hi:
+                self.seconds[n] = table[lo] + (table[hi] - table[lo]) * (n - lo) / (hi - lo)
+            elif lo is not None:
+                self.seconds[n] = table[lo] * n / lo
+            else:
+                self.seconds[n] = table[hi] * n / hi  # type: ignore[index]
+        self.ready = True
 
     def observe(self, n: int, dt: float) -> None:
         if self.ready and 0 < n <= self.limit:
-            old = self.seconds[n]
-            self.seconds[n] = dt if old is None else old + 0.2 * (dt - old)
+            self.seconds[n] += 0.2 * (dt - self.seconds[n])
 
     def estimate(self, n: int) -> float | None:
-        """Measured, interpolated between measured neighbours, or
-        extrapolated at the per-token cost of the largest measured size."""
+        """None before calibration; past the limit, at the limit's per-token cost."""
         if not self.ready:
             return None
         if n > self.limit:
-            top = self.estimate(self.limit)
-            return None if top is None else top * n / self.limit
-        sec = self.seconds
-        if sec[n] is not None:
-            return sec[n]
-        lo = next((i for i in range(n - 1, 0, -1) if sec[i] is not None), None)
-        hi = next((i for i in range(n + 1, self.limit + 1) if sec[i] is not None), None)
-        if lo is not None and hi is not None:
-            return sec[lo] + (sec[hi] - sec[lo]) * (n - lo) / (hi - lo)  # type: ignore[operator]
-        if lo is not None:
-            return sec[lo] * n / lo  # type: ignore[operator]
-        if hi is not None:
-            return sec[hi] * n / hi  # type: ignore[operator]
-        return None
+            return self.seconds[self.limit] * n / self.limit
+        return self.seconds[n]
 
 
 def best_draft_length(costs: StepCosts, base: int, available: int, accept: float) -> int:

@@ -28,9 +28,7 @@ from .common import JSONResponse, endpoint, read_json, route_model
 
 async def encode(model: Any, texts: list[str], truncate: bool = False) -> Embeddings:
     """The model's blocking ``encode`` in a worker thread."""
-    if truncate:
-        return await anyio.to_thread.run_sync(model.encode, texts, True)
-    return await anyio.to_thread.run_sync(model.encode, texts)
+    return await anyio.to_thread.run_sync(model.encode, texts, truncate)
 
 
 @endpoint(openai_error)
