@@ -140,7 +140,7 @@ def test_reporting_model_answers_with_the_inner_model():
         def info(self):
             return {"x": 1}
 
-        def encode(self, texts):
+        def encode(self, texts, truncate=False):
             return [[1.0]] * len(texts)
 
     wrapped = ReportingModel(Inner(), FanOut([]), 1)
@@ -166,6 +166,10 @@ def test_generated_carries_speculation_counts_only_when_drafting():
                   session_slot_evicted=False, drafted_tokens=8, accepted_tokens=5)
     d = g.to_dict()
     assert d["draftedTokens"] == 8 and d["acceptedTokens"] == 5
+    plain = Generated(id=2, model="m", prompt_tokens=3, new_tokens=4, prefill_seconds=0.5,
+                      decode_seconds=0.25, stop_reason="endOfTurn", reused_prefix_tokens=2,
+                      session_slot_evicted=False).to_dict()
+    assert "draftedTokens" not in plain and "acceptedTokens" not in plain
 
 
 def test_trace_context_reaches_observers_that_want_it_and_a_raising_one_spoils_nothing():
@@ -194,3 +198,13 @@ def test_trace_context_reaches_observers_that_want_it_and_a_raising_one_spoils_n
     trace_context(FanOut([Bad(), Plain(), Good()]), 7, {"traceparent": "00-a-b-01"})
     trace_context(None, 8, {"traceparent": "x"})
     assert got == [(7, {"traceparent": "00-a-b-01"})]
+
+
+def test_a_fan_out_without_trace_observers_offers_no_hook():
+    from turbospark.observe import FanOut
+
+    class Plain:
+        def record(self, event):
+            pass
+
+    assert getattr(FanOut([Plain(), Plain()]), "trace_context", None) is None

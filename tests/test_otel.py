@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import httpx
 import pytest
 
-pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
@@ -201,7 +200,6 @@ def test_enabling_rules():
 
 def test_otlp_http_export_reaches_a_collector(monkeypatch):
     """The real exporter, to a collector on loopback: protobuf over HTTP."""
-    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     got: list[tuple[str, bytes]] = []
@@ -243,7 +241,6 @@ def test_otlp_http_export_reaches_a_collector(monkeypatch):
 
 
 def test_serve_flag_or_env_turns_tracing_on(monkeypatch):
-    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
     from turbospark.cli import _sinks, _traces_label, parser
 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)

@@ -349,3 +349,17 @@ def test_qwen_template_tokenizer_and_output(qwen):
     assert "paris" in json.loads(p.calls[0].arguments)["city"].lower()
     start = call_start(out)
     assert start is not None and out[:start].strip() == p.content
+
+
+def test_the_engines_tool_calls_ending_stands_only_with_a_valid_call():
+    from turbospark.engine.types import RawDecodeResult, StopReason
+    from turbospark.generation import Final
+    from turbospark.tools.calls import ToolCall
+
+    raw = RawDecodeResult(prompt_tokens=5, new_tokens=9, prefill_seconds=0.1, decode_seconds=0.2,
+                          reason=StopReason.TOOL_CALLS)
+    final = Final(result=raw, text="", reasoning="", tool_calls=[], attempts=[raw], reasoning_tokens=0, problems=["bad"])
+    assert final.reason is StopReason.END_OF_TURN  # the call failed its schema: no call
+    call = ToolCall(id="call_" + "0" * 24, name="get_weather", arguments='{"city": "Paris"}')
+    final = Final(result=raw, text="", reasoning="", tool_calls=[call], attempts=[raw], reasoning_tokens=0, problems=[])
+    assert final.reason is StopReason.TOOL_CALLS

@@ -281,3 +281,20 @@ def test_sdk_parse_with_a_pydantic_output_format():
         m = client(srv).messages.parse(model="x", max_tokens=50, messages=ASK, output_format=City)
     assert m.parsed_output == City(name="Paris", country="France")
     assert model.calls[-1]["config"].grammar  # sent as output_config.format: enforced
+
+
+def test_sdk_parse_and_beta_output_format_on_the_real_model(server):
+    class City(BaseModel):
+        name: str
+        country: str
+
+    m = client(server).messages.parse(model="m", max_tokens=80, output_format=City, extra_body=GREEDY,
+                                      messages=[{"role": "user", "content": "Name a famous city."}])
+    assert isinstance(m.parsed_output, City)
+    schema = {"type": "object", "additionalProperties": False, "required": ["a"],
+              "properties": {"a": {"type": "integer"}}}
+    r = httpx.post(server.url + "/v1/messages", timeout=120, json={
+        "model": "m", "max_tokens": 40, "temperature": 0, "messages": ASK,
+        "output_format": {"type": "json_schema", "schema": schema}})
+    assert r.status_code == 200, r.text
+    jsonschema.validate(json.loads(r.json()["content"][0]["text"]), schema)

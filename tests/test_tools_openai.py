@@ -128,7 +128,7 @@ def test_invalid_call_is_reasked_once_and_the_second_answer_returned():
     assert r.usage.completion_tokens == sum(g.new_tokens for g in gens)
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}
     corrective = model.calls[-1]["messages"][-1]
-    assert corrective["role"] == "user" and "town" in corrective["content"] or "city" in corrective["content"]
+    assert corrective["role"] == "user" and ("town" in corrective["content"] or "city" in corrective["content"])
 
 
 def test_still_invalid_after_the_reask_returns_the_last_answer_as_is():
@@ -191,3 +191,34 @@ def test_reasoning_effort_reaches_the_template_switch():
         client(srv).chat.completions.create(model="m", messages=ASK, max_tokens=5, reasoning_effort="high")
     assert model.calls[-2]["enable_thinking"] is False
     assert model.calls[-1]["enable_thinking"] is True and model.calls[-1]["reasoning_effort"] == "high"
+
+
+def test_qwen_with_tool_choice_none_answers_in_text(qwen):
+    srv, _ = qwen
+    c = client(srv)
+    msgs = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+    r = c.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER], tool_choice="none",
+                                  max_tokens=60, temperature=0)
+    plain = c.chat.completions.create(model="qwen", messages=msgs, max_tokens=60, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and not r.choices[0].message.tool_calls
+    # with tool_choice none the tools never reach the prompt
+    assert r.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("effort", ["none", "high"])
+def test_reasoning_switches_reach_the_real_templates(server, qwen, effort):
+    """Both real templates render with the switch set, in every dialect."""
+    for srv in (server, qwen[0]):
+        url = srv.url
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "m", "messages": ASK, "max_tokens": 4, "reasoning_effort": effort})
+        assert r.status_code == 200, r.text
+        thinking = {"type": "disabled"} if effort == "none" else {"type": "enabled", "budget_tokens": 1024}
+        r = httpx.post(url + "/v1/messages", timeout=120, json={
+            "model": "m", "messages": ASK, "max_tokens": 4, "thinking": thinking})
+        assert r.status_code == 200, r.text
+        r = httpx.post(url + "/api/chat", timeout=120, json={
+            "model": "m", "messages": ASK, "stream": False, "think": effort != "none",
+            "options": {"num_predict": 4}})
+        assert r.status_code == 200, r.text
+        assert r.json()["done"] is True
