@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..calls import HERMES_OPEN, MISTRAL_MARK, SYNTAXES, XML_FUNCTION
 from .errors import UnsupportedSchema, _Empty
 from .keywords import UNSUPPORTED
 from .rules import _cls, _lit, _Rules, _seq
 from .schema import _Converter
-
-SYNTAXES = ("hermes", "llama3", "json", "mistral", "xml")
 
 
 def _tool_spec(tool: Any) -> tuple[str, Any]:
@@ -118,7 +117,7 @@ def tool_call_grammar(
     if syntax in ("llama3", "json"):
         text = rules.add("text", '([^{ \\t\\n\\r] [^\\x00]*)?')
         return rules.render(f"{call} | {text}")
-    markers = {"hermes": ["<tool_call>"], "mistral": ["[TOOL_CALLS]"], "xml": ["<tool_call>", "<function="]}[syntax]
+    markers = {"hermes": [HERMES_OPEN], "mistral": [MISTRAL_MARK], "xml": [HERMES_OPEN, XML_FUNCTION]}[syntax]
     text = _text_without(rules, markers, "text")
     return rules.render(f"{text} {call}?")
 
