@@ -90,6 +90,9 @@ class ScriptedModel:
     def load(self) -> dict[str, Any]:
         return {"running": 0, "waiting": 0, "slots": []}
 
+    def reserve(self, config: GenerationConfig) -> Any:
+        return lambda: None  # no wait list: every run starts at once
+
     def encode(self, texts: list[str], truncate: bool = False) -> list[list[float]]:
         raise AdmissionError("the scripted model does not embed", "model")
 

@@ -88,7 +88,7 @@ def test_health_is_open_everything_else_is_not(guarded):
 
 def test_admin_routes_need_the_admin_key(guarded):
     srv, _ = guarded
-    assert httpx.get(srv.url + "/v1/admin/models", headers={"x-api-key": KEY}).status_code == 401
+    assert httpx.get(srv.url + "/v1/admin/models", headers={"x-api-key": KEY}).status_code == 403
     r = httpx.get(srv.url + "/v1/admin/models", headers={"x-api-key": ADMIN})
     assert r.status_code == 200 and r.json()["data"][0]["id"] == "smollm2-135m"
     # and the admin key alone does not open the inference routes

@@ -3,7 +3,7 @@ for requests no handler takes (unknown routes, wrong methods)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -14,7 +14,9 @@ from starlette.routing import BaseRoute, Route
 from . import __version__
 from .dialects.errors import shape_for_path
 from .auth import Auth
-from .middleware import AuthMiddleware, LeaseMiddleware, ObserveMiddleware
+from .guard import BrowserPolicy
+from .loading import default_model_folders
+from .middleware import AuthMiddleware, GuardMiddleware, LeaseMiddleware, ObserveMiddleware
 from .observe import Observer, combine
 from .registry import Registry
 from .routes import admin, anthropic, completions, dashboard, embeddings, events, ollama, responses
@@ -71,6 +73,8 @@ def build_app(
     *,
     live: LiveEvents | None = None,
     guardrails: bool = True,
+    policy: BrowserPolicy | None = None,
+    model_folders: Sequence[str] | None = None,
 ) -> Starlette:
     """``metrics`` should already be in ``observer`` (so it saw the models
     attach); without one, a fresh sink is added to the fan-out here so
@@ -85,15 +89,18 @@ def build_app(
     state = ServerState(
         registry=registry, observer=observer, version=__version__, metrics=metrics, live=live,
         guardrails=guardrails,
+        model_folders=tuple(model_folders) if model_folders is not None else default_model_folders(registry),
     )
     routes = route_table()
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.turbospark = state
     # Outermost first: observe (sees every request, 401s included), then
-    # auth (refuses before any body is read), then leases (released once the
+    # the browser guard (Host, Origin, CORS, body size) and auth, which both
+    # refuse before any body is read, then leases (released once the
     # response, streams included, is complete). All sit outside Starlette's
     # own error handling, so they see every request's final status.
     app.add_middleware(LeaseMiddleware)
-    app.add_middleware(AuthMiddleware, auth=auth or Auth())
+    app.add_middleware(AuthMiddleware, auth=auth or Auth(), observer_ref=lambda: state.observer)
+    app.add_middleware(GuardMiddleware, policy=policy or BrowserPolicy())
     app.add_middleware(ObserveMiddleware, ids=state.ids, observer_ref=lambda: state.observer)
     return app

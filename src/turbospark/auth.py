@@ -18,6 +18,9 @@ from typing import Iterable, Mapping
 ADMIN_PREFIX = "/v1/admin/"
 #: Where the auth middleware puts the caller's tenant in the ASGI scope state.
 TENANT_KEY = "turbospark_tenant"
+#: ... and whether the caller administers (``Decision.admin``): an admin sees
+#: every tenant in /v1/events, /v1/stats and /v1/slots, anyone else only its own.
+ADMIN_KEY = "turbospark_admin"
 #: ``/dashboard`` is a page without data (a browser cannot send a key when
 #: it navigates); the data it loads (/v1/stats, /v1/events) needs the key.
 OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health"), ("GET", "/dashboard")}
@@ -39,6 +42,23 @@ class Decision:
     allowed: bool
     tenant: str = ""
     reason: str = ""
+    #: the refusal's HTTP status: 401 no valid key, 403 a valid key without
+    #: the privilege the route needs
+    status: int = 401
+    #: the caller holds the admin privilege (an admin key, or no keys at all)
+    admin: bool = False
+
+
+#: Routes an admin key opens besides the admin routes: what the server holds
+#: and did (an admin sees every tenant there), never inference.
+VIEW_ROUTES = {("GET", "/v1/events"), ("GET", "/v1/stats"), ("GET", "/v1/slots"),
+               ("GET", "/metrics"), ("HEAD", "/metrics")}
+MISSING_KEY = "invalid or missing API key"
+NOT_ADMIN = "this route needs an admin key (--admin-key); an inference key never administers"
+
+
+def is_admin_route(path: str) -> bool:
+    return path.startswith(ADMIN_PREFIX) or path.rstrip("/") == ADMIN_PREFIX.rstrip("/")
 
 
 @dataclass
@@ -48,13 +68,13 @@ class Auth:
     #: serve ``GET /metrics`` without a key even when keys are configured
     metrics_open: bool = False
     _digests: tuple[tuple[bytes, str], ...] = field(init=False, repr=False)
-    _admin_digests: tuple[bytes, ...] = field(init=False, repr=False)
+    _admin_digests: tuple[tuple[bytes, str], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.api_keys = tuple(k for k in self.api_keys if k)
         self.admin_keys = tuple(k for k in self.admin_keys if k)
         self._digests = tuple((_digest(k), tenant_of(k)) for k in self.api_keys)
-        self._admin_digests = tuple(_digest(k) for k in self.admin_keys)
+        self._admin_digests = tuple((_digest(k), tenant_of(k)) for k in self.admin_keys)
 
     @property
     def enabled(self) -> bool:
@@ -71,30 +91,46 @@ class Auth:
             return value.strip()
         return None
 
-    def check(self, method: str, path: str, headers: Mapping[str, str]) -> Decision:
-        if not self.enabled or (method, path) in OPEN_ROUTES:
-            return Decision(True)
-        if self.metrics_open and (method, path) in METRICS_ROUTES:
-            return Decision(True)
-        is_admin = path.startswith(ADMIN_PREFIX) and bool(self._admin_digests)
-        if not is_admin and not self._digests:
-            return Decision(True)
-        key = self.presented_key(headers)
-        if key is None:
-            return Decision(False, reason="invalid or missing API key")
-        given = _digest(key)
-        if is_admin:
-            ok = False
-            for d in self._admin_digests:  # no early exit: constant work
-                ok |= hmac.compare_digest(given, d)
-            return Decision(ok, tenant_of(key) if ok else "", "" if ok else "invalid or missing API key")
+    @staticmethod
+    def _match(given: bytes, digests: tuple[tuple[bytes, str], ...]) -> str:
+        """The tenant of the matching digest, or "" (no early exit: constant work)."""
         tenant = ""
-        for d, t in self._digests:
+        for d, t in digests:
             if hmac.compare_digest(given, d):
                 tenant = t
+        return tenant
+
+    def check(self, method: str, path: str, headers: Mapping[str, str]) -> Decision:
+        """Who may call ``method path`` with these headers (REFERENCE §5):
+        with no keys everything is open and the caller administers; admin
+        routes need an admin key (403 for a valid inference key, also when
+        no admin key is configured); admin keys also read the views."""
+        if not self.enabled:
+            return Decision(True, admin=True)
+        if (method, path) in OPEN_ROUTES or (self.metrics_open and (method, path) in METRICS_ROUTES):
+            return Decision(True)
+        admin_route = is_admin_route(path)
+        key = self.presented_key(headers)
+        given = _digest(key) if key is not None else b""
+        admin_tenant = self._match(given, self._admin_digests) if key is not None else ""
+        if not admin_route and not self._digests:
+            # only admin keys configured: the rest stays open (an admin key
+            # still reads every tenant's views)
+            if admin_tenant and (method, path) in VIEW_ROUTES:
+                return Decision(True, admin_tenant, admin=True)
+            return Decision(True)
+        if key is None:
+            return Decision(False, reason=MISSING_KEY)
+        tenant = self._match(given, self._digests)
+        if admin_tenant and (admin_route or (method, path) in VIEW_ROUTES):
+            return Decision(True, admin_tenant, admin=True)
+        if admin_route:
+            if tenant:
+                return Decision(False, reason=NOT_ADMIN, status=403)
+            return Decision(False, reason=MISSING_KEY)
         if tenant:
             return Decision(True, tenant)
-        return Decision(False, reason="invalid or missing API key")
+        return Decision(False, reason=MISSING_KEY)
 
 
 def is_loopback(host: str) -> bool:
@@ -117,10 +153,43 @@ def refuse_open_bind(host: str, auth: Auth) -> str | None:
     )
 
 
+class KeyFileError(ValueError):
+    pass
+
+
+def read_key_file(path: str) -> list[str]:
+    """API keys from a file, one a line (blank lines and ``#`` comments
+    skipped), so they need not sit in the world-readable command line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyFileError(f"cannot read the API key file {path}: {exc}") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise KeyFileError(f"the API key file {path} holds no key")
+    return keys
+
+
+def check_bind(host: str, auth: Auth) -> None:
+    """The one bind rule, for the CLI and ``Server`` alike: raises
+    :class:`OpenBind` for a non-loopback address without an API key."""
+    why = refuse_open_bind(host, auth)
+    if why:
+        raise OpenBind(why)
+
+
+class OpenBind(ValueError):
+    pass
+
+
 def from_config(
-    api_keys: Iterable[str], admin_keys: Iterable[str], env: Mapping[str, str], metrics_auth: bool = True
+    api_keys: Iterable[str], admin_keys: Iterable[str], env: Mapping[str, str], metrics_auth: bool = True,
+    key_files: Iterable[str] = (),
 ) -> Auth:
     keys = [k for k in api_keys if k]
+    for path in key_files:
+        keys.extend(read_key_file(path))
     env_key = env.get("TURBOSPARK_API_KEY")
     if env_key:
         keys.append(env_key)

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from . import __version__
-from .catalog import CATALOG, DEFAULT_MODEL, ModelNotFound, resolve_model
+from .catalog import CATALOG, DEFAULT_MODEL, ModelNotFound
 
 
 DEFAULT_PARALLEL = 4
@@ -41,6 +41,19 @@ MODEL_FLAGS = {
     "draft_max": "draft_max", "max_queue": "max_queue", "keep_alive": "keep_alive",
 }
 FLAG_DEFAULTS = {"ctx": 4096, "parallel": DEFAULT_PARALLEL}
+
+
+def _size(text: str) -> int:
+    """``32M``, ``512k``, ``1G`` or plain bytes."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        n = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 32M)") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 byte")
+    return n
 
 
 def _fail(message: str) -> int:
@@ -92,20 +105,26 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
             setattr(args, key, "off" if server.get(key) is False else "on")
     args.api_key = list(args.api_key or []) + list(server.get("api_keys", []))
     args.admin_key = list(args.admin_key or []) + list(server.get("admin_keys", []))
+    args.api_key_file = list(args.api_key_file or []) + (
+        [server["api_key_file"]] if "api_key_file" in server else [])
+    for key, flag in (("allowed_hosts", "allowed_host"), ("cors_origins", "cors_origin"),
+                      ("models_dirs", "models_dir")):
+        setattr(args, flag, list(getattr(args, flag) or []) + list(server.get(key, [])))
+    if args.max_body is None:
+        args.max_body = server.get("max_body")
     return opts
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .app import build_app
-    from .auth import from_config, refuse_open_bind
+    from .auth import KeyFileError, OpenBind, check_bind, from_config
+    from .guard import policy_from
     from .config import ConfigError
     from .engine.memory import MemoryRefused
     from .loading import load_spec, populate
     from .observe import combine
     from .registry import Registry, RegistryError
-    from .server import LiveUvicorn, bind_socket
+    from .server import LiveUvicorn, bind_socket, uvicorn_config
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -115,10 +134,13 @@ def _serve(args: argparse.Namespace) -> int:
         options = _model_options(args)
     except (ConfigError, ModelNotFound) as exc:
         return _fail(str(exc))
-    auth = from_config(args.api_key, args.admin_key, os.environ, metrics_auth=args.metrics_auth != "off")
-    why = refuse_open_bind(args.host, auth)
-    if why:
-        return _fail(why)
+    try:
+        auth = from_config(args.api_key, args.admin_key, os.environ, metrics_auth=args.metrics_auth != "off",
+                           key_files=args.api_key_file)
+        check_bind(args.host, auth)
+        policy = policy_from(args.host, args.allowed_host, args.cors_origin, args.max_body)
+    except (KeyFileError, OpenBind, ValueError) as exc:
+        return _fail(str(exc))
 
     try:
         sinks, metrics = _sinks(args)
@@ -162,7 +184,8 @@ def _serve(args: argparse.Namespace) -> int:
         if entry.model is None:
             print(f"  model {entry.id}: configured, loads on first use", file=sys.stderr)
 
-    app = build_app(registry, observer, auth, metrics, guardrails=args.guardrails == "on", live=live)
+    app = build_app(registry, observer, auth, metrics, guardrails=args.guardrails == "on", live=live,
+                    policy=policy, model_folders=args.models_dir or None)
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
@@ -172,10 +195,10 @@ def _serve(args: argparse.Namespace) -> int:
     address = f"http://{host}:{sock.getsockname()[1]}"
     print(f"  dashboard: {address}/dashboard   console: turbospark console --url {address}", file=sys.stderr)
     print("  auth: " + ("API key required" if auth.api_keys else "off (loopback only)")
+          + "   browsers: " + (", ".join(policy.cors_origins) or "own pages only")
           + "   events: " + (args.event_log or "(no --event-log)")
           + "   traces: " + _traces_label(args), file=sys.stderr)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
-    server = LiveUvicorn(config, live)
+    server = LiveUvicorn(uvicorn_config(app), live)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # pragma: no cover - uvicorn normally handles it
@@ -274,6 +297,19 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", action="append", help="require this API key (repeatable; or TURBOSPARK_API_KEY)")
     s.add_argument("--admin-key", action="append",
                    help="a separate key for /v1/admin routes (or TURBOSPARK_ADMIN_KEY)")
+    s.add_argument("--api-key-file", action="append", metavar="FILE",
+                   help="read API keys from FILE, one a line (keeps them out of the process list)")
+    s.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="a Host name to answer besides loopback names and the bound address "
+                        "(repeatable; '*' = any; guards against DNS rebinding)")
+    s.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                   help="a web origin whose pages may call the API, e.g. http://localhost:3000 "
+                        "(repeatable; '*' = any; default: only the server's own pages)")
+    s.add_argument("--max-body", type=_size, default=None, metavar="BYTES",
+                   help="largest request body, e.g. 32M (default 32 MiB); larger ones get 413")
+    s.add_argument("--models-dir", action="append", metavar="DIR",
+                   help="a folder admin attach may load GGUF files from (repeatable; default: "
+                        "the model cache and the folders of the models given at start)")
     s.add_argument("--guardrails", choices=["on", "off"], default=None,
                    help="validate tool calls against their schemas and re-ask once (default on)")
     s.add_argument("--event-log", metavar="FILE", default=None, help="append every event to FILE as JSON lines")

@@ -8,6 +8,11 @@
     guardrails = true         # tool-call validation and one re-ask
     metrics_auth = true       # GET /metrics needs a key when keys are set
     otlp_endpoint = "http://127.0.0.1:4318"   # one OpenTelemetry span per request
+    api_key_file = "/etc/turbospark/keys"    # API keys, one a line (not in the command line)
+    allowed_hosts = ["llm.internal"]         # Host names besides loopback and the bound address
+    cors_origins = ["http://localhost:3000"] # web pages that may call the API ("*": any)
+    max_body = 33554432                      # bytes (default 32 MiB)
+    models_dirs = ["/srv/models"]            # where admin attach may load GGUF files from
 
     [defaults]                # every model, unless its own section says otherwise
     ctx = 4096
@@ -72,8 +77,13 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "guardrails": (bool,),
     "metrics_auth": (bool,),
     "otlp_endpoint": (str,),
+    "api_key_file": (str,),
+    "allowed_hosts": (list,),
+    "cors_origins": (list,),
+    "max_body": (int,),
+    "models_dirs": (list,),
 }
-POSITIVE = {"ctx", "parallel", "draft_max"}
+POSITIVE = {"ctx", "parallel", "draft_max", "max_body"}
 NON_NEGATIVE = {"session_slots", "threads", "max_queue", "keep_alive", "port", "max_resident"}
 
 

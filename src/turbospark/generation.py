@@ -375,7 +375,8 @@ async def stream(model: Any, prepared: Prepared, cancel: CancelFlag) -> AsyncIte
         req = prepared.request
         retry = None
         if req is not None and req.guardrails is not False and result.reason is not StopReason.CANCELLED:
-            retry = _reask(model, prepared, router, problems, calls)
+            # templating and tokenising the longer prompt: off the event loop
+            retry = await asyncio.to_thread(_reask, model, prepared, router, problems, calls)
         if retry is not None:
             # the last attempt's answer is returned as is (its text follows
             # what was already streamed)

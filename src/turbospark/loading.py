@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable
 
-from .catalog import resolve_model
+import os
+import stat
+
+from .catalog import CATALOG, GGUF_MAGIC, cache_dir, resolve_model
 from .engine.model import LlamaChatModel, ModelOptions, derive_id
 from .registry import ModelSpec, Registry
 
@@ -17,6 +20,58 @@ def options_for(arg: str, **overrides: Any) -> ModelOptions:
     """A ``--model`` argument (GGUF path or packaged name) as load options."""
     path, default_id = resolve_model(arg)
     return ModelOptions(path=path, id=default_id or derive_id(path), **overrides)
+
+
+class NotAttachable(Exception):
+    """An attach request names something that is not a packaged model or a
+    GGUF file under the allowed folders. One message for every case, so a
+    caller never learns whether a path exists."""
+
+    def __init__(self, arg: str) -> None:
+        super().__init__(
+            f"{arg!r} is not a packaged model name or a GGUF file under the allowed model folders (--models-dir)"
+        )
+
+
+def default_model_folders(registry: Registry) -> tuple[str, ...]:
+    """Where attach may load files from when ``--models-dir`` is not given:
+    the model cache and the folders of the models configured at start."""
+    folders = [cache_dir()]
+    for entry in registry.entries():
+        path = entry.spec.path if entry.spec is not None else entry.info.get("path")
+        if path:
+            folders.append(os.path.dirname(os.path.abspath(path)))
+    return tuple(dict.fromkeys(folders))
+
+
+def _inside(path: str, folder: str) -> bool:
+    try:
+        return os.path.commonpath([path, folder]) == folder
+    except ValueError:  # different drives, or a relative/absolute mix
+        return False
+
+
+def attachable(arg: str, folders: Iterable[str]) -> tuple[str, str | None]:
+    """``(path, default id)`` for an attach request's ``model``: a packaged
+    model name, or a regular file that lies (links resolved) under one of
+    ``folders`` and starts with the GGUF magic. Anything else raises
+    :class:`NotAttachable`; llama.cpp never sees the file."""
+    if arg in CATALOG:
+        return resolve_model(arg)  # not installed: ModelNotFound names the package
+    try:
+        real = os.path.realpath(arg)
+        roots = [os.path.realpath(f) for f in folders]
+        if not any(_inside(real, root) for root in roots):
+            raise NotAttachable(arg)
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or os.read(fd, len(GGUF_MAGIC)) != GGUF_MAGIC:
+                raise NotAttachable(arg)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        raise NotAttachable(arg) from None
+    return real, None
 
 
 def spec_for(opts: ModelOptions) -> ModelSpec:

@@ -18,8 +18,10 @@ from typing import Any
 
 import orjson
 
-from .auth import TENANT_KEY
+from .auth import ADMIN_KEY, TENANT_KEY
+from .dialects.common import BadRequest
 from .dialects.errors import error_message, shape_for_path
+from .guard import CORS_EXPOSE, CORS_MAX_AGE, CORS_METHODS, BrowserPolicy
 from .observe import (
     REQUEST_ID_KEY,
     TRACE_HEADERS,
@@ -29,6 +31,7 @@ from .observe import (
     RequestStarted,
     now_ms,
     record,
+    request_tenant,
     trace_context,
 )
 
@@ -118,13 +121,139 @@ def _message_from(body: bytes, status: int) -> str:
     return msg or f"HTTP {status}"
 
 
+async def refuse(scope: Scope, send: Any, status: int, message: str, *,
+                 type: str | None = None, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """An error in the path's dialect shape, sent without reading the body."""
+    shape = shape_for_path(scope.get("path", ""))
+    body = orjson.dumps(shape(status, message, type=type, param=None, code=None))
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *headers,
+        ],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyTooLarge(BadRequest):
+    """The body passed ``--max-body`` while it was being read (413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the request body is larger than this server's limit of {limit} bytes (--max-body)",
+            status=413, code="request_too_large",
+        )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k == name:
+            return v.decode("latin-1")
+    return None
+
+
+class GuardMiddleware:
+    """Browser safety and body size (``guard.BrowserPolicy``), before any
+    body is read: a ``Host`` that is not ours (DNS rebinding) or an
+    ``Origin`` that is not allowed is a 403; allowed origins get CORS
+    answers (preflights included); a body over the limit is a 413, by its
+    ``Content-Length`` or, chunked, as its bytes arrive (never buffered past
+    the limit). Sits inside :class:`ObserveMiddleware`: refusals are observed."""
+
+    def __init__(self, app: Any, policy: BrowserPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        policy = self.policy
+        host = _header(scope, b"host")
+        if not policy.host_allowed(host):
+            await refuse(scope, send, 403, f"host {host!r} is not allowed: this server answers to "
+                         "loopback names, its own address and --allowed-host names", type="permission_error")
+            return
+        origin = _header(scope, b"origin")
+        if origin is not None:
+            if not policy.origin_allowed(origin, host):
+                await refuse(scope, send, 403, f"origin {origin!r} is not allowed to call this server "
+                             "(--cors-origin)", type="permission_error")
+                return
+            cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+            requested = _header(scope, b"access-control-request-method")
+            if scope.get("method") == "OPTIONS" and requested is not None:
+                asked = _header(scope, b"access-control-request-headers") or ""
+                await send({"type": "http.response.start", "status": 204, "headers": [
+                    *cors,
+                    (b"access-control-allow-methods", CORS_METHODS.encode()),
+                    (b"access-control-allow-headers", policy.allowed_request_headers(asked).encode()),
+                    (b"access-control-max-age", CORS_MAX_AGE.encode()),
+                    (b"content-length", b"0"),
+                ]})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            send = _with_headers(send, [*cors, (b"access-control-expose-headers", CORS_EXPOSE.encode())])
+        limit = policy.max_body
+        length = _header(scope, b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                declared = -1
+            if declared < 0:
+                await refuse(scope, send, 400, "malformed Content-Length header")
+                return
+            if declared > limit:
+                await refuse(scope, send, 413, BodyTooLarge(limit).message, headers=[(b"connection", b"close")])
+                return
+        started = False
+
+        async def counted_receive() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        async def tracked_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        seen = 0
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except BodyTooLarge as exc:  # a handler that did not shape it itself
+            if started:
+                raise
+            await refuse(scope, send, 413, exc.message, headers=[(b"connection", b"close")])
+
+
+def _with_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
+    async def sender(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return sender
+
+
 class AuthMiddleware:
     """401s before the body is read, in the error shape of the path's dialect.
     Sits inside :class:`ObserveMiddleware`, so refusals are observed too."""
 
-    def __init__(self, app: Any, auth: Any) -> None:
+    def __init__(self, app: Any, auth: Any, observer_ref: Any = None) -> None:
         self.app = app
         self.auth = auth
+        #: as :class:`ObserveMiddleware`'s: told each accepted request's tenant
+        self.observer_ref = observer_ref
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not self.auth.enabled:
@@ -133,20 +262,16 @@ class AuthMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         decision = self.auth.check(scope.get("method", ""), scope.get("path", ""), headers)
         if not decision.allowed:
-            shape = shape_for_path(scope.get("path", ""))
-            body = orjson.dumps(shape(401, decision.reason, type="authentication_error", param=None, code=None))
-            await send({
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b'Bearer realm="turbospark"'),
-                ],
-            })
-            await send({"type": "http.response.body", "body": body})
+            if decision.status == 401:
+                await refuse(scope, send, 401, decision.reason, type="authentication_error",
+                             headers=[(b"www-authenticate", b'Bearer realm="turbospark"')])
+            else:
+                await refuse(scope, send, decision.status, decision.reason, type="permission_error")
             return
-        scope.setdefault("state", {})[TENANT_KEY] = decision.tenant
+        state = scope.setdefault("state", {})
+        state[TENANT_KEY], state[ADMIN_KEY] = decision.tenant, decision.admin
+        if self.observer_ref is not None:  # the views show each tenant its own requests
+            request_tenant(self.observer_ref(), state.get(REQUEST_ID_KEY), decision.tenant)
         await self.app(scope, receive, send)
 
 

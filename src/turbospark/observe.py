@@ -237,6 +237,23 @@ def trace_context(observer: Observer | None, rid: int, carrier: dict[str, str]) 
         log.exception("observer raised on trace context; ignored")
 
 
+def request_tenant(observer: Observer | None, rid: int | None, tenant: str) -> None:
+    """Tell the observers that want it (those with a ``request_tenant(id,
+    tenant)`` method: the live views, to show each tenant only its own
+    requests) which tenant request ``rid`` runs for: ``tenant_of`` its key,
+    never the key. Not an event: the event schema (REFERENCE §2) stays the
+    same for every sink. Called by the auth middleware once the key is
+    accepted, so right after ``requestStarted``; never for a refused
+    request, nor when no keys are configured (one tenant, "")."""
+    hook = getattr(observer, "request_tenant", None)
+    if hook is None or rid is None:
+        return
+    try:
+        hook(rid, tenant)
+    except Exception:
+        log.exception("observer raised on request tenant; ignored")
+
+
 class FanOut:
     """Sends every event to several observers; one raising spoils nothing."""
 
@@ -245,6 +262,9 @@ class FanOut:
         self._tracers = tuple(o for o in self.observers if getattr(o, "trace_context", None) is not None)
         if not self._tracers:  # nobody joins traces: no hook, so no header scan
             self.trace_context = None  # type: ignore[assignment]
+        self._tenanted = tuple(o for o in self.observers if getattr(o, "request_tenant", None) is not None)
+        if not self._tenanted:
+            self.request_tenant = None  # type: ignore[assignment]
 
     def record(self, event: ServerEvent) -> None:
         for obs in self.observers:
@@ -256,6 +276,10 @@ class FanOut:
     def trace_context(self, rid: int, carrier: dict[str, str]) -> None:
         for obs in self._tracers:
             trace_context(obs, rid, carrier)
+
+    def request_tenant(self, rid: int, tenant: str) -> None:
+        for obs in self._tenanted:
+            request_tenant(obs, rid, tenant)
 
 
 def combine(observers: Iterable[Observer | None]) -> Observer | None:
@@ -391,6 +415,9 @@ class ReportingModel:
     @property
     def max_context(self) -> int:
         return self.inner.max_context
+
+    def reserve(self, config: Any) -> Any:
+        return self.inner.reserve(config)
 
     def info(self) -> dict[str, Any]:
         return self.inner.info()

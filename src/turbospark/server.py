@@ -19,7 +19,8 @@ from typing import Any, Iterable
 import uvicorn
 
 from .app import build_app
-from .auth import Auth
+from .auth import Auth, check_bind, read_key_file
+from .guard import policy_from
 from .catalog import DEFAULT_MODEL
 from .loading import ModelArg, load_spec, populate
 from .observe import Observer, combine
@@ -47,19 +48,28 @@ class Server:
         metrics_auth: bool = True,
         guardrails: bool = True,
         log_level: str = "warning",
+        api_key_file: str | None = None,
+        allowed_hosts: Iterable[str] = (),
+        cors_origins: Iterable[str] = (),
+        max_body: int | None = None,
+        models_dirs: Iterable[str] | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        keys = [*api_keys, *(read_key_file(api_key_file) if api_key_file else [])]
+        self.auth = Auth(tuple(keys), tuple(admin_keys), metrics_open=not metrics_auth)
+        check_bind(host, self.auth)  # the same rule as `turbospark serve`
         #: always present, before the registry, so it sees the models attach
         self.metrics = PrometheusSink()
         self.live = LiveEvents()  # /v1/events, /v1/stats, /dashboard
         self.observer = combine([observer, *observers, self.metrics, self.live])
         self.registry = Registry(self.observer, loader=load_spec, max_resident=max_resident)
-        self.auth = Auth(tuple(api_keys), tuple(admin_keys), metrics_open=not metrics_auth)
         chosen = list(models) if models is not None else [DEFAULT_MODEL]
         self._owned = populate(self.registry, chosen, model_defaults)
         self.app = build_app(
-            self.registry, self.observer, self.auth, self.metrics, live=self.live, guardrails=guardrails
+            self.registry, self.observer, self.auth, self.metrics, live=self.live, guardrails=guardrails,
+            policy=policy_from(host, allowed_hosts, cors_origins, max_body),
+            model_folders=tuple(models_dirs) if models_dirs is not None else None,
         )
         self._log_level = log_level
         self._server: uvicorn.Server | None = None
@@ -74,10 +84,7 @@ class Server:
     def start(self, timeout: float = 30.0) -> "Server":
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app, log_level=self._log_level, access_log=False, lifespan="off",
-            timeout_graceful_shutdown=5,
-        )
+        config = uvicorn_config(self.app, self._log_level)
         self._server = server = LiveUvicorn(config, self.live)
 
         def run() -> None:
@@ -136,6 +143,59 @@ class LiveUvicorn(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.live.close()
         await super().shutdown(sockets)
+
+
+#: the most bytes a request line and its headers may take (431 past it)
+MAX_HEADER_BYTES = 64 * 1024
+_TOO_LARGE_BODY = b"the request's headers are too large\n"
+HEADERS_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY)
+)
+
+
+def _bounded_protocol() -> Any:
+    """uvicorn's fast HTTP protocol (httptools), with a bound on the request
+    head: llhttp itself has none, so a client could send headers without
+    end. Past :data:`MAX_HEADER_BYTES` of a head that is not complete yet the
+    connection gets a 431 and is closed. Without httptools: h11, whose
+    incomplete-event bound does the same."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # pragma: no cover - httptools is a dependency
+        return None
+
+    class BoundedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc]
+        _head_bytes = 0
+        _in_head = True
+
+        def on_message_begin(self) -> None:
+            self._head_bytes = 0
+            self._in_head = True
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._in_head and not self.transport.is_closing():
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEADER_BYTES:
+                    self.transport.write(HEADERS_TOO_LARGE)
+                    self.transport.close()
+
+    return BoundedHttpToolsProtocol
+
+
+def uvicorn_config(app: Any, log_level: str = "warning") -> uvicorn.Config:
+    """The HTTP server's settings, for ``Server`` and ``turbospark serve`` alike."""
+    protocol = _bounded_protocol()
+    return uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+        http=protocol if protocol is not None else "h11", h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+    )
 
 
 def _close(model: Any) -> None:

@@ -168,19 +168,24 @@ class LlamaModelFile:
         buf = ctypes.create_string_buffer(256)
         plain: list[bytes] = []
         special: list[bytes] = []
+        longest = 0
         eog: set[int] = set()
         control: set[int] = set()
         for t in range(self.n_vocab):
             n = L.llama_token_to_piece(self.vocab, t, buf, 256, 0, False)
             plain.append(buf.raw[:n] if n > 0 else b"")
+            longest = max(longest, abs(n))  # -n: a piece longer than the buffer
             n = L.llama_token_to_piece(self.vocab, t, buf, 256, 0, True)
             special.append(buf.raw[:n] if n > 0 else b"")
+            longest = max(longest, abs(n))
             if L.llama_vocab_is_eog(self.vocab, t):
                 eog.add(t)
             if L.llama_vocab_is_control(self.vocab, t):
                 control.add(t)
         self.pieces = plain
         self.special_pieces = special
+        #: the most bytes one token stands for (a bound for prompt lengths)
+        self.longest_piece = longest
         self.eog_tokens = frozenset(eog)
         self.control_tokens = frozenset(control)
 

@@ -215,6 +215,7 @@ class LlamaChatModel:
         if self.default_system and not any(m.get("role") == "system" for m in messages):
             messages = [{"role": "system", "content": self.default_system}, *messages]
         text = self.template.render(messages, tools=tools, **template_kwargs)
+        self._check_length(text)
         bos = self.template.bos_token
         add_bos = self.file.add_bos and not (bos and text.startswith(bos))
         ids = self.file.tokenize(text, add_bos, True)
@@ -222,9 +223,35 @@ class LlamaChatModel:
 
     def prompt_ids(self, text: str) -> list[int]:
         """A raw prompt (no chat template), BOS per the model."""
+        self._check_length(text)
         return self.file.tokenize(text, self.file.add_bos, False)
 
     # -- admission -----------------------------------------------------------
+    def _check_length(self, text: str) -> None:
+        """Refuse a text that cannot fit the context before tokenising it: no
+        token is longer than the vocabulary's longest piece, so the text has
+        at least len(bytes) / longest tokens (tokenising megabytes takes
+        seconds; this takes microseconds)."""
+        longest = self.file.longest_piece
+        if len(text) <= self.max_context or longest <= 0:
+            return
+        at_least = len(text.encode("utf-8")) // longest
+        if at_least > self.max_context:
+            raise AdmissionError(
+                f"this request's prompt is at least {at_least} tokens, but the model's context is "
+                f"{self.max_context} tokens", "messages",
+            )
+
+    def reserve(self, config: GenerationConfig) -> Callable[[], None]:
+        """Hold a place on the wait list for the generation ``config`` will
+        run (raises :class:`Overloaded` when it is full), before any response
+        byte is sent; returns the release for a generation that never runs."""
+        if self.scheduler is None:
+            return lambda: None
+        reservation = self.scheduler.reserve()
+        config.reservation = reservation
+        return reservation.release
+
     def check_admission(self, n_prompt: int, max_new: int) -> None:
         if n_prompt <= 0:
             raise AdmissionError("the prompt is empty", "messages")

@@ -18,6 +18,7 @@ tokens. Sampling time is charged to the sequence sampled.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -106,6 +107,25 @@ _CALIBRATION_LOCK = threading.Lock()
 CALIBRATION_PASSES = 3
 
 
+class Reservation:
+    """A place on a scheduler's wait list, held from admission (before any
+    response byte) until the job that takes it is submitted, or released.
+    Releasing twice, or after the job took it, does nothing."""
+
+    __slots__ = ("_scheduler", "held")
+
+    def __init__(self, scheduler: "Scheduler") -> None:
+        self._scheduler = scheduler
+        self.held = True
+
+    def release(self) -> None:
+        self._scheduler._unreserve(self)
+
+
+#: weight of the newest job in the mean job time behind Retry-After
+JOB_TIME_WEIGHT = 0.2
+
+
 class Seq:
     """A running sequence: one job in one slot."""
 
@@ -185,6 +205,10 @@ class Scheduler:
         self._batch = Batch(ctx.opts.n_batch)
         self._waiting: deque[Job] = deque()
         self._active: list[Seq] = []
+        #: places held on the wait list by admitted requests not yet submitted
+        self._reserved = 0
+        #: decayed mean of admitted → finished seconds, for Retry-After
+        self._job_seconds = 0.0
         self._cond = threading.Condition()
         self._stopping = False
         self._on_step = on_step
@@ -194,14 +218,50 @@ class Scheduler:
         self._thread.start()
 
     # ------------------------------------------------------------------ API
+    def reserve(self) -> Reservation:
+        """Hold a place for a request about to be submitted, or refuse it
+        now (:class:`Overloaded`, with a Retry-After estimate): admission
+        happens before any response byte, streams included."""
+        with self._cond:
+            self._check_room_locked()
+            self._reserved += 1
+            return Reservation(self)
+
+    def _unreserve(self, reservation: Reservation) -> None:
+        with self._cond:
+            if reservation.held:
+                reservation.held = False
+                self._reserved -= 1
+
+    def _check_room_locked(self) -> None:
+        if self._stopping:
+            raise EngineError("the model is shutting down")
+        if not self.max_queue:
+            return
+        # free sequences take submitted jobs at once: they are no wait
+        free = max(0, self.parallel - len(self._active))
+        if len(self._waiting) + self._reserved >= self.max_queue + free:
+            raise Overloaded(
+                f"the wait list is full ({self.max_queue} requests waiting); try again shortly",
+                retry_after=self.retry_after_locked(),
+            )
+
+    def retry_after_locked(self) -> int:
+        """Seconds until a place is likely free: the jobs ahead times the
+        recent mean job time, over the sequences that run them (≥ 1)."""
+        ahead = len(self._waiting) + self._reserved
+        return max(1, math.ceil(ahead * self._job_seconds / self.parallel))
+
     def submit(self, job: Job) -> None:
         with self._cond:
-            if self._stopping:
-                raise EngineError("the model is shutting down")
-            if self.max_queue and len(self._waiting) >= self.max_queue:
-                raise Overloaded(
-                    f"the wait list is full ({self.max_queue} requests waiting); try again shortly"
-                )
+            held = job.config.reservation
+            if isinstance(held, Reservation) and held.held and held._scheduler is self:
+                held.held = False  # the place it held is now the job's
+                self._reserved -= 1
+                if self._stopping:
+                    raise EngineError("the model is shutting down")
+            else:
+                self._check_room_locked()
             self._waiting.append(job)
             self._cond.notify()
 
@@ -529,6 +589,9 @@ class Scheduler:
 
     # -------------------------------------------------------------- endings
     def _release(self, seq: Seq) -> None:
+        took = time.perf_counter() - seq.admitted_at
+        with self._cond:
+            self._job_seconds += JOB_TIME_WEIGHT * (took - self._job_seconds) if self._job_seconds else took
         seq.finished = True
         seq.chain.close()
         seq.slot.busy = False

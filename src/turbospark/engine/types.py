@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 
 class StopReason(str, enum.Enum):
@@ -54,6 +54,9 @@ class GenerationConfig:
     #: Whether a finished text is a tool call (set when tools are offered),
     #: so the engine reports ``toolCalls`` as the stop reason.
     tool_call_check: Callable[[str], bool] | None = None
+    #: A place on the wait list held since admission (``Scheduler.reserve``):
+    #: the submit that takes it is never refused as overloaded.
+    reservation: Any = field(default=None, repr=False, compare=False)
 
     @property
     def greedy(self) -> bool:

@@ -12,13 +12,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..catalog import ModelNotFound, resolve_model
+from ..catalog import ModelNotFound
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import openai_error
 from ..engine.model import ModelOptions
 from ..registry import RegistryError
-from ..loading import load_spec, spec_for
+from ..loading import NotAttachable, attachable, load_spec, spec_for
 from .common import JSONResponse, endpoint, read_json, state_of
+from .events import viewer
 
 
 def owner_hash(owner: str) -> str | None:
@@ -28,18 +29,31 @@ def owner_hash(owner: str) -> str | None:
     return hashlib.sha256(owner.encode()).hexdigest()[:12]
 
 
+def session_hash(session_key: str | None) -> str | None:
+    """Never the session key itself (a user id, a prompt cache key): a
+    stable digest, so a client can still tell which slot holds its session
+    (``sha256("turbospark-session:" + key)``, first 16 hex digits)."""
+    if session_key is None:
+        return None
+    return hashlib.sha256(b"turbospark-session:" + session_key.encode("utf-8")).hexdigest()[:16]
+
+
 @endpoint(openai_error)
 async def slots(request: Request) -> Response:
+    """Every model's slots; a non-admin caller sees only its tenant's."""
+    tenant = viewer(request)
     out: list[dict[str, Any]] = []
     for model in state_of(request).registry.models():
         load = model.load()
         for slot in load.get("slots", []):
+            if tenant is not None and slot["owner"] != tenant:
+                continue
             out.append({
                 "model": model.model_id,
                 "slot": slot["id"],
                 "state": slot["state"],
                 "owner": owner_hash(slot["owner"]),
-                "session_key": slot["session_key"],
+                "session_key": session_hash(slot["session_key"]),
                 "tokens_cached": slot["tokens_cached"],
                 "last_used": slot["last_used"] or None,
             })
@@ -89,7 +103,9 @@ async def attach_model(request: Request) -> Response:
     body = validate(AttachBody, await read_json(request))
     registry = state_of(request).registry
     try:
-        path, default_id = resolve_model(body.model)
+        path, default_id = await asyncio.to_thread(attachable, body.model, state_of(request).model_folders)
+    except NotAttachable as exc:
+        raise BadRequest(str(exc), "model", status=403, code="model_not_allowed", type="permission_error") from None
     except ModelNotFound as exc:
         raise BadRequest(str(exc), "model", status=404, code="model_not_found") from None
     opts = ModelOptions(path=path, id=body.id or default_id, aliases=tuple(body.aliases), kind=body.kind)

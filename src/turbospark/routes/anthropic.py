@@ -23,6 +23,7 @@ from .common import (
     read_json,
     request_id,
     respond,
+    off_loop,
     route_and_prepare,
     route_model,
     warning_headers,
@@ -71,7 +72,7 @@ async def count_tokens(request: Request) -> Response:
     body = validate(msgs.CountTokensRequest, await read_json(request))
     req, warnings = msgs.to_prompt_request(body)
     model, _ = await route_model(request, body.model, "chat", False)
-    ids = render(model, req)
+    ids = await off_loop(render, model, req)
     return JSONResponse({"input_tokens": len(ids)}, headers=_headers(request, warnings))
 
 

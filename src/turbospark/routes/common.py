@@ -49,6 +49,8 @@ class ServerState:
     guardrails: bool = True
     #: the server's PrometheusSink (``GET /metrics``)
     metrics: Any = None
+    #: folders admin attach may load GGUF files from (``--models-dir``)
+    model_folders: tuple[str, ...] = ()
 
 
 class JSONResponse(Response):
@@ -66,8 +68,15 @@ def request_id(request: Request) -> int | None:
     return request.scope.get("state", {}).get(REQUEST_ID_KEY)
 
 
+#: bodies larger than this are parsed on a worker thread
+PARSE_OFF_LOOP = 1 << 20
+
+
 async def read_json(request: Request) -> dict[str, Any]:
-    return parse_json_object(await request.body())
+    body = await request.body()
+    if len(body) > PARSE_OFF_LOOP:
+        return await asyncio.to_thread(parse_json_object, body)
+    return parse_json_object(body)
 
 
 def bind_request(req: Any, request: Request) -> Any:
@@ -115,7 +124,26 @@ async def route_and_prepare(
     ``prepare``), all before any byte of the response is sent."""
     bind_request(req, request)
     model, route = await route_model(request, requested, "chat", streamed)
-    return model, route, prepare_fn(model, req)
+    return model, route, await prepare_and_admit(request, model, req, prepare_fn)
+
+
+async def prepare_and_admit(
+    request: Request, model: Any, req: ChatRequest,
+    prepare_fn: Callable[[Any, ChatRequest], Prepared] = prepare,
+) -> Prepared:
+    """Template, tokenise and compile grammars on a worker thread (never on
+    the event loop: a 4 MB prompt takes seconds), then take a place on the
+    model's wait list: a full list is a 503 before the first byte, streams
+    included. The place is released with the response if never used."""
+    prepared = await asyncio.to_thread(prepare_fn, model, req)
+    release = model.reserve(prepared.config)
+    request.scope.setdefault("state", {}).setdefault(LEASES_KEY, []).append(release)
+    return prepared
+
+
+async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """Heavy, blocking work (templating, tokenising) on a worker thread."""
+    return await asyncio.to_thread(fn, *args)
 
 
 def error_response(shape: ErrorShape, exc: BaseException) -> Response:

@@ -13,6 +13,12 @@ request id), so a client resumes with ``?since=SEQ`` or the standard
 A ``gap`` frame (``data: {"missed": N, "from": a, "to": b}``) says which
 events the client will not get: the ring no longer reaches back to
 ``since``, or the client read too slowly and its queue overflowed.
+
+With API keys a non-admin caller sees only its own tenant's requests (and
+the models attaching and detaching): in the stream, whose sequence numbers
+then have holes (never gap frames) where other tenants' events were, and in
+``/v1/stats``, a fold of its requests alone. An admin key sees everything,
+as does every caller when no keys are configured.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..auth import ADMIN_KEY, TENANT_KEY
 from ..dialects.common import BadRequest
 from ..dialects.errors import openai_error
 from ..sinks.live import Gap, LiveEvents, Numbered
@@ -55,14 +62,25 @@ def _int_param(raw: str | None, name: str) -> int | None:
     return value
 
 
+def viewer(request: Request) -> str | None:
+    """Whose requests the caller may see: its tenant, or None (everyone's)
+    for an admin. No tenant in the state means no keys are configured (the
+    auth middleware lets everything through untouched): one tenant, and the
+    caller administers."""
+    state = request.scope.get("state", {})
+    if TENANT_KEY not in state or state.get(ADMIN_KEY, False):
+        return None
+    return state[TENANT_KEY]
+
+
 def live_of(request: Request) -> LiveEvents:
     live = state_of(request).live
     assert live is not None, "build_app always installs LiveEvents"
     return live
 
 
-async def _frames(live: LiveEvents, since: int | None) -> AsyncIterator[bytes]:
-    sub, gap, replay = live.subscribe(since)
+async def _frames(live: LiveEvents, since: int | None, tenant: str | None = None) -> AsyncIterator[bytes]:
+    sub, gap, replay = live.subscribe(since, tenant)
     try:
         yield b"retry: %d\n\n" % RETRY_MS
         if gap is not None:
@@ -90,13 +108,13 @@ async def events(request: Request) -> Response:
     since = _int_param(request.headers.get("last-event-id"), "Last-Event-ID")
     if since is None:
         since = _int_param(request.query_params.get("since"), "since")
-    return sse_response(_frames(live, since))
+    return sse_response(_frames(live, since, viewer(request)))
 
 
 @endpoint(openai_error)
 async def stats(request: Request) -> Response:
     limit = _int_param(request.query_params.get("requests"), "requests")
-    return JSONResponse(live_of(request).summary(100 if limit is None else limit))
+    return JSONResponse(live_of(request).summary(100 if limit is None else limit, viewer(request)))
 
 
 routes = [

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from ..dialects import ollama as ol
 from ..dialects.common import BadRequest, ndjson, validate
 from ..dialects.errors import ollama_error
-from ..generation import Final, ToolCallDelta, prepare
+from ..generation import Final, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import (
     Frames,
@@ -27,6 +27,7 @@ from .common import (
     error_response,
     read_json,
     respond,
+    prepare_and_admit,
     route_model,
     state_of,
     warning_headers,
@@ -45,7 +46,7 @@ async def _answer(
     model, _ = await route_model(request, ol.model_name(requested), "chat", tr.stream)
     if tr.request is None:
         return JSONResponse(renderer.loaded(tr.done_reason), headers=warning_headers(tr.warnings))
-    prepared = prepare(model, bind_request(tr.request, request))
+    prepared = await prepare_and_admit(request, model, bind_request(tr.request, request))
     warnings = tr.warnings + ol.fit_context(prepared, tr, model.max_context)
     calls: list[ToolCall] = []
 
