@@ -12,6 +12,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 
 def turbospark(*args: str) -> list[str]:
@@ -67,3 +68,13 @@ def test_missing_model_exits_2(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "nope.gguf" in out.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without an API key"),
+    (["--api-key-file", "/nonexistent/keys"], "cannot read the API key file /nonexistent/keys"),
+    (["--max-body", "lots"], "not a size"),
+])
+def test_unsafe_or_broken_security_settings_exit_2(args, message):
+    out = subprocess.run(turbospark("serve", *args), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr, out.stderr

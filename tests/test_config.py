@@ -157,3 +157,26 @@ def test_catalog_listing_loads_nothing(tmp_path):
     for name in ("qwen2.5-coder-0.5b", "gemma3-270m"):
         assert name in out.stdout
     assert not (tmp_path / "cache" / "models").exists() or not os.listdir(tmp_path / "cache" / "models")
+
+
+def test_server_section_takes_the_security_settings_and_flags_add_to_them(tmp_path):
+    from turbospark.cli import _model_options, parser
+
+    path = write(tmp_path, """
+[server]
+allowed_hosts = ["llm.internal"]
+cors_origins = ["http://localhost:3000"]
+max_body = 1048576
+models_dirs = ["/srv/models"]
+api_key_file = "keys.txt"
+""")
+    args = parser().parse_args(["serve", "--config", path, "--cors-origin", "http://a.test",
+                                "--max-body", "2M"])
+    _model_options(args)
+    assert args.allowed_host == ["llm.internal"]
+    assert args.cors_origin == ["http://a.test", "http://localhost:3000"]
+    assert args.max_body == 2 << 20 and args.models_dir == ["/srv/models"]
+    assert args.api_key_file == [str(tmp_path / "keys.txt")]  # relative to the file
+    bad = write(tmp_path, "[server]\nmax_body = 0\n")
+    with pytest.raises(ConfigError, match="max_body must be at least 1"):
+        load_config(bad)

@@ -134,6 +134,11 @@ def load_config(path: str) -> Config:
             raise ConfigError(f"{path}: unknown section [{key}] (known: server, defaults, models)")
     cfg = Config()
     cfg.server = _section(path, "server", data.get("server", {}), SERVER_KEYS)
+    here = os.path.dirname(os.path.abspath(path))
+    if "api_key_file" in cfg.server:  # paths in the file are relative to it
+        cfg.server["api_key_file"] = os.path.join(here, cfg.server["api_key_file"])
+    if "models_dirs" in cfg.server:
+        cfg.server["models_dirs"] = [os.path.join(here, d) for d in cfg.server["models_dirs"]]
     cfg.defaults = _section(path, "defaults", data.get("defaults", {}), DEFAULT_KEYS)
     models = data.get("models", {})
     if not isinstance(models, dict):
