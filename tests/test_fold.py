@@ -45,46 +45,55 @@ def test_percentile_nearest_rank():
 def test_fold_requests_tokens_timings_and_queue():
     f = Fold()
     f.feed(ModelAttached(at_ms=1, model="m").to_dict())
-    # 1: non-streamed, fallback, prefix reuse; queue = 1000 - (100 + 500) = 400 ms
-    for e in (started(1), routed(1), gen(1, new=10, prompt=20, reused=5), finished(1, ms=1000)):
+    # 1: non-streamed, fallback, prefix reuse; the engine's queue 250 ms;
+    # overhead = 1000 - (250 + 100 + 500) = 150 ms
+    for e in (started(1), routed(1), gen(1, new=10, prompt=20, reused=5, queue_seconds=0.25), finished(1, ms=1000)):
         f.feed(e)
-    # 2: streamed: finished fires at stream start, generated closes it; no queue
+    # 2: streamed: running until its requestFinished, which comes after generated
     f.feed(started(2))
     f.feed(routed(2, stream=True, requested=None))
-    f.feed(finished(2, ms=30))
-    assert f.record(2).state == "streaming"
     f.feed(gen(2, new=30, prompt=40, prefill=0.2, decode=1.5, evicted=True, drafted_tokens=8, accepted_tokens=5))
-    # 3: a 404 that never routed; 4: still running
+    assert f.record(2).state == "running" and f.in_flight == 1
+    f.feed(finished(2, ms=1800))
+    # 3: a 404 that never routed; 4: still running; 5: a stream that failed after its headers
     f.feed(started(3, path="/nope"))
     f.feed(finished(3, status=404, ms=1, error="no route"))
     f.feed(started(4))
+    f.feed_all([started(5), routed(5, stream=True), finished(5, status=200, ms=50, error="engine error: boom")])
     s = f.summary()
-    assert (s["requests"], s["inFlight"], s["errors"], s["generations"]) == (4, 1, 1, 2)
+    assert (s["requests"], s["inFlight"], s["errors"], s["generations"]) == (5, 1, 2, 2)
     assert (s["promptTokens"], s["newTokens"]) == (60, 40)
     assert s["decodeTokPerSec"] == pytest.approx(40 / 2.0)
     assert s["prefixReuseRatio"] == pytest.approx(5 / 60)
     assert s["evictions"] == 1 and (s["draftedTokens"], s["acceptedTokens"]) == (8, 5)
     assert s["prefillMs"] == {"p50": pytest.approx(100.0), "p95": pytest.approx(200.0), "n": 2}
-    assert s["queueMs"] == {"p50": pytest.approx(400.0), "p95": pytest.approx(400.0), "n": 1}
+    assert s["queueMs"] == {"p50": pytest.approx(0.0), "p95": pytest.approx(250.0), "n": 2}
+    assert s["overheadMs"] == {"p50": pytest.approx(100.0), "p95": pytest.approx(150.0), "n": 2}
     assert s["models"] == ["m"]
-    assert s["perModel"]["m"]["requests"] == 2 and s["perModel"]["m"]["newTokens"] == 40
+    assert s["perModel"]["m"]["requests"] == 3 and s["perModel"]["m"]["newTokens"] == 40
     assert s["perModel"]["m"]["decodeTokPerSec"] == pytest.approx(20.0)
     recs = {r["id"]: r for r in s["records"]}
-    assert recs[1]["queuedMs"] == pytest.approx(400.0) and recs[1]["requested"] == "gpt-4o"
-    assert recs[2]["queuedMs"] is None and recs[2]["state"] == "done" and recs[2]["evicted"]
+    assert recs[1]["queuedMs"] == pytest.approx(250.0) and recs[1]["requested"] == "gpt-4o"
+    assert recs[1]["overheadMs"] == pytest.approx(150.0)
+    assert recs[2]["queuedMs"] == 0.0 and recs[2]["state"] == "done" and recs[2]["evicted"]
+    assert recs[2]["overheadMs"] == pytest.approx(100.0)
     assert recs[3]["status"] == 404 and recs[3]["error"] == "no route" and recs[3]["served"] is None
     assert recs[4]["state"] == "running"
+    assert recs[5]["status"] == 200 and recs[5]["error"] == "engine error: boom" and recs[5]["overheadMs"] is None
     f.feed(ModelDetached(at_ms=2, model="m").to_dict())
     assert f.summary()["models"] == []
 
 
 def test_fold_sums_a_guardrail_reask_and_hides_the_views_own_traffic():
     f = Fold()
-    f.feed_all([started(1), routed(1), gen(1, new=4, decode=0.1), gen(1, new=6, decode=0.2), finished(1, ms=900)])
+    f.feed_all([started(1), routed(1), gen(1, new=4, decode=0.1, queue_seconds=0.05),
+                gen(1, new=6, decode=0.2, queue_seconds=0.01), finished(1, ms=900)])
     rec = f.record(1)
-    assert (rec.generations, rec.new_tokens) == (2, 10)
-    assert rec.queued_ms == pytest.approx(900 - (0.2 + 0.3) * 1000)
-    assert f.summary()["queueMs"]["n"] == 1  # sampled once per request
+    assert (rec.usage.generations, rec.usage.new_tokens) == (2, 10)
+    assert rec.usage.decode_tok_per_sec == pytest.approx(10 / 0.3)  # summed over summed
+    assert rec.queued_ms == pytest.approx(60.0)
+    assert rec.overhead_ms == pytest.approx(900 - (0.06 + 0.2 + 0.3) * 1000)
+    assert f.summary()["queueMs"]["n"] == 2  # one sample per generation
     for rid, path in ((2, "/v1/events"), (3, "/v1/stats"), (4, "/dashboard")):
         f.feed(started(rid, path=path))
         f.feed(finished(rid))

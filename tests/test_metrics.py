@@ -133,10 +133,12 @@ def test_counters_move_by_exactly_the_generated_tokens(own):
     assert delta(before, after, "turbospark_request_decode_time_seconds_sum", **m) == pytest.approx(
         sum(g.decode_seconds for g in gens))
     assert delta(before, after, "turbospark_request_prefill_time_seconds_count", **m) == 3
-    # e2e for the three generating requests; queue time only for the two
-    # non-streamed ones
+    # e2e for the three generating requests; the engine's queue time for
+    # every generation, streamed or not
     assert delta(before, after, "turbospark_e2e_request_latency_seconds_count", **m) == 3
-    assert delta(before, after, "turbospark_request_queue_time_seconds_count", **m) == 2
+    assert delta(before, after, "turbospark_request_queue_time_seconds_count", **m) == 3
+    assert delta(before, after, "turbospark_request_queue_time_seconds_sum", **m) == pytest.approx(
+        sum(g.queue_seconds for g in gens))
 
     # requests by route TEMPLATE (no raw ids in labels), method and status
     assert delta(before, after, "turbospark_requests_total",
@@ -200,19 +202,19 @@ def samples_of(sink: PrometheusSink) -> Samples:
     return parse(sink.exposition()[0].decode())
 
 
-def test_sink_streamed_request_closes_at_generated():
+def test_sink_streamed_request_closes_at_request_finished():
     sink = PrometheusSink()
     sink.record(RequestStarted(id=1, at_ms=0, method="POST", path="/v1/chat/completions"))
     sink.record(RequestRouted(id=1, requested="x", served="m", stream=True))
-    sink.record(RequestFinished(id=1, status=200, duration_ms=5))  # the stream started
+    sink.record(gen(1, drafted_tokens=6, accepted_tokens=2, session_slot_evicted=True, queue_seconds=0.125))
+    s = samples_of(sink)
+    assert value(s, "turbospark_e2e_request_latency_seconds_count", model="m") == 0  # not over yet
+    assert value(s, "turbospark_time_to_first_token_from_arrival_seconds_count", model="m") == 1
+    sink.record(RequestFinished(id=1, status=200, duration_ms=1500))  # its last byte went out
     s = samples_of(sink)
     assert value(s, "turbospark_requests_total", path="/v1/chat/completions", method="POST", status="200") == 1
-    assert value(s, "turbospark_e2e_request_latency_seconds_count", model="m") == 0
-    sink.record(gen(1, drafted_tokens=6, accepted_tokens=2, session_slot_evicted=True))
-    s = samples_of(sink)
-    assert value(s, "turbospark_e2e_request_latency_seconds_count", model="m") == 1
-    assert value(s, "turbospark_request_queue_time_seconds_count", model="m") == 0  # unknowable for a stream
-    assert value(s, "turbospark_time_to_first_token_from_arrival_seconds_count", model="m") == 1
+    assert value(s, "turbospark_e2e_request_latency_seconds_sum", model="m") == pytest.approx(1.5)
+    assert value(s, "turbospark_request_queue_time_seconds_sum", model="m") == pytest.approx(0.125)
     assert value(s, "turbospark_spec_decode_num_draft_tokens_total", model="m") == 6
     assert value(s, "turbospark_spec_decode_num_accepted_tokens_total", model="m") == 2
     assert value(s, "turbospark_session_slot_evictions_total", model="m") == 1
@@ -220,17 +222,29 @@ def test_sink_streamed_request_closes_at_generated():
     assert not sink._open  # nothing left behind
 
 
-def test_sink_non_streamed_queue_time_is_duration_minus_engine_time():
+def test_sink_counts_failed_streams_and_disconnects_as_errors():
+    sink = PrometheusSink()
+    for rid, status, error in ((1, 200, "engine error: boom"), (2, 200, "client disconnected"),
+                               (3, 503, "the wait list is full"), (4, 200, None)):
+        sink.record(RequestStarted(id=rid, at_ms=0, method="POST", path="/v1/messages"))
+        sink.record(RequestFinished(id=rid, status=status, duration_ms=5, error=error))
+    s = samples_of(sink)
+    for kind in ("stream", "disconnected", "status"):
+        assert value(s, "turbospark_request_errors_total", path="/v1/messages", method="POST", kind=kind) == 1
+    assert value(s, "turbospark_requests_total", path="/v1/messages", method="POST", status="200") == 3
+
+
+def test_sink_queue_time_is_the_engines_and_ttft_counts_once():
     sink = PrometheusSink()
     sink.record(RequestStarted(id=7, at_ms=0, method="POST", path="/api/chat"))
     sink.record(RequestRouted(id=7, requested=None, served="m", stream=False))
-    sink.record(gen(7))
-    sink.record(gen(7))  # a re-ask is real work: tokens count twice, TTFT once
+    sink.record(gen(7, queue_seconds=0.5))
+    sink.record(gen(7, queue_seconds=0.25))  # a re-ask is real work: tokens count twice, TTFT once
     sink.record(RequestFinished(id=7, status=200, duration_ms=2000))
     s = samples_of(sink)
     assert value(s, "turbospark_generation_tokens_total", model="m") == 8
     assert value(s, "turbospark_time_to_first_token_from_arrival_seconds_count", model="m") == 1
-    assert value(s, "turbospark_request_queue_time_seconds_sum", model="m") == pytest.approx(2.0 - 1.5)
+    assert value(s, "turbospark_request_queue_time_seconds_sum", model="m") == pytest.approx(0.75)
     assert value(s, "turbospark_e2e_request_latency_seconds_sum", model="m") == pytest.approx(2.0)
 
 

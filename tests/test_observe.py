@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
 
-from turbospark.engine.interface import MEMBERS
 from turbospark.observe import (
     FanOut,
     Generated,
     ModelAttached,
     ModelDetached,
-    ReportingModel,
     RequestFinished,
     RequestIds,
     RequestRouted,
@@ -45,7 +42,7 @@ def test_event_shapes_are_the_contract():
         {"kind", "id", "atMs", "method", "path"},
         {"kind", "id", "requested", "served", "stream"},
         {"kind", "id", "model", "promptTokens", "newTokens", "prefillSeconds", "decodeSeconds",
-         "stopReason", "reusedPrefixTokens", "sessionSlotEvicted"},
+         "stopReason", "reusedPrefixTokens", "sessionSlotEvicted", "queueSeconds"},
         {"kind", "id", "status", "durationMs"},  # error omitted when none
         {"kind", "id", "status", "durationMs", "error"},
         {"kind", "atMs", "model"},
@@ -118,36 +115,44 @@ def test_ring_rejects_silly_limits():
         RingObserver(max_events=0)
 
 
-def test_reporting_model_delegates_every_member():
-    missing = [m for m in MEMBERS if m not in vars(ReportingModel)]
-    assert missing == [], f"ReportingModel would fall back to a default for: {missing}"
-    assert inspect.iscoroutinefunction(ReportingModel.run_completion)
+def test_the_reporter_records_each_run_with_its_wall_timings():
+    from turbospark.engine.types import RawDecodeResult, StopReason
+    from turbospark.observe import ListObserver, Reporter
+
+    obs = ListObserver()
+    result = RawDecodeResult(prompt_tokens=5, new_tokens=3, prefill_seconds=0.25, decode_seconds=0.5,
+                             reason=StopReason.MAX_TOKENS, queue_seconds=0.125)
+    Reporter(obs, 7).generated("m", result)
+    (g,) = obs.events
+    assert g.to_dict() == {
+        "kind": "generated", "id": 7, "model": "m", "promptTokens": 5, "newTokens": 3,
+        "prefillSeconds": 0.25, "decodeSeconds": 0.5, "stopReason": "maxTokens", "reusedPrefixTokens": 0,
+        "sessionSlotEvicted": False, "queueSeconds": 0.125}
+    Reporter(None, 8).generated("m", result)  # nobody listens: nothing built
+    Reporter(obs, None).generated("m", result)  # outside a request: nothing
+    assert len(obs.events) == 1
 
 
-def test_reporting_model_answers_with_the_inner_model():
-    class Inner:
-        model_id = "inner"
-        aliases = ("a",)
-        supports_chat = False
-        supports_embeddings = True
-        vision = None
-        default_reasoning = "high"
-        default_system = "be brief"
-        tokenizer = "tok"
-        vocab_size = 7
-        max_context = 99
+def test_the_reporter_waits_for_its_runs():
+    import asyncio
 
-        def info(self):
-            return {"x": 1}
+    from turbospark.observe import Reporter
 
-        def encode(self, texts, truncate=False):
-            return [[1.0]] * len(texts)
+    async def main() -> list[str]:
+        order: list[str] = []
+        reporter = Reporter(None, 1)
 
-    wrapped = ReportingModel(Inner(), FanOut([]), 1)
-    assert (wrapped.model_id, wrapped.aliases, wrapped.supports_chat, wrapped.supports_embeddings) == (
-        "inner", ("a",), False, True)
-    assert (wrapped.default_reasoning, wrapped.default_system, wrapped.max_context) == ("high", "be brief", 99)
-    assert wrapped.encode(["a", "b"]) == [[1.0], [1.0]]
+        async def run() -> None:
+            await asyncio.sleep(0.05)
+            order.append("run ended")
+
+        reporter.running(asyncio.ensure_future(run()))
+        await reporter.settled(5)
+        order.append("settled")
+        await reporter.settled(5)  # nothing left: returns at once
+        return order
+
+    assert asyncio.run(main()) == ["run ended", "settled"]
 
 
 def test_jsonl_sink_writes_every_event(tmp_path):

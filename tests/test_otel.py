@@ -82,14 +82,15 @@ def test_non_streamed_span_carries_gen_ai_attributes(traced):
     assert a["turbospark.prefill_seconds"] == gen.prefill_seconds
     assert a["turbospark.decode_seconds"] == gen.decode_seconds
     assert a["turbospark.time_to_first_token_from_arrival_seconds"] >= gen.prefill_seconds - 0.001  # atMs is ms
-    assert a["turbospark.queue_seconds"] == pytest.approx(
-        max(0.0, finished.duration_ms / 1000 - gen.prefill_seconds - gen.decode_seconds))
+    assert a["turbospark.queue_seconds"] == gen.queue_seconds
+    assert a["turbospark.overhead_seconds"] == pytest.approx(
+        max(0.0, finished.duration_ms / 1000 - gen.queue_seconds - gen.prefill_seconds - gen.decode_seconds))
     assert span.start_time == started.at_ms * 1_000_000
     assert span.end_time >= span.start_time + int((gen.prefill_seconds + gen.decode_seconds) * 1e9) - 1_000_000
     assert span.status.status_code is StatusCode.UNSET
 
 
-def test_streamed_span_ends_at_generated_with_output_tokens(traced):
+def test_streamed_span_ends_at_request_finished_with_output_tokens(traced):
     srv, obs, sink, exporter = traced
     with httpx.stream("POST", srv.url + "/v1/completions", timeout=120, json={
             "model": MODEL, "prompt": "Once upon a time", "max_tokens": 9, "stream": True}) as r:
@@ -100,14 +101,14 @@ def test_streamed_span_ends_at_generated_with_output_tokens(traced):
     span = span_of(sink, exporter, rid)
     evs = events_of(obs, rid)
     kinds = [e.kind for e in evs]
-    assert kinds.index("requestFinished") < kinds.index("generated")  # why the span waits
+    assert kinds == ["requestStarted", "requestRouted", "generated", "requestFinished"]
     gen = next(e for e in evs if isinstance(e, Generated))
     a = span.attributes
     assert span.name == f"text_completion {MODEL}" and a["gen_ai.operation.name"] == "text_completion"
     assert a["turbospark.stream"] is True
     assert a["gen_ai.usage.output_tokens"] == gen.new_tokens == 9
     assert a["gen_ai.usage.input_tokens"] == gen.prompt_tokens
-    assert "turbospark.queue_seconds" not in a  # unknowable for a stream
+    assert a["turbospark.queue_seconds"] == gen.queue_seconds  # the engine's, streams too
     # it covers the whole stream, not just the time to its first byte
     finished = next(e for e in evs if isinstance(e, RequestFinished))
     assert span.end_time - span.start_time >= int(gen.decode_seconds * 1e9)
@@ -163,17 +164,28 @@ def memory_sink():
     return OtelSink(provider), exporter
 
 
-def test_a_stream_that_never_generates_is_ended_on_close():
+def test_a_stream_that_failed_after_its_headers_ends_in_error():
     sink, exporter = memory_sink()
     sink.record(RequestStarted(id=1, at_ms=1000, method="POST", path="/api/chat"))
     sink.record(RequestRouted(id=1, requested=None, served="m", stream=True))
-    sink.record(RequestFinished(id=1, status=200, duration_ms=3))
+    sink.record(RequestFinished(id=1, status=200, duration_ms=3, error="engine error: boom"))
+    sink.flush()
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "chat m" and span.status.status_code is StatusCode.ERROR
+    assert span.status.description == "engine error: boom"
+    assert "gen_ai.usage.output_tokens" not in span.attributes
+    sink.close()
+
+
+def test_a_request_still_open_at_close_is_ended_incomplete():
+    sink, exporter = memory_sink()
+    sink.record(RequestStarted(id=1, at_ms=1000, method="POST", path="/api/chat"))
+    sink.record(RequestRouted(id=1, requested=None, served="m", stream=True))
     sink.flush()
     assert exporter.get_finished_spans() == ()
     sink.close()
     (span,) = exporter.get_finished_spans()
     assert span.name == "chat m" and span.attributes["turbospark.incomplete"] is True
-    assert "gen_ai.usage.output_tokens" not in span.attributes
 
 
 def test_500_is_an_error_and_a_raising_event_does_not_kill_the_worker():

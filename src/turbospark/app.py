@@ -16,7 +16,7 @@ from .dialects.errors import shape_for_path
 from .auth import Auth
 from .guard import BrowserPolicy
 from .loading import default_model_folders
-from .middleware import AuthMiddleware, GuardMiddleware, LeaseMiddleware, ObserveMiddleware
+from .middleware import ERROR_KEY, AuthMiddleware, GuardMiddleware, LeaseMiddleware, ObserveMiddleware
 from .observe import Observer, combine
 from .registry import Registry
 from .routes import admin, anthropic, completions, dashboard, embeddings, events, ollama, responses
@@ -42,6 +42,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
         message = f"method {request.method} is not allowed on {path}"
     else:
         message = exc.detail or f"HTTP {exc.status_code}"
+    request.scope.setdefault("state", {})[ERROR_KEY] = message
     shape = shape_for_path(path)
     code = "not_found" if exc.status_code == 404 else None
     body: dict[str, Any] = shape(exc.status_code, message, type=None, param=None, code=code)

@@ -7,14 +7,15 @@ events (``ServerEvent.to_dict()`` shapes) through this module.
 
 Where the numbers come from (REFERENCE §2):
 
-- token counts and prefill/decode times from ``generated`` (engine truth);
-  a request with a guardrail re-ask has several, and they add up;
-- status, wall duration and error from ``requestFinished``. For a streamed
-  request it fires when the stream STARTS, so such a request is still
-  ``streaming`` until its ``generated`` arrives;
-- queue wait only for NON-streamed requests: ``durationMs − prefill − decode``
-  (for a stream ``durationMs`` is time-to-headers, so the subtraction means
-  nothing).
+- token counts and queue/prefill/decode times from ``generated`` (engine
+  truth, each request's own wall-clock intervals), summed in a
+  :class:`~turbospark.usage.Usage` (a guardrail re-ask is a second one);
+- status, wall duration and error from ``requestFinished``, which ends every
+  request when its response is really over, streams included; a request with
+  status ≥ 400 or an ``error`` (a failed stream, a client that left) is an
+  error;
+- overhead = ``durationMs − 1000 × (queue + prefill + decode)``: HTTP,
+  parsing and templating.
 
 The views' own traffic (``/v1/events``, ``/v1/stats``, ``/dashboard``) is
 left out by default, so watching the server does not change what is watched
@@ -29,6 +30,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from .usage import Usage
+
 #: Paths of the views themselves; see the module docstring.
 VIEW_PATHS: frozenset[str] = frozenset({"/v1/events", "/v1/stats", "/dashboard"})
 
@@ -39,10 +42,6 @@ def percentile(sorted_values: list[float], p: float) -> float | None:
         return None
     rank = max(1, math.ceil(p / 100.0 * len(sorted_values)))
     return sorted_values[rank - 1]
-
-
-def _ratio(num: float, den: float) -> float | None:
-    return num / den if den > 0 else None
 
 
 @dataclass
@@ -60,34 +59,28 @@ class RequestRecord:
     duration_ms: int | None = None
     error: str | None = None
     model: str | None = None  # the model that generated (from ``generated``)
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    reused_tokens: int = 0
-    evicted: bool = False
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    generations: int = 0
+    usage: Usage = field(default_factory=Usage)
     stop_reason: str | None = None
-    queue_sampled: bool = False
 
     @property
     def state(self) -> str:
-        if self.status is None:
-            return "running"
-        if self.stream and self.status < 400 and self.generations == 0:
-            return "streaming"
-        return "done"
+        return "running" if self.status is None else "done"
+
+    @property
+    def failed(self) -> bool:
+        return self.status is not None and (self.status >= 400 or bool(self.error))
 
     @property
     def queued_ms(self) -> float | None:
-        """Queue wait, for a finished NON-streamed request that generated."""
-        if self.stream or self.duration_ms is None or self.generations == 0:
-            return None
-        return max(0.0, self.duration_ms - (self.prefill_seconds + self.decode_seconds) * 1000.0)
+        """The engine's queue wait (submitted → admitted), once it generated."""
+        return self.usage.queue_seconds * 1000.0 if self.usage.generations else None
+
+    @property
+    def overhead_ms(self) -> float | None:
+        return self.usage.overhead_ms(self.duration_ms)
 
     def to_dict(self) -> dict[str, Any]:
+        u = self.usage
         return {
             "id": self.id,
             "atMs": self.at_ms,
@@ -101,17 +94,18 @@ class RequestRecord:
             "durationMs": self.duration_ms,
             "error": self.error,
             "model": self.model,
-            "promptTokens": self.prompt_tokens,
-            "newTokens": self.new_tokens,
-            "prefillMs": self.prefill_seconds * 1000.0,
-            "decodeMs": self.decode_seconds * 1000.0,
+            "promptTokens": u.prompt_tokens,
+            "newTokens": u.new_tokens,
+            "prefillMs": u.prefill_seconds * 1000.0,
+            "decodeMs": u.decode_seconds * 1000.0,
             "queuedMs": self.queued_ms,
-            "decodeTokPerSec": _ratio(self.new_tokens, self.decode_seconds),
-            "reusedTokens": self.reused_tokens,
-            "evicted": self.evicted,
-            "draftedTokens": self.drafted_tokens,
-            "acceptedTokens": self.accepted_tokens,
-            "generations": self.generations,
+            "overheadMs": self.overhead_ms,
+            "decodeTokPerSec": u.decode_tok_per_sec,
+            "reusedTokens": u.reused_tokens,
+            "evicted": bool(u.evictions),
+            "draftedTokens": u.drafted_tokens,
+            "acceptedTokens": u.accepted_tokens,
+            "generations": u.generations,
             "stopReason": self.stop_reason,
         }
 
@@ -119,21 +113,19 @@ class RequestRecord:
 @dataclass
 class ModelTotals:
     requests: int = 0  # requests routed to it
-    generations: int = 0
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    decode_seconds: float = 0.0
-    prefill_seconds: float = 0.0
+    usage: Usage = field(default_factory=Usage)
 
     def to_dict(self) -> dict[str, Any]:
+        u = self.usage
         return {
             "requests": self.requests,
-            "generations": self.generations,
-            "promptTokens": self.prompt_tokens,
-            "newTokens": self.new_tokens,
-            "decodeSeconds": self.decode_seconds,
-            "prefillSeconds": self.prefill_seconds,
-            "decodeTokPerSec": _ratio(self.new_tokens, self.decode_seconds),
+            "generations": u.generations,
+            "promptTokens": u.prompt_tokens,
+            "newTokens": u.new_tokens,
+            "decodeSeconds": u.decode_seconds,
+            "prefillSeconds": u.prefill_seconds,
+            "queueSeconds": u.queue_seconds,
+            "decodeTokPerSec": u.decode_tok_per_sec,
         }
 
 
@@ -156,15 +148,7 @@ class Fold:
     requests: int = 0
     finished: int = 0
     errors: int = 0
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    reused_tokens: int = 0
-    evictions: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    generations: int = 0
+    usage: Usage = field(default_factory=Usage)
     models: list[str] = field(default_factory=list)
     per_model: dict[str, ModelTotals] = field(default_factory=dict)
     _records: "OrderedDict[int, RequestRecord]" = field(default_factory=OrderedDict)
@@ -172,10 +156,12 @@ class Fold:
     _hidden: set[int] = field(default_factory=set)
     _prefill_ms: deque[float] = field(init=False)
     _queue_ms: deque[float] = field(init=False)
+    _overhead_ms: deque[float] = field(init=False)
 
     def __post_init__(self) -> None:
         self._prefill_ms = deque(maxlen=self.samples)
         self._queue_ms = deque(maxlen=self.samples)
+        self._overhead_ms = deque(maxlen=self.samples)
 
     # -- feeding ---------------------------------------------------------
     def feed_all(self, events: Iterable[Mapping[str, Any]]) -> "Fold":
@@ -225,9 +211,10 @@ class Fold:
             rec.status, rec.duration_ms, rec.error = event.get("status"), event.get("durationMs"), event.get("error")
             self.finished += 1
             self._open.discard(rid)
-            if rec.status is not None and rec.status >= 400:
+            if rec.failed:
                 self.errors += 1
-            self._settle(rec)
+            if rec.overhead_ms is not None:
+                self._overhead_ms.append(rec.overhead_ms)
         else:
             return None
         return rid
@@ -249,59 +236,17 @@ class Fold:
         return totals
 
     def _generated(self, rec: RequestRecord, e: Mapping[str, Any]) -> None:
-        prompt, new = int(e.get("promptTokens", 0)), int(e.get("newTokens", 0))
-        prefill, decode = float(e.get("prefillSeconds", 0.0)), float(e.get("decodeSeconds", 0.0))
-        reused = int(e.get("reusedPrefixTokens", 0))
-        drafted, accepted = int(e.get("draftedTokens", 0)), int(e.get("acceptedTokens", 0))
-        evicted = bool(e.get("sessionSlotEvicted", False))
         rec.model = e.get("model")
-        rec.prompt_tokens += prompt
-        rec.new_tokens += new
-        rec.prefill_seconds += prefill
-        rec.decode_seconds += decode
-        rec.reused_tokens += reused
-        rec.evicted = rec.evicted or evicted
-        rec.drafted_tokens += drafted
-        rec.accepted_tokens += accepted
-        rec.generations += 1
         rec.stop_reason = e.get("stopReason")
-        self.generations += 1
-        self.prompt_tokens += prompt
-        self.new_tokens += new
-        self.prefill_seconds += prefill
-        self.decode_seconds += decode
-        self.reused_tokens += reused
-        self.evictions += evicted
-        self.drafted_tokens += drafted
-        self.accepted_tokens += accepted
-        self._prefill_ms.append(prefill * 1000.0)
-        m = self._model(rec.model)
-        m.generations += 1
-        m.prompt_tokens += prompt
-        m.new_tokens += new
-        m.decode_seconds += decode
-        m.prefill_seconds += prefill
-        self._settle(rec)
-
-    def _settle(self, rec: RequestRecord) -> None:
-        """Take a non-streamed request's queue wait once it is known."""
-        queued = rec.queued_ms
-        if queued is not None and not rec.queue_sampled:
-            rec.queue_sampled = True
-            self._queue_ms.append(queued)
+        for usage in (rec.usage, self.usage, self._model(rec.model).usage):
+            usage.add(e)
+        self._prefill_ms.append(float(e.get("prefillSeconds", 0.0)) * 1000.0)
+        self._queue_ms.append(float(e.get("queueSeconds", 0.0)) * 1000.0)
 
     # -- reading ---------------------------------------------------------
     @property
     def in_flight(self) -> int:
         return len(self._open)
-
-    @property
-    def decode_tok_per_sec(self) -> float | None:
-        return _ratio(self.new_tokens, self.decode_seconds)
-
-    @property
-    def reuse_ratio(self) -> float | None:
-        return _ratio(self.reused_tokens, self.prompt_tokens)
 
     def record(self, rid: int) -> RequestRecord | None:
         return self._records.get(rid)
@@ -315,6 +260,8 @@ class Fold:
         records when None), oldest first."""
         prefill = sorted(self._prefill_ms)
         queue = sorted(self._queue_ms)
+        overhead = sorted(self._overhead_ms)
+        u = self.usage
         recs = self.records()
         if max_requests is not None:
             recs = recs[-max_requests:] if max_requests > 0 else []
@@ -324,19 +271,21 @@ class Fold:
             "requests": self.requests,
             "inFlight": self.in_flight,
             "errors": self.errors,
-            "generations": self.generations,
-            "promptTokens": self.prompt_tokens,
-            "newTokens": self.new_tokens,
-            "prefillSeconds": self.prefill_seconds,
-            "decodeSeconds": self.decode_seconds,
-            "decodeTokPerSec": self.decode_tok_per_sec,
+            "generations": u.generations,
+            "promptTokens": u.prompt_tokens,
+            "newTokens": u.new_tokens,
+            "queueSeconds": u.queue_seconds,
+            "prefillSeconds": u.prefill_seconds,
+            "decodeSeconds": u.decode_seconds,
+            "decodeTokPerSec": u.decode_tok_per_sec,
             "prefillMs": {"p50": percentile(prefill, 50), "p95": percentile(prefill, 95), "n": len(prefill)},
             "queueMs": {"p50": percentile(queue, 50), "p95": percentile(queue, 95), "n": len(queue)},
-            "reusedTokens": self.reused_tokens,
-            "prefixReuseRatio": self.reuse_ratio,
-            "evictions": self.evictions,
-            "draftedTokens": self.drafted_tokens,
-            "acceptedTokens": self.accepted_tokens,
+            "overheadMs": {"p50": percentile(overhead, 50), "p95": percentile(overhead, 95), "n": len(overhead)},
+            "reusedTokens": u.reused_tokens,
+            "prefixReuseRatio": u.reuse_ratio,
+            "evictions": u.evictions,
+            "draftedTokens": u.drafted_tokens,
+            "acceptedTokens": u.accepted_tokens,
             "models": list(self.models),
             "perModel": {name: t.to_dict() for name, t in sorted(self.per_model.items())},
             "records": [r.to_dict() for r in recs],

@@ -35,6 +35,7 @@ from .engine.types import (
     RawDecodeResult,
     StopReason,
 )
+from .observe import NO_REPORTER, Reporter
 from .tools import calls as toolcalls
 from .tools import grammar as grammars
 from .tools.guardrails import answer_turn, corrective_turn, repeated, validate_calls
@@ -242,25 +243,38 @@ def prepare(model: Any, req: ChatRequest) -> Prepared:
 
 
 # --------------------------------------------------------------- generating
-async def complete(model: Any, prepared: Prepared, cancel: CancelFlag) -> Final:
+async def complete(
+    model: Any, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER
+) -> Final:
     """Run the turn to its end (the same path as :func:`stream`)."""
     final: Final | None = None
-    async for item in stream(model, prepared, cancel):
+    async for item in stream(model, prepared, cancel, reporter):
         if isinstance(item, Final):
             final = item
     assert final is not None
     return final
 
 
-async def _run(model: Any, prepared: Prepared, cancel: CancelFlag) -> AsyncIterator[Progress | RawDecodeResult]:
-    """One engine run: its progress, then its result. Closing the iterator
+async def _run(
+    model: Any, prepared: Prepared, cancel: CancelFlag, reporter: Reporter
+) -> AsyncIterator[Progress | RawDecodeResult]:
+    """One engine run: its progress, then its result, which ``reporter``
+    records as ``generated`` the moment the run ends. Closing the iterator
     early sets the cancel flag and leaves the run to end at the engine's next
-    step, so the reporting decorator still records it."""
+    step (it is still reported: the reporter tracks it)."""
     queue: asyncio.Queue[Progress | None] = asyncio.Queue()
     task = asyncio.ensure_future(
         model.run_completion(prepared.prompt_ids, prepared.config, None, cancel, queue.put_nowait)
     )
+    model_id = model.model_id
+
+    def report(done: "asyncio.Future[RawDecodeResult]") -> None:
+        if not done.cancelled() and done.exception() is None:
+            reporter.generated(model_id, done.result())
+
+    task.add_done_callback(report)
     task.add_done_callback(_end_of(queue))
+    reporter.running(task)
     try:
         while True:
             item = await queue.get()
@@ -350,13 +364,15 @@ class _Router:
         return out
 
 
-async def stream(model: Any, prepared: Prepared, cancel: CancelFlag) -> AsyncIterator[Delta | ReasoningDelta | ToolCallDelta | Final]:
+async def stream(
+    model: Any, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER
+) -> AsyncIterator[Delta | ReasoningDelta | ToolCallDelta | Final]:
     """Deltas as the engine produces them, tool calls once validated, then
-    one :class:`Final`."""
+    one :class:`Final`; each engine run is reported through ``reporter``."""
     router = _Router(prepared)
     attempts: list[RawDecodeResult] = []
     result: RawDecodeResult | None = None
-    async for item in _run(model, prepared, cancel):
+    async for item in _run(model, prepared, cancel, reporter):
         if isinstance(item, Progress):
             for d in router.feed(item.text):
                 yield d
@@ -382,7 +398,7 @@ async def stream(model: Any, prepared: Prepared, cancel: CancelFlag) -> AsyncIte
             # what was already streamed)
             again = _Router(retry)
             second: RawDecodeResult | None = None
-            async for item in _run(model, retry, cancel):
+            async for item in _run(model, retry, cancel, reporter):
                 if isinstance(item, Progress):
                     pieces = again.feed(item.text)
                 else:

@@ -5,10 +5,13 @@ Pure ASGI on purpose: Starlette's ``BaseHTTPMiddleware`` buffers and breaks
 streaming responses. The request id is minted here and put in the scope's
 ``state`` so the handler's own events carry the same id.
 
-When ``requestFinished`` fires: for a success it is sent with the response
-headers (for a streamed response that is when the stream starts; for a
-non-streamed one the handler has already done all its work); for an error it
-waits for the body so the message can be taken from it.
+When ``requestFinished`` fires: when the response is really over (REFERENCE
+§2) — the app has sent its last body byte, or the client went away — and the
+request's engine runs have been reported, so it always comes after the
+request's ``generated`` events, streams included. Its ``error`` is what the
+handler noted (``ERROR_KEY``: the message of the error body or stream error
+frame the client got), else ``"client disconnected"``, else ``HTTP <status>``
+for a status ≥ 400: nothing is parsed back out of a body.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import orjson
 
 from .auth import ADMIN_KEY, TENANT_KEY
 from .dialects.common import BadRequest
-from .dialects.errors import error_message, shape_for_path
+from .dialects.errors import shape_for_path
 from .guard import CORS_EXPOSE, CORS_MAX_AGE, CORS_METHODS, BrowserPolicy
 from .observe import (
     REQUEST_ID_KEY,
@@ -39,7 +42,18 @@ Scope = dict[str, Any]
 #: Where ``routes.common.route_model`` leaves the registry leases a request
 #: holds; :class:`LeaseMiddleware` releases them when the response is done.
 LEASES_KEY = "turbospark_leases"
-MAX_ERROR_BODY = 64 * 1024
+
+
+#: Where ``routes.common`` leaves the request's ``observe.Reporter``, so the
+#: middleware ends the request only after its engine runs are reported.
+REPORTER_KEY = "turbospark_reporter"
+#: Where whoever answered with an error (a handler, a stream's error frame, a
+#: refusal here) leaves its message for ``requestFinished``.
+ERROR_KEY = "turbospark_error"
+#: How long the end of a request waits for its engine runs to be reported
+#: (a cancelled run ends at the engine's next step).
+SETTLE_SECONDS = 30.0
+DISCONNECTED = "client disconnected"
 
 
 class ObserveMiddleware:
@@ -55,7 +69,8 @@ class ObserveMiddleware:
             await self.app(scope, receive, send)
             return
         rid = self.ids.next()
-        scope.setdefault("state", {})[REQUEST_ID_KEY] = rid
+        state = scope.setdefault("state", {})
+        state[REQUEST_ID_KEY] = rid
         observer: Observer | None = self.observer_ref()
         header = (b"x-request-id", str(rid).encode())
         if observer is None:
@@ -76,54 +91,57 @@ class ObserveMiddleware:
             if carrier:
                 trace_context(observer, rid, carrier)
         status = 0
-        error_body = bytearray()
-        done = False
+        complete = False  # the last body byte was handed to the server
+        gone = False  # the client disconnected before that
 
-        def finish(error: str | None) -> None:
-            nonlocal done
-            if done:
-                return
-            done = True
-            ms = int((time.perf_counter() - started) * 1000)
-            record(observer, lambda: RequestFinished(id=rid, status=status, duration_ms=ms, error=error))
+        async def watched_receive() -> dict[str, Any]:
+            nonlocal gone
+            message = await receive()
+            if message["type"] == "http.disconnect" and not complete:
+                gone = True
+            return message
 
         async def observed_send(message: dict[str, Any]) -> None:
-            nonlocal status
+            nonlocal status, complete
             kind = message["type"]
             if kind == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), header]}
                 status = int(message["status"])
-                if status < 400:
-                    finish(None)
-            elif kind == "http.response.body" and status >= 400 and not done:
-                if len(error_body) < MAX_ERROR_BODY:
-                    error_body.extend(message.get("body", b"")[: MAX_ERROR_BODY - len(error_body)])
-                if not message.get("more_body", False):
-                    finish(_message_from(bytes(error_body), status))
+            elif kind == "http.response.body" and not message.get("more_body", False):
+                complete = True
             await send(message)
 
+        def finish(error: str | None) -> None:
+            ms = int((time.perf_counter() - started) * 1000)
+            record(observer, lambda: RequestFinished(id=rid, status=status, duration_ms=ms, error=error))
+
+        def outcome() -> str | None:
+            if state.get(ERROR_KEY):
+                return str(state[ERROR_KEY])
+            if gone and not complete:
+                return DISCONNECTED
+            return f"HTTP {status}" if status >= 400 else None
+
         try:
-            await self.app(scope, receive, observed_send)
+            await self.app(scope, watched_receive, observed_send)
         except BaseException as exc:
-            if not done:
-                status = status or 500
-                finish(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            status = status or 500
+            if gone or isinstance(exc, OSError):
+                state.setdefault(ERROR_KEY, DISCONNECTED)
+            else:
+                state.setdefault(ERROR_KEY, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            finish(outcome())
             raise
-        if not done:  # a response that never completed its body
-            finish(None if status < 400 else _message_from(bytes(error_body), status))
-
-
-def _message_from(body: bytes, status: int) -> str:
-    try:
-        msg = error_message(orjson.loads(body))
-    except orjson.JSONDecodeError:
-        msg = body.decode("utf-8", "replace").strip() or None
-    return msg or f"HTTP {status}"
+        reporter = state.get(REPORTER_KEY)
+        if reporter is not None:
+            await reporter.settled(SETTLE_SECONDS)  # its generated events first
+        finish(outcome())
 
 
 async def refuse(scope: Scope, send: Any, status: int, message: str, *,
                  type: str | None = None, headers: list[tuple[bytes, bytes]] = ()) -> None:
     """An error in the path's dialect shape, sent without reading the body."""
+    scope.setdefault("state", {})[ERROR_KEY] = message
     shape = shape_for_path(scope.get("path", ""))
     body = orjson.dumps(shape(status, message, type=type, param=None, code=None))
     await send({

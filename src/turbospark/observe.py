@@ -18,6 +18,7 @@ these events; nothing else computes metrics on the side.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, r
 import orjson
 
 if TYPE_CHECKING:
-    from .engine.types import CancelFlag, GenerationConfig, Progress, RawDecodeResult
+    from .engine.types import RawDecodeResult
 
 log = logging.getLogger("turbospark.observe")
 
@@ -124,12 +125,10 @@ class RequestRouted(ServerEvent):
 
 @_event("generated")
 class Generated(ServerEvent):
-    """One completed generation, straight off the engine's result.
-
-    There is deliberately no time-to-first-token field: the timer starts
-    only once the request holds the engine. Queue wait for a non-streamed
-    request is ``durationMs - prefill - decode``.
-    """
+    """One completed generation, straight off the engine's result. Its times
+    are the request's own wall-clock intervals (REFERENCE §2): queue =
+    submitted → admitted, prefill = admitted → first token, decode = first →
+    last token. There is deliberately no time-to-first-token field."""
 
     id: RequestId
     model: str
@@ -144,6 +143,7 @@ class Generated(ServerEvent):
     #: measures"); both omitted when nothing was drafted
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    queue_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         out = ServerEvent.to_dict(self)
@@ -154,8 +154,10 @@ class Generated(ServerEvent):
 
 @_event("requestFinished")
 class RequestFinished(ServerEvent):
-    """From the middleware. For a streamed response it fires when the stream
-    starts (the headers went out); ``generated`` closes the streamed turn."""
+    """From the middleware, when the response is really over (its last byte
+    sent, or the client gone), streams included: after every ``generated``
+    of the request. ``error``: the error the client was sent (a mid-stream
+    failure keeps its 200), or ``"client disconnected"``."""
 
     id: RequestId
     status: int
@@ -360,109 +362,33 @@ class ListObserver:
 # --------------------------------------------------------------------------
 
 
-class ReportingModel:
-    """A chat model that reports every generation it runs.
+class Reporter:
+    """Reports one request's generations: bound to the request by the route
+    and handed to the generation core, which calls :meth:`generated` with
+    each attempt's engine result (a guardrail re-ask is a second one). It
+    also knows the request's engine runs still going, so the middleware can
+    end the request only after the last ``generated`` (a cancelled run ends
+    at the engine's next step, after the client is gone)."""
 
-    A decorator on ``run_completion`` rather than a parameter threaded through
-    the generation core, because that method is the choke point every dialect
-    already goes through. Every other method DELEGATES explicitly: a default
-    here would silently override the wrapped model's answer (a system prompt,
-    embeddings support) the moment an observer is configured.
-    """
+    __slots__ = ("observer", "request_id", "_runs")
 
-    def __init__(self, inner: Any, observer: Observer, request_id: RequestId) -> None:
-        self.inner = inner
-        self.observer = observer
+    def __init__(self, observer: Observer | None, request_id: RequestId | None) -> None:
+        self.observer = observer if request_id is not None else None
         self.request_id = request_id
+        self._runs: set[Any] = set()
 
-    # -- delegated, never defaulted -------------------------------------
-    @property
-    def model_id(self) -> str:
-        return self.inner.model_id
-
-    @property
-    def aliases(self) -> tuple[str, ...]:
-        return self.inner.aliases
-
-    @property
-    def supports_chat(self) -> bool:
-        return self.inner.supports_chat
-
-    @property
-    def supports_embeddings(self) -> bool:
-        return self.inner.supports_embeddings
-
-    @property
-    def vision(self) -> Any:
-        return self.inner.vision
-
-    @property
-    def default_reasoning(self) -> Any:
-        return self.inner.default_reasoning
-
-    @property
-    def default_system(self) -> str | None:
-        return self.inner.default_system
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.inner.tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
-
-    @property
-    def max_context(self) -> int:
-        return self.inner.max_context
-
-    def reserve(self, config: Any) -> Any:
-        return self.inner.reserve(config)
-
-    def info(self) -> dict[str, Any]:
-        return self.inner.info()
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        return self.inner.tokenize(text, add_special, parse_special)
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return self.inner.detokenize(tokens)
-
-    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> list[int]:
-        return self.inner.render_chat(messages, tools, **kw)
-
-    def prompt_ids(self, text: str) -> list[int]:
-        return self.inner.prompt_ids(text)
-
-    def check_admission(self, n_prompt: int, max_new: int) -> None:
-        return self.inner.check_admission(n_prompt, max_new)
-
-    def default_max_new(self, n_prompt: int, default: int) -> int:
-        return self.inner.default_max_new(n_prompt, default)
-
-    def load(self) -> dict[str, Any]:
-        return self.inner.load()
-
-    def encode(self, texts: list[str], truncate: bool = False) -> Any:
-        return self.inner.encode(texts, truncate)
-
-    # -- the one generation entry point ---------------------------------
-    async def run_completion(
-        self,
-        prompt_ids: list[int],
-        config: "GenerationConfig",
-        images: Any,
-        cancel: "CancelFlag",
-        on_progress: Callable[["Progress"], None],
-    ) -> "RawDecodeResult":
-        result = await self.inner.run_completion(prompt_ids, config, images, cancel, on_progress)
-        # A failure raises past this line and is NOT recorded here: the
-        # handler turns it into a status the middleware reports.
+    def generated(self, model_id: str, result: "RawDecodeResult") -> None:
+        """Record one attempt's ``generated`` (a failed run has no result
+        and is never reported: the middleware reports its status)."""
+        if self.observer is None:
+            return
+        rid = self.request_id
+        assert rid is not None
         record(
             self.observer,
             lambda: Generated(
-                id=self.request_id,
-                model=self.inner.model_id,
+                id=rid,
+                model=model_id,
                 prompt_tokens=result.prompt_tokens,
                 new_tokens=result.new_tokens,
                 prefill_seconds=result.prefill_seconds,
@@ -472,13 +398,20 @@ class ReportingModel:
                 session_slot_evicted=result.session_slot_evicted,
                 drafted_tokens=result.drafted_tokens,
                 accepted_tokens=result.accepted_tokens,
+                queue_seconds=result.queue_seconds,
             ),
         )
-        return result
+
+    def running(self, task: "asyncio.Future[Any]") -> None:
+        """An engine run of this request, until it ends."""
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+
+    async def settled(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for this request's engine runs to end."""
+        if self._runs:
+            await asyncio.wait(set(self._runs), timeout=timeout)
 
 
-def observed(model: Any, observer: Observer | None, request_id: RequestId | None) -> Any:
-    """The model a handler should use: the bare one when nobody listens."""
-    if observer is None or request_id is None:
-        return model
-    return ReportingModel(model, observer, request_id)
+#: for work outside any request (nothing is reported)
+NO_REPORTER = Reporter(None, None)

@@ -92,7 +92,7 @@ def write_plots(fold: Fold, out_dir: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     os.makedirs(out_dir, exist_ok=True)
-    generated = [r for r in fold.records() if r.generations > 0]
+    generated = [r for r in fold.records() if r.usage.generations > 0]
     _, xs = _times(generated)
     paths = [os.path.join(out_dir, name) for name in PLOTS]
 
@@ -100,10 +100,10 @@ def write_plots(fold: Fold, out_dir: str) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 4))
     by_model: dict[str, tuple[list[float], list[float]]] = {}
     for r, x in zip(generated, xs):
-        if r.decode_seconds > 0:
+        if r.usage.decode_tok_per_sec is not None:
             pts = by_model.setdefault(r.model or r.served or "?", ([], []))
             pts[0].append(x)
-            pts[1].append(r.new_tokens / r.decode_seconds)
+            pts[1].append(r.usage.decode_tok_per_sec)
     for model, (mx, my) in by_model.items():
         ax.plot(mx, my, marker="o", label=model)
     ax.set(title="decode rate per request", xlabel="request start (s)", ylabel="tok/s")
@@ -116,9 +116,9 @@ def write_plots(fold: Fold, out_dir: str) -> list[str]:
     # 2. where the time went, per request
     fig, ax = plt.subplots(figsize=(8, 4))
     ids = [str(r.id) for r in generated]
-    prefill = [r.prefill_seconds * 1000.0 for r in generated]
+    prefill = [r.usage.prefill_seconds * 1000.0 for r in generated]
     queued = [r.queued_ms or 0.0 for r in generated]
-    decode = [r.decode_seconds * 1000.0 for r in generated]
+    decode = [r.usage.decode_seconds * 1000.0 for r in generated]
     ax.bar(ids, prefill, label="prefill")
     ax.bar(ids, queued, bottom=prefill, label="queued (non-streamed)")
     ax.bar(ids, decode, bottom=[p + q for p, q in zip(prefill, queued)], label="decode")
@@ -134,9 +134,9 @@ def write_plots(fold: Fold, out_dir: str) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 4))
     per, cum, reused, prompt = [], [], 0, 0
     for r in generated:
-        per.append(r.reused_tokens / r.prompt_tokens if r.prompt_tokens else 0.0)
-        reused += r.reused_tokens
-        prompt += r.prompt_tokens
+        per.append(r.usage.reused_tokens / r.usage.prompt_tokens if r.usage.prompt_tokens else 0.0)
+        reused += r.usage.reused_tokens
+        prompt += r.usage.prompt_tokens
         cum.append(reused / prompt if prompt else 0.0)
     ax.scatter(xs, per, s=12, label="per request")
     ax.plot(xs, cum, color="black", label="cumulative")

@@ -38,14 +38,14 @@ def status_text(rec: RequestRecord) -> Text:
     if rec.status is None:
         return Text(rec.state, style="blue")
     style = "green" if rec.status < 400 else "yellow" if rec.status < 500 else "bold red"
-    return Text(str(rec.status) + ("…" if rec.state == "streaming" else ""), style=style)
+    return Text(str(rec.status) + ("!" if rec.error and rec.status < 400 else ""), style=style)
 
 
 def row_cells(rec: RequestRecord) -> list[Any]:
     """The table cells of one request, in :data:`COLUMNS` order."""
-    gen = rec.generations > 0
+    gen = rec.usage.generations > 0
     route = "–" if rec.served is None else f"{rec.requested or '(none)'} → {rec.served}"
-    rate = rec.new_tokens / rec.decode_seconds if rec.decode_seconds > 0 else None
+    rate = rec.usage.decode_tok_per_sec
     return [
         str(rec.id),
         status_text(rec),
@@ -53,14 +53,14 @@ def row_cells(rec: RequestRecord) -> list[Any]:
         rec.path or "?",
         route,
         "–" if rec.stream is None else "yes" if rec.stream else "no",
-        str(rec.prompt_tokens) if gen else "–",
-        str(rec.new_tokens) if gen else "–",
-        _num(rec.prefill_seconds * 1000.0) if gen else "–",
-        _num(rec.decode_seconds * 1000.0) if gen else "–",
+        str(rec.usage.prompt_tokens) if gen else "–",
+        str(rec.usage.new_tokens) if gen else "–",
+        _num(rec.usage.prefill_seconds * 1000.0) if gen else "–",
+        _num(rec.usage.decode_seconds * 1000.0) if gen else "–",
         _num(rec.queued_ms),
         _num(rate),
-        str(rec.reused_tokens) if gen else "–",
-        ("yes" if rec.evicted else "no") if gen else "–",
+        str(rec.usage.reused_tokens) if gen else "–",
+        ("yes" if rec.usage.evictions else "no") if gen else "–",
     ]
 
 
@@ -205,9 +205,9 @@ class ConsoleApp(App[None]):
             ("requests", str(f.requests), ""),
             ("in flight", str(f.in_flight), ""),
             ("errors", str(f.errors), "red" if f.errors else ""),
-            ("decode tok/s", _num(f.decode_tok_per_sec), ""),
-            ("prefix reuse", "–" if f.reuse_ratio is None else f"{f.reuse_ratio:.0%}", ""),
-            ("evictions", str(f.evictions), ""),
+            ("decode tok/s", _num(f.usage.decode_tok_per_sec), ""),
+            ("prefix reuse", "–" if f.usage.reuse_ratio is None else f"{f.usage.reuse_ratio:.0%}", ""),
+            ("evictions", str(f.usage.evictions), ""),
             ("log gaps", str(f.dropped_events), "yellow" if f.dropped_events else ""),
         ):
             band.append(f"{label} ", style="dim")

@@ -30,13 +30,13 @@ def rate_chart(records: Sequence[RequestRecord], width: int = 60) -> Text:
     """Decode tok/s of each request, one sparkline per model (the newest
     ``width`` requests that decoded), on one shared scale."""
     out = Text()
-    rated = [r for r in records if r.decode_seconds > 0]
+    rated = [r for r in records if r.usage.decode_tok_per_sec is not None]
     if not rated:
         return Text("no decoded requests yet", style="dim")
-    top = max(r.new_tokens / r.decode_seconds for r in rated)
+    top = max(r.usage.decode_tok_per_sec or 0.0 for r in rated)
     models: dict[str, list[float]] = {}
     for r in rated:
-        models.setdefault(r.model or r.served or "?", []).append(r.new_tokens / r.decode_seconds)
+        models.setdefault(r.model or "?", []).append(r.usage.decode_tok_per_sec or 0.0)
     label_w = min(24, max(len(m) for m in models))
     for i, (model, rates) in enumerate(models.items()):
         color = MODEL_COLORS[i % len(MODEL_COLORS)]
@@ -52,10 +52,10 @@ def time_chart(records: Sequence[RequestRecord], width: int = 50, rows: int = 8)
     """Where the time went for the newest ``rows`` requests that generated:
     prefill, queued (non-streamed only) and decode as one stacked bar each,
     on one scale."""
-    done = [r for r in records if r.generations > 0][-rows:]
+    done = [r for r in records if r.usage.generations > 0][-rows:]
     if not done:
         return Text("no generations yet", style="dim")
-    parts = [(r, r.prefill_seconds * 1000.0, r.queued_ms or 0.0, r.decode_seconds * 1000.0) for r in done]
+    parts = [(r, r.usage.prefill_seconds * 1000.0, r.queued_ms or 0.0, r.usage.decode_seconds * 1000.0) for r in done]
     top = max(p + q + d for _, p, q, d in parts) or 1.0
     out = Text()
     for name, color in PARTS:

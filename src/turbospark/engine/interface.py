@@ -1,7 +1,7 @@
 """The model interface (REFERENCE.md §3): what the generation core, the
-registry and the routes may ask of a model. A decorator that wraps a model
-(``observe.ReportingModel``) must implement every member by delegation, and a
-test holds it to that."""
+registry and the routes may ask of a model. Nothing wraps a model: the
+generation core reports each run through the request's ``observe.Reporter``,
+so every caller sees the real model (its template included)."""
 
 from __future__ import annotations
 
@@ -45,11 +45,3 @@ class ChatModel(Protocol):
         on_progress: Callable[[Progress], None],
     ) -> RawDecodeResult: ...
     def encode(self, texts: list[str], truncate: bool = False) -> "Embeddings": ...
-
-
-#: Every member a decorator has to delegate.
-MEMBERS: tuple[str, ...] = tuple(
-    name
-    for name in (*ChatModel.__annotations__, *vars(ChatModel))
-    if not name.startswith("_")
-)

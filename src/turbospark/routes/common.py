@@ -18,10 +18,10 @@ from starlette.responses import Response, StreamingResponse
 
 from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
-from ..middleware import LEASES_KEY
+from ..middleware import ERROR_KEY, LEASES_KEY, REPORTER_KEY
 from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded
 from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta, complete, prepare, stream
-from ..observe import REQUEST_ID_KEY, Observer, RequestIds, RequestRouted, observed, record
+from ..observe import NO_REPORTER, REQUEST_ID_KEY, Observer, Reporter, RequestIds, RequestRouted, record
 from ..registry import Capability, Registry, Route, RoutingError
 
 if TYPE_CHECKING:
@@ -98,8 +98,8 @@ async def route_model(
     request: Request, requested: str | None, capability: Capability, stream: bool
 ) -> tuple[Any, Route]:
     """Resolve (loading on demand) and lease the model, report
-    ``requestRouted``, and hand back the model the handler must use (wrapped
-    to report ``generated`` if observed)."""
+    ``requestRouted``, and bind the request's :class:`Reporter` (which the
+    generation core reports ``generated`` through)."""
     st = state_of(request)
     route, release = await st.registry.acquire(requested, capability)
     request.scope.setdefault("state", {}).setdefault(LEASES_KEY, []).append(release)
@@ -109,7 +109,12 @@ async def route_model(
             st.observer,
             lambda: RequestRouted(id=rid, requested=requested, served=route.served, stream=stream),
         )
-    return observed(route.model, st.observer, rid), route
+    request.scope["state"][REPORTER_KEY] = Reporter(st.observer, rid)
+    return route.model, route
+
+
+def reporter_of(request: Request) -> Reporter:
+    return request.scope.get("state", {}).get(REPORTER_KEY, NO_REPORTER)
 
 
 async def route_and_prepare(
@@ -146,28 +151,51 @@ async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
 
 
-def error_response(shape: ErrorShape, exc: BaseException) -> Response:
-    """Map any exception to (status, body in the dialect's shape)."""
-    headers: dict[str, str] = {}
+@dataclass(frozen=True)
+class Failure:
+    """What an exception means for a client, in every dialect: the one
+    classification behind JSON error bodies, stream error frames, Ollama
+    error lines and the ``error`` of ``requestFinished``."""
+
+    status: int
+    message: str
+    type: str | None = None
+    code: str | None = None
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self, shape: ErrorShape) -> dict[str, Any]:
+        return shape(self.status, self.message, type=self.type, param=self.param, code=self.code)
+
+
+def classify(exc: BaseException) -> Failure:
     if isinstance(exc, BadRequest):
-        status, body = exc.status, shape(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
-        headers.update(exc.headers)
-    elif isinstance(exc, RoutingError):
-        status = exc.status
-        body = shape(status, exc.message, type=None, param=exc.param, code=exc.code)
-    elif isinstance(exc, AdmissionError):
-        status, body = 400, shape(400, str(exc), type="invalid_request_error", param=exc.param, code=None)
-    elif isinstance(exc, Overloaded):
-        status = 503
-        body = shape(503, str(exc), type=None, param=None, code="overloaded")
-        headers["Retry-After"] = str(exc.retry_after)
-    elif isinstance(exc, EngineError):
-        status, body = 500, shape(500, f"engine error: {exc}", type="server_error", param=None, code=None)
-    else:
-        log.exception("unhandled error", exc_info=exc)
-        status = 500
-        body = shape(500, f"internal error: {type(exc).__name__}", type="server_error", param=None, code=None)
-    return JSONResponse(body, status_code=status, headers=headers)
+        return Failure(exc.status, exc.message, exc.type, exc.code, exc.param, dict(exc.headers))
+    if isinstance(exc, RoutingError):
+        return Failure(exc.status, exc.message, None, exc.code, exc.param)
+    if isinstance(exc, AdmissionError):
+        return Failure(400, str(exc), "invalid_request_error", None, exc.param)
+    if isinstance(exc, Overloaded):
+        return Failure(503, str(exc), None, "overloaded", None, {"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, EngineError):
+        return Failure(500, f"engine error: {exc}", "server_error")
+    log.exception("unhandled error", exc_info=exc)
+    return Failure(500, f"internal error: {type(exc).__name__}", "server_error")
+
+
+def failed(request: Request | None, exc: BaseException) -> Failure:
+    """Classify ``exc`` and note its message for the request's
+    ``requestFinished`` (the middleware reads it; nothing is parsed back)."""
+    failure = classify(exc)
+    if request is not None:
+        request.scope.setdefault("state", {})[ERROR_KEY] = failure.message
+    return failure
+
+
+def error_response(shape: ErrorShape, exc: BaseException, request: Request | None = None) -> Response:
+    """Any exception as a response in the dialect's shape."""
+    failure = failed(request, exc)
+    return JSONResponse(failure.body(shape), status_code=failure.status, headers=failure.headers)
 
 
 def endpoint(shape: ErrorShape) -> Callable[[Callable[[Request], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]]:
@@ -180,7 +208,7 @@ def endpoint(shape: ErrorShape) -> Callable[[Callable[[Request], Awaitable[Respo
             try:
                 return await fn(request)
             except Exception as exc:  # noqa: BLE001 - mapped to a dialect error
-                return error_response(shape, exc)
+                return error_response(shape, exc, request)
 
         return wrapper
 
@@ -216,8 +244,7 @@ class DisconnectWatch:
 def error_frame(shape: ErrorShape, exc: BaseException) -> bytes:
     """Mid-stream failure as one SSE ``event: error`` frame carrying the body
     the non-streamed error would have (OpenAI and Anthropic streams)."""
-    body = error_response(shape, exc).body
-    return b"event: error\ndata: " + bytes(body) + b"\n\n"
+    return b"event: error\ndata: " + orjson.dumps(classify(exc).body(shape)) + b"\n\n"
 
 
 @dataclass(frozen=True)
@@ -249,7 +276,7 @@ class Frames:
 async def run_nonstream(request: Request, model: Any, prepared: Prepared, cancel: CancelFlag) -> Final:
     """The whole answer, cancelled if the client disconnects while waiting."""
     async with DisconnectWatch(request, cancel):
-        return await complete(model, prepared, cancel)
+        return await complete(model, prepared, cancel, reporter_of(request))
 
 
 async def stream_frames(
@@ -261,7 +288,7 @@ async def stream_frames(
         if frames.opening is not None:
             yield frames.opening()
         try:
-            async for item in stream(model, prepared, cancel):
+            async for item in stream(model, prepared, cancel, reporter_of(request)):
                 out = frames.render(item)
                 if out is None:
                     continue
@@ -271,6 +298,7 @@ async def stream_frames(
                     for frame in out:
                         yield frame
         except Exception as exc:  # noqa: BLE001 - framed for the client
+            failed(request, exc)  # requestFinished carries the frame's message
             yield frames.error(exc)
 
 

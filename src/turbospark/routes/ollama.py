@@ -9,7 +9,6 @@ import os
 import time
 from typing import Any, AsyncIterator, Iterator
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -24,7 +23,7 @@ from .common import (
     JSONResponse,
     bind_request,
     endpoint,
-    error_response,
+    classify,
     read_json,
     respond,
     prepare_and_admit,
@@ -32,11 +31,6 @@ from .common import (
     state_of,
     warning_headers,
 )
-
-
-def _error_text(exc: BaseException) -> str:
-    """The message the dialect's error body would carry for ``exc``."""
-    return orjson.loads(bytes(error_response(ollama_error, exc).body))["error"]
 
 
 async def _answer(
@@ -63,7 +57,7 @@ async def _answer(
         reasoning=lambda text: ndjson(renderer.thinking(text)),
         tool_call=call,
         final=done,
-        error=lambda exc: ndjson(renderer.error(_error_text(exc))),
+        error=lambda exc: ndjson(renderer.error(classify(exc).message)),
     )
     return await respond(
         request,

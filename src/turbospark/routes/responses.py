@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -14,7 +13,7 @@ from ..dialects.common import validate
 from ..dialects.errors import openai_error
 from ..engine.types import AdmissionError, Overloaded
 from ..generation import ChatRequest, Prepared, prepare
-from .common import Frames, endpoint, error_response, read_json, respond, route_and_prepare, warning_headers
+from .common import Frames, classify, endpoint, read_json, respond, route_and_prepare, warning_headers
 
 #: Engine parameter names in admission errors -> this dialect's names.
 _PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
@@ -30,12 +29,6 @@ def _prepare(model: Any, req: ChatRequest) -> Prepared:
         raise
 
 
-def _error_message(exc: BaseException) -> str:
-    """The message the non-streamed error body would carry."""
-    body = orjson.loads(bytes(error_response(openai_error, exc).body))
-    return body["error"]["message"]
-
-
 @endpoint(openai_error)
 async def create_response(request: Request) -> Response:
     body = validate(rs.ResponsesRequest, await read_json(request))
@@ -45,7 +38,7 @@ async def create_response(request: Request) -> Response:
 
     def failed(exc: BaseException) -> bytes:
         code = "rate_limit_exceeded" if isinstance(exc, Overloaded) else "server_error"
-        return renderer.failed_frame(_error_message(exc), code)
+        return renderer.failed_frame(classify(exc).message, code)
 
     frames = Frames(
         opening=renderer.opening_frames,

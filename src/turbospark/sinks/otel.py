@@ -6,13 +6,15 @@ standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
 variables turn it on (OTLP over HTTP); ``OTEL_SERVICE_NAME`` names the
 service (default ``turbospark``). Nothing is enabled when none is set.
 
-A span starts at ``requestStarted``'s ``atMs`` and ends when the request is
-over: at ``requestFinished`` for a non-streamed request (its generations are
-already done) or an error, but at ``generated`` for a stream, whose
-``requestFinished`` fires when the stream STARTS. Attributes follow the
-OpenTelemetry ``gen_ai.*`` and HTTP semantic conventions, plus the engine's
-timings under ``turbospark.*``; the time to first token is measured from
-arrival (receipt of ``generated`` - ``decodeSeconds`` - ``atMs``) and named so.
+A span starts at ``requestStarted``'s ``atMs`` and ends at
+``requestFinished``, which comes when the response is really over, streams
+included (REFERENCE §2); a status ≥ 500 or an ``error`` (a stream that failed
+after its headers, a client that left) sets the span's error status.
+Attributes follow the OpenTelemetry ``gen_ai.*`` and HTTP semantic
+conventions, plus the engine's timings under ``turbospark.*`` (summed by the
+shared :class:`~turbospark.usage.Usage`); the time to first token is measured
+from arrival (receipt of the first ``generated`` - its ``decodeSeconds`` -
+``atMs``) and named so.
 
 A request that arrives with W3C ``traceparent`` / ``tracestate`` headers gets
 its span parented there (through the configured propagators), so the server
@@ -36,14 +38,15 @@ from typing import Any, Mapping
 
 from .. import __version__
 from ..observe import Generated, RequestFinished, RequestRouted, RequestStarted, ServerEvent
+from ..usage import Usage
 from .paths import RouteTemplates, default_templates
 
 log = logging.getLogger("turbospark.sinks")
 
 #: ``gen_ai.provider.name`` / ``gen_ai.system``
 PROVIDER = "turbospark"
-#: requests whose closing event has not come yet, kept at most (a stream
-#: that failed mid-way never sends ``generated``; it is ended when evicted)
+#: requests whose ``requestFinished`` has not come yet, kept at most (the
+#: oldest is ended, marked incomplete, when more arrive)
 MAX_OPEN = 10_000
 ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
@@ -89,16 +92,8 @@ class _Request:
     requested: str | None = None
     served: str | None = None
     stream: bool = False
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    prefill: float = 0.0
-    decode: float = 0.0
+    usage: Usage = field(default_factory=Usage)
     ttft: float | None = None
-    generations: int = 0
-    evicted: bool = False
-    drafted: int = 0
-    accepted: int = 0
     stop_reasons: list[str] = field(default_factory=list)
     status: int | None = None
     duration_ms: int | None = None
@@ -205,26 +200,13 @@ class OtelSink:
         if isinstance(event, RequestRouted):
             req.requested, req.served, req.stream = event.requested, event.served, event.stream
         elif isinstance(event, Generated):
-            if req.generations == 0:
+            if req.usage.generations == 0:
                 req.ttft = max(0.0, (at_ns - req.start_ns) / 1e9 - event.decode_seconds)
-            req.generations += 1
+            req.usage.add(event.to_dict())
             req.served = event.model
-            req.input_tokens += event.prompt_tokens
-            req.output_tokens += event.new_tokens
-            req.cached_tokens += event.reused_prefix_tokens
-            req.prefill += event.prefill_seconds
-            req.decode += event.decode_seconds
-            req.evicted |= event.session_slot_evicted
-            req.drafted += event.drafted_tokens
-            req.accepted += event.accepted_tokens
             req.stop_reasons.append(event.stop_reason)
-            if req.status is not None:  # a stream: generated ends the turn
-                del self._open[event.id]
-                self._end(req, at_ns)
         elif isinstance(event, RequestFinished):
             req.status, req.duration_ms, req.error = event.status, event.duration_ms, event.error
-            if req.stream and event.status < 400 and req.generations == 0:
-                return  # the stream started; generated closes it
             del self._open[event.id]
             self._end(req, at_ns)
 
@@ -254,7 +236,7 @@ def _attributes(req: _Request, op: str | None) -> dict[str, Any]:
     }
     if req.status is not None:
         a["http.response.status_code"] = req.status
-    if req.served is not None or req.generations:
+    if req.served is not None or req.usage.generations:
         a["gen_ai.provider.name"] = PROVIDER
         a["gen_ai.system"] = PROVIDER
         if op:
@@ -264,24 +246,27 @@ def _attributes(req: _Request, op: str | None) -> dict[str, Any]:
         if req.served is not None:
             a["gen_ai.response.model"] = req.served
         a["turbospark.stream"] = req.stream
-    if req.generations:
+    u = req.usage
+    if u.generations:
         a.update({
-            "gen_ai.usage.input_tokens": req.input_tokens,
-            "gen_ai.usage.output_tokens": req.output_tokens,
-            "gen_ai.usage.cache_read.input_tokens": req.cached_tokens,
+            "gen_ai.usage.input_tokens": u.prompt_tokens,
+            "gen_ai.usage.output_tokens": u.new_tokens,
+            "gen_ai.usage.cache_read.input_tokens": u.reused_tokens,
             "gen_ai.response.finish_reasons": list(req.stop_reasons),
-            "turbospark.generations": req.generations,
-            "turbospark.prefill_seconds": req.prefill,
-            "turbospark.decode_seconds": req.decode,
-            "turbospark.session_slot_evicted": req.evicted,
+            "turbospark.generations": u.generations,
+            "turbospark.queue_seconds": u.queue_seconds,
+            "turbospark.prefill_seconds": u.prefill_seconds,
+            "turbospark.decode_seconds": u.decode_seconds,
+            "turbospark.session_slot_evicted": bool(u.evictions),
         })
         if req.ttft is not None:
             a["turbospark.time_to_first_token_from_arrival_seconds"] = req.ttft
-        if req.drafted:
-            a["turbospark.speculative.drafted_tokens"] = req.drafted
-            a["turbospark.speculative.accepted_tokens"] = req.accepted
-        if not req.stream and req.duration_ms is not None:
-            a["turbospark.queue_seconds"] = max(0.0, req.duration_ms / 1000 - req.prefill - req.decode)
+        if u.drafted_tokens:
+            a["turbospark.speculative.drafted_tokens"] = u.drafted_tokens
+            a["turbospark.speculative.accepted_tokens"] = u.accepted_tokens
+        overhead = u.overhead_ms(req.duration_ms)
+        if overhead is not None:
+            a["turbospark.overhead_seconds"] = overhead / 1000.0
     return a
 
 

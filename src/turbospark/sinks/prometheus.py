@@ -10,15 +10,17 @@ several servers in one process keep separate numbers.
 
 Timing semantics, all from events:
 
-* prefill / decode: ``generated``'s engine-measured seconds;
-* queue time: ``durationMs - prefill - decode`` of a NON-streamed request
-  (a streamed request's ``durationMs`` ends when its stream starts);
-* time to first token, *measured from arrival*: the receipt of ``generated``
-  minus its ``decodeSeconds`` minus the receipt of ``requestStarted`` (the
-  engine counts the first sampled token inside prefill, everything after it
-  as decode). ``generated`` carries no TTFT field on purpose;
-* end-to-end latency: ``durationMs`` when ``requestFinished`` closes the
-  request, and receipt-to-receipt when ``generated`` closes it (streams).
+* queue / prefill / decode: ``generated``'s engine-measured wall-clock
+  intervals of the request (submitted → admitted → first token → last token);
+* time to first token, *measured from arrival*: the receipt of the request's
+  first ``generated`` minus its ``decodeSeconds`` (first → last token) minus
+  the receipt of ``requestStarted``. ``generated`` carries no TTFT field on
+  purpose;
+* end-to-end latency and errors at ``requestFinished``, which ends every
+  request when its response is really over (streams included): a request
+  with status ≥ 400 or an ``error`` (a failed stream keeps its 200, a client
+  that left is ``client disconnected``) counts in
+  ``turbospark_request_errors_total``.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )
-#: Requests whose closing event has not come yet are remembered up to this
-#: many (a stream that failed mid-way never sends ``generated``).
+#: Requests whose ``requestFinished`` has not come yet are remembered up to
+#: this many (oldest forgotten first).
 MAX_OPEN = 10_000
 
 
@@ -63,11 +65,7 @@ class _Open:
     path: str
     method: str
     model: str | None = None
-    stream: bool = False
-    prefill: float = 0.0
-    decode: float = 0.0
     generations: int = 0
-    finished: bool = False
 
 
 class PrometheusSink:
@@ -87,6 +85,10 @@ class PrometheusSink:
         self.requests = Counter(
             "turbospark_requests", "HTTP requests by route template, method and status.",
             ["path", "method", "status"], registry=r)
+        self.request_errors = Counter(
+            "turbospark_request_errors",
+            "Requests that ended in an error: status >= 400, a stream that failed after its headers, "
+            "or a client that disconnected.", ["path", "method", "kind"], registry=r)
         self.request_success = Counter(
             "turbospark_request_success", "Completed generations by stop reason.",
             ["model", "finished_reason"], registry=r)
@@ -108,11 +110,11 @@ class PrometheusSink:
             "turbospark_spec_decode_num_accepted_tokens", "Speculative tokens accepted.", ["model"], registry=r)
         self.e2e = Histogram(
             "turbospark_e2e_request_latency_seconds",
-            "Arrival to end of turn, for requests that generated.", ["model"],
+            "Arrival to the end of the response, for requests that generated.", ["model"],
             buckets=LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram(
             "turbospark_request_queue_time_seconds",
-            "durationMs - prefill - decode of non-streamed requests.", ["model"],
+            "Submitted to admitted into a sequence, per generation (engine wall clock).", ["model"],
             buckets=LATENCY_BUCKETS, registry=r)
         self.prefill = Histogram(
             "turbospark_request_prefill_time_seconds", "Engine prefill seconds per generation.", ["model"],
@@ -122,8 +124,8 @@ class PrometheusSink:
             buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram(
             "turbospark_time_to_first_token_from_arrival_seconds",
-            "Request arrival to the first sampled token: receipt of generated - decodeSeconds "
-            "- receipt of requestStarted.", ["model"],
+            "Request arrival to the first sampled token: receipt of the first generated - its "
+            "decodeSeconds - receipt of requestStarted.", ["model"],
             buckets=LATENCY_BUCKETS, registry=r)
         self.models_loaded = Gauge(
             "turbospark_models_loaded", "Models resident (modelAttached minus modelDetached).", registry=r)
@@ -160,7 +162,7 @@ class PrometheusSink:
             with self._lock:
                 o = self._open.get(event.id)
                 if o is not None:
-                    o.model, o.stream = event.served, event.stream
+                    o.model = event.served
         elif isinstance(event, Generated):
             self._generated(event, now)
         elif isinstance(event, RequestFinished):
@@ -186,43 +188,30 @@ class PrometheusSink:
         if g.drafted_tokens:
             self.drafted.labels(m).inc(g.drafted_tokens)
             self.accepted.labels(m).inc(g.accepted_tokens)
+        self.queue_time.labels(m).observe(g.queue_seconds)
         with self._lock:
             o = self._open.get(g.id)
             if o is None:
                 return
             first = o.generations == 0
             o.generations += 1
-            o.model = m  # label e2e/queue like the tokens: by the served model
-            o.prefill += g.prefill_seconds
-            o.decode += g.decode_seconds
-            done = o.finished
-            if done:
-                del self._open[g.id]
+            o.model = m  # label e2e like the tokens: by the model that generated
         if first:
             self.ttft.labels(m).observe(max(0.0, now - g.decode_seconds - o.t0))
-        if done:  # a stream: generated closes the turn
-            self.e2e.labels(m).observe(now - o.t0)
 
     def _finished(self, f: RequestFinished) -> None:
-        closes = True
         with self._lock:
-            o = self._open.get(f.id)
-            if o is not None:
-                if o.stream and f.status < 400 and o.generations == 0:
-                    o.finished = True  # the stream started; generated ends it
-                    closes = False
-                else:
-                    del self._open[f.id]
-        if o is None:  # started before this sink was installed
-            self.requests.labels(UNMATCHED, "other", str(f.status)).inc()
-            return
-        self.requests.labels(o.path, o.method, str(f.status)).inc()
-        if not closes or not o.generations or o.model is None:
-            return
-        seconds = f.duration_ms / 1000.0
-        self.e2e.labels(o.model).observe(seconds)
-        if not o.stream:
-            self.queue_time.labels(o.model).observe(max(0.0, seconds - o.prefill - o.decode))
+            o = self._open.pop(f.id, None)
+        path, method = (o.path, o.method) if o is not None else (UNMATCHED, "other")
+        self.requests.labels(path, method, str(f.status)).inc()
+        if f.status >= 400:
+            self.request_errors.labels(path, method, "status").inc()
+        elif f.error == "client disconnected":
+            self.request_errors.labels(path, method, "disconnected").inc()
+        elif f.error:
+            self.request_errors.labels(path, method, "stream").inc()
+        if o is not None and o.generations and o.model is not None:
+            self.e2e.labels(o.model).observe(f.duration_ms / 1000.0)
 
 
 class EngineLoadCollector:
