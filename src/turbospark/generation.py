@@ -207,6 +207,8 @@ def _grammar(req: ChatRequest, syntax: str | None) -> str | None:
         raise AdmissionError(str(exc), where) from None
     except ValueError as exc:  # a tool list the grammar cannot express (duplicate names ...)
         raise AdmissionError(str(exc), "tools") from None
+    except RecursionError:
+        raise AdmissionError("the schema is nested too deeply for a grammar", "response_format") from None
     return None
 
 
@@ -224,6 +226,10 @@ def prepare(model: Any, req: ChatRequest) -> Prepared:
     if not req.max_tokens_explicit:
         config.max_new_tokens = model.default_max_new(len(ids), req.default_max_tokens)
     model.check_admission(len(ids), config.max_new_tokens)
+    for token in config.logit_bias:  # refused now, not after a stream's headers
+        if not 0 <= token < model.vocab_size:
+            raise AdmissionError(
+                f"logit_bias names token {token}, but the vocabulary has {model.vocab_size} tokens", "logit_bias")
     grammar = _grammar(req, syntax)
     if grammar is not None:
         config.grammar = grammar

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
 from ..tools.calls import ToolCall
-from .common import BadRequest, argument_pieces, new_id, sse_event
+from .common import BadRequest, argument_pieces, check_json_schema, check_tool_schemas, new_id, sse_event
 
 DEFAULT_MAX_TOKENS = 1024
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
@@ -389,8 +389,11 @@ def reasoning_effort(body: CountTokensRequest) -> str | None:
 
 
 def output_schema(body: CountTokensRequest) -> dict[str, Any] | None:
-    fmt = body.output_config.format if body.output_config and body.output_config.format else body.output_format
-    return fmt.schema_ if fmt is not None else None
+    if body.output_config and body.output_config.format:
+        fmt, where = body.output_config.format, "output_config.format.schema"
+    else:
+        fmt, where = body.output_format, "output_format.schema"
+    return check_json_schema(fmt.schema_, where) if fmt is not None else None
 
 
 def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]:
@@ -399,6 +402,12 @@ def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]
     choice, name, parallel = tool_choice(body.tool_choice)
     messages, warnings = to_messages(body)
     tools, tool_warnings = to_tools(body.tools)
+    check_tool_schemas(
+        [(f"tools[{i}].input_schema", t.get("name"), t.get("input_schema"))
+         for i, t in enumerate(body.tools or ()) if t.get("type") in (None, "custom")],
+        choice,
+        name,
+    )
     req = ChatRequest(
         messages=messages,
         tools=tools,

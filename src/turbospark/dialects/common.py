@@ -73,11 +73,71 @@ def validation_error(exc: ValidationError) -> BadRequest:
     return BadRequest(text, param or None)
 
 
+#: How deeply a request body may nest. Far beyond any real request, and
+#: well inside what the JSON writers (orjson stops at 255 levels), the
+#: templates and the schema tools can take: past it a value could not be
+#: echoed, rendered or checked, so it is refused up front.
+MAX_DEPTH = 128
+
+
+def _path(path: tuple[Any, ...]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out
+
+
+def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
+    """Refuse a body nested more than ``limit`` levels, naming where."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in items:
+            if isinstance(child, (dict, list)):
+                if len(path) >= limit:
+                    where = _path((*path, key)[:6]) + "..."
+                    raise BadRequest(f"'{where}' is nested too deeply (more than {limit} levels)", where)
+                stack.append((child, (*path, key)))
+
+
 def validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
+    check_depth(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
+
+
+def check_json_schema(schema: Any, where: str, param: str | None = None) -> dict[str, Any]:
+    """A client's JSON schema that a grammar will enforce (structured output,
+    a required tool call), checked here so a schema the grammar cannot take
+    is a 400 naming the field it came in (``param``: the error's ``param``
+    when it differs from ``where``), not a failure deeper down."""
+    from ..tools.grammar import check_schema
+
+    param = param or where
+    if not isinstance(schema, dict):
+        raise BadRequest(f"'{where}' must be a JSON schema object", param)
+    try:
+        check_schema(schema)
+    except RecursionError:
+        raise BadRequest(f"'{where}' is nested too deeply", param) from None
+    except Exception as exc:  # noqa: BLE001 - any failure on client data is the client's
+        raise BadRequest(f"'{where}': {exc}", param) from None
+    return schema
+
+
+def check_tool_schemas(schemas: list[tuple[str, str, Any]], choice: str, name: str | None) -> None:
+    """When a call is forced (``choice`` "required" or "named"), the offered
+    tools' parameter schemas become a grammar: check each one the grammar
+    will use. ``schemas``: ``(where, tool name, schema)`` per tool."""
+    if choice not in ("required", "named"):
+        return
+    for where, tool, schema in schemas:
+        if choice == "named" and tool != name:
+            continue
+        check_json_schema(schema, where)
 
 
 def argument_pieces(text: str, n: int = 3) -> list[str]:
@@ -107,6 +167,22 @@ def ndjson(obj: Any) -> bytes:
     return orjson.dumps(obj) + b"\n"
 
 
+def _check_image_part(part: dict[str, Any], kind: str, where: str) -> None:
+    """An image part's shape (the pixels are dropped, but a malformed part
+    is the client's bug and gets a 400 naming it)."""
+    if kind == "image_url":
+        ref = part.get("image_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str):
+            raise BadRequest(f"'{where}.image_url' must be an object with a string 'url'", f"{where}.image_url")
+    elif kind == "input_image":
+        for name in ("image_url", "file_id"):
+            if part.get(name) is not None and not isinstance(part[name], str):
+                raise BadRequest(f"'{where}.{name}' must be a string", f"{where}.{name}")
+        if part.get("image_url") is None and part.get("file_id") is None:
+            raise BadRequest(f"'{where}' needs an 'image_url' or a 'file_id'", f"{where}.image_url")
+
+
 def text_of(content: Any, *, images: list[Any] | None = None, where: str = "content") -> str:
     """Flatten OpenAI/Anthropic-style content (a string or a list of typed
     parts) into text; image parts go to ``images`` when a list is given."""
@@ -129,6 +205,7 @@ def text_of(content: Any, *, images: list[Any] | None = None, where: str = "cont
                     raise BadRequest(f"'{where}[{i}].text' must be a string", f"{where}[{i}].text")
                 out.append(text)
             elif kind in ("image_url", "image", "input_image"):
+                _check_image_part(part, kind, f"{where}[{i}]")
                 if images is not None:
                     images.append(part)
             else:

@@ -19,6 +19,8 @@ Ollama's own sampling defaults apply (``top_k`` 40, ``top_p`` 0.9,
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -30,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final, Prepared
 from ..tools.calls import ToolCall
-from .common import BadRequest
-from .openai_chat import _tool_calls_for_template, check_tools
+from .common import BadRequest, check_json_schema
+from .openai_chat import HistoryToolCall, _tool_calls_for_template, check_tools
 
 #: ``think`` levels (``true``/``false`` are the other values)
 THINK_LEVELS = ("low", "medium", "high")
@@ -103,8 +105,8 @@ class Message(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
-    images: list[Any] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    images: list[str] | None = None
+    tool_calls: list[HistoryToolCall] | None = None
     tool_name: str | None = None
     thinking: str | None = None
 
@@ -121,7 +123,7 @@ class GenerateBody(_Common):
     template: str | None = None
     context: list[int] | None = None
     raw: bool | None = None
-    images: list[Any] | None = None
+    images: list[str] | None = None
 
 
 class ShowBody(BaseModel):
@@ -219,7 +221,7 @@ def _structured(body: _Common, req: ChatRequest) -> None:
     if body.format == "json":
         req.json_object = True
     elif isinstance(body.format, dict):
-        req.json_schema = body.format
+        req.json_schema = check_json_schema(body.format, "format")
 
 
 def _request(body: _Common, warnings: list[str], **kw: Any) -> tuple[ChatRequest, int | None]:
@@ -236,6 +238,18 @@ def _request(body: _Common, warnings: list[str], **kw: Any) -> tuple[ChatRequest
     return req, num_ctx
 
 
+def _images(images: list[str] | None, where: str) -> list[str]:
+    """Ollama's images are base64 (Ollama itself refuses anything else with
+    a 400); a ``data:`` URL prefix is tolerated. They are only counted."""
+    for j, image in enumerate(images or ()):
+        data = image.split(",", 1)[1] if image.startswith("data:") and "," in image else image
+        try:
+            base64.b64decode(data.replace("\n", "").replace("\r", ""), validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"'{where}[{j}]' is not valid base64 image data", f"{where}[{j}]") from None
+    return list(images or ())
+
+
 def _unload(keep_alive: float | str | None) -> bool:
     return keep_alive in (0, "0", "0s", "0m")
 
@@ -248,11 +262,11 @@ def chat_request(body: ChatBody) -> Translation:
         return Translation(None, stream, warnings, done_reason="unload" if _unload(body.keep_alive) else "load")
     images = 0
     messages: list[dict[str, Any]] = []
-    for m in body.messages:
+    for i, m in enumerate(body.messages):
         msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
-        images += len(m.images or ())
+        images += len(_images(m.images, f"messages[{i}].images"))
         if m.tool_calls:
-            msg["tool_calls"] = _tool_calls_for_template(m.tool_calls)
+            msg["tool_calls"] = _tool_calls_for_template(m.tool_calls, f"messages[{i}].tool_calls")
         if m.tool_name:
             msg["name"] = m.tool_name
         messages.append(msg)
@@ -272,8 +286,8 @@ def generate_request(body: GenerateBody) -> Translation:
         return Translation(None, stream, warnings, done_reason="unload" if _unload(body.keep_alive) else "load")
     if body.template:
         warnings.append("'template' ignored: the model's own chat template is used")
-    if body.images:
-        warnings.append(f"{len(body.images)} image(s) ignored: this model has no vision support")
+    if _images(body.images, "images"):
+        warnings.append(f"{len(body.images or ())} image(s) ignored: this model has no vision support")
     if body.context:
         warnings.append("'context' ignored: send the conversation with /api/chat instead")
     if body.raw:
@@ -319,7 +333,9 @@ def fit_context(prepared: Prepared, tr: Translation, model_context: int) -> list
                 f"{n + config.max_new_tokens} tokens, but options.num_ctx is {ctx}",
                 "options.num_predict",
             )
-    if config.penalty_last_n < 0:
+    if config.penalty_last_n < 0 or config.penalty_last_n > ctx:
+        # more than the context means the context; llama.cpp allocates a
+        # window of this many tokens, so a huge value must not reach it
         config.penalty_last_n = ctx
     return warnings
 

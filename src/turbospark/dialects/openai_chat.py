@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
 from ..tools.calls import ToolCall
-from .common import BadRequest, new_id, sse_data, text_of, unix_time
+from .common import BadRequest, check_json_schema, check_tool_schemas, new_id, sse_data, text_of, unix_time
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -27,12 +27,30 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ToolCallFunction(BaseModel):
+    """``function`` of a tool call sent back in the history: ``arguments``
+    as JSON text (OpenAI) or as an object (Ollama)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class HistoryToolCall(BaseModel):
+    """An assistant turn's ``tool_calls[]`` entry (Chat Completions, Ollama)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ToolCallFunction
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[Any] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[HistoryToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
@@ -115,24 +133,43 @@ def _sampling(body: Any, config: GenerationConfig) -> None:
             config.logit_bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in body.logit_bias.items()}
         except ValueError:
             raise BadRequest("logit_bias keys must be token ids", "logit_bias") from None
+        if any(k < 0 for k in config.logit_bias):
+            raise BadRequest("logit_bias keys must be token ids (non-negative integers)", "logit_bias")
     if body.ignore_eos:
         config.ignore_eos = True
     if body.logprobs or body.top_logprobs:
         raise BadRequest("logprobs are not supported by this server", "logprobs")
 
 
-def _tool_calls_for_template(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tool_calls_for_template(calls: list[Any], where: str = "tool_calls") -> list[dict[str, Any]]:
     """Templates expect ``function.arguments`` as an object; the wire has a
-    JSON string."""
+    JSON string. Each call is checked (``where`` names the list in errors):
+    templates and the tools code index into these without further checks."""
     out = []
-    for call in calls:
-        fn = dict(call.get("function") or {})
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if isinstance(call, BaseModel):
+            call = call.model_dump(exclude_unset=True)
+        if not isinstance(call, dict):
+            raise BadRequest(f"'{at}' must be an object", at)
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            raise BadRequest(f"'{at}.function' must be an object with 'name' and 'arguments'", f"{at}.function")
+        if not isinstance(fn.get("name"), str):
+            raise BadRequest(f"'{at}.function.name' must be a string", f"{at}.function.name")
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            raise BadRequest(f"'{at}.id' must be a string", f"{at}.id")
+        fn = dict(fn)
         args = fn.get("arguments")
         if isinstance(args, str):
             try:
                 fn["arguments"] = orjson.loads(args) if args.strip() else {}
             except orjson.JSONDecodeError:
                 pass
+        elif args is not None and not isinstance(args, dict):
+            raise BadRequest(
+                f"'{at}.function.arguments' must be a JSON string or an object", f"{at}.function.arguments"
+            )
         out.append({**call, "function": fn, **fn})
     return out
 
@@ -152,7 +189,7 @@ def to_messages(messages: list[Message], images: list[Any]) -> list[dict[str, An
         if m.name:
             msg["name"] = m.name
         if m.tool_calls:
-            msg["tool_calls"] = _tool_calls_for_template(m.tool_calls)
+            msg["tool_calls"] = _tool_calls_for_template(m.tool_calls, f"messages[{i}].tool_calls")
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
         out.append(msg)
@@ -185,6 +222,12 @@ def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]
         parallel_tool_calls=body.parallel_tool_calls is not False,
     )
     req.tool_choice, req.tool_name = tool_choice(body.tool_choice)
+    check_tool_schemas(
+        [(f"tools[{i}].function.parameters", t["function"]["name"], t["function"]["parameters"])
+         for i, t in enumerate(req.tools or ())],
+        req.tool_choice,
+        req.tool_name,
+    )
     if body.response_format is not None:
         structured_output(body.response_format, req)
     if budget is not None:
@@ -206,6 +249,8 @@ def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}].function.parameters")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise BadRequest(f"tools[{i}].function.description must be a string", f"tools[{i}].function.description")
         out.append({"type": "function", "function": {**fn, "parameters": params}})
     return out
 
@@ -234,7 +279,7 @@ def structured_output(fmt: ResponseFormat, req: ChatRequest) -> None:
         if not isinstance(schema, dict):
             raise BadRequest("response_format.json_schema.schema must be a JSON schema object",
                              "response_format.json_schema.schema")
-        req.json_schema = schema
+        req.json_schema = check_json_schema(schema, "response_format.json_schema.schema")
 
 
 def finish_reason(reason: StopReason) -> str:

@@ -26,7 +26,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
 from ..tools.calls import ToolCall
-from .common import BadRequest, argument_pieces, new_id, sse_event, text_of, unix_time, validation_error
+from .common import (
+    BadRequest,
+    argument_pieces,
+    check_json_schema,
+    check_tool_schemas,
+    new_id,
+    sse_event,
+    text_of,
+    unix_time,
+    validation_error,
+)
 from .openai_chat import REASONING_EFFORTS, _tool_calls_for_template
 
 TOOL_CHOICES = ("none", "auto", "required")
@@ -96,6 +106,17 @@ class FunctionCallOutputItem(_Wire):
     output: str | list[Any]
 
 
+class ReasoningItem(_Wire):
+    """A reasoning item sent back: checked for shape, then dropped (past
+    thinking is not replayed)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] | None = None
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+
+
 class FunctionTool(_Wire):
     type: Literal["function"]
     name: str = Field(min_length=1)
@@ -143,7 +164,9 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
     call_names: dict[str, str] = {}
     for i, raw in enumerate(body.input):
         where = f"input[{i}]"
-        kind = raw.get("type", "message") if isinstance(raw, dict) else None
+        if not isinstance(raw, dict):
+            raise BadRequest(f"'{where}' must be an object", where)
+        kind = raw.get("type", "message")
         if kind == "message":
             item = _check(MessageItem, raw, where)
             role = "system" if item.role == "developer" else item.role
@@ -167,6 +190,7 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
                     msg["name"] = call_names[result.call_id]
             out.append(msg)
         elif kind == "reasoning":
+            _check(ReasoningItem, raw, where)
             continue  # past thinking is not replayed (chat templates drop it too)
         elif kind == "item_reference":
             raise BadRequest(
@@ -174,8 +198,8 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
                 "send the referenced item itself",
                 f"{where}.type",
             )
-        elif kind is None:
-            raise BadRequest(f"'{where}' must be an object", where)
+        elif not isinstance(kind, str):
+            raise BadRequest(f"'{where}.type' must be a string", f"{where}.type")
         else:
             raise BadRequest(f"unsupported input item type {kind!r} in '{where}'", f"{where}.type")
     if not out:
@@ -253,7 +277,7 @@ def structured_output(fmt: dict[str, Any] | None, req: ChatRequest) -> None:
         schema = fmt.get("schema")
         if not isinstance(schema, dict):
             raise BadRequest("'text.format.schema' must be a JSON schema object", "text.format.schema")
-        req.json_schema = schema
+        req.json_schema = check_json_schema(schema, "text.format.schema", "text.format")
 
 
 def _refuse_unsupported(body: ResponsesRequest) -> None:
@@ -292,6 +316,12 @@ def to_chat_request(body: ResponsesRequest) -> tuple[ChatRequest, list[str], lis
     if images:
         warnings.append(f"{len(images)} image part(s) ignored: this model has no vision support")
     tools, echo_tools = to_tools(body.tools, warnings)
+    check_tool_schemas(
+        [(f"tools[{i}].parameters", t.get("name"), t.get("parameters") or {"type": "object", "properties": {}})
+         for i, t in enumerate(body.tools or ()) if t.get("type") == "function"],
+        choice,
+        name,
+    )
     config = GenerationConfig()
     if body.temperature is not None:
         config.temperature = body.temperature

@@ -96,8 +96,12 @@ class ChatTemplate:
         except TemplateError:
             raise
         except jinja2.TemplateError as exc:
-            raise TemplateError(f"chat template failed to render: {exc}", "messages") from exc
-        except (TypeError, KeyError, IndexError, AttributeError, ValueError) as exc:
+            raise TemplateError(f"chat template failed to render these messages: {exc}", "messages") from exc
+        except RecursionError:
             raise TemplateError(
-                f"chat template failed to render these messages: {exc}", "messages"
+                "chat template failed to render these messages: they are nested too deeply", "messages"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - template code on client data: any failure is a 400
+            raise TemplateError(
+                f"chat template failed to render these messages: {type(exc).__name__}: {exc}", "messages"
             ) from exc

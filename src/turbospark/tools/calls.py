@@ -554,7 +554,8 @@ def render_call(syntax: str, name: str, arguments: dict[str, Any]) -> str:
     if syntax == "json":
         return f'{{"name": {quoted}, "arguments": {args}}}'
     if syntax == "xml":
-        params = "".join(f"<parameter={k}>\n{_xml_param(v)}\n</parameter>\n" for k, v in arguments.items())
+        items = arguments.items() if isinstance(arguments, dict) else [("arguments", arguments)]
+        params = "".join(f"<parameter={k}>\n{_xml_param(v)}\n</parameter>\n" for k, v in items)
         return f"{HERMES_OPEN}\n<function={name}>\n{params}</function>\n{HERMES_CLOSE}"
     raise ValueError(f"unknown tool-call syntax {syntax!r} (known: {', '.join(SYNTAXES)})")
 

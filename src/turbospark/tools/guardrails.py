@@ -34,7 +34,7 @@ def validate_calls(calls: list[Any], tools: list[dict[str, Any]] | None) -> list
         except jsonschema.ValidationError as exc:
             where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
             problems.append(f"the arguments of {call.name!r} do not match its schema at {where}: {exc.message}")
-        except jsonschema.SchemaError:
+        except Exception:  # noqa: BLE001 - SchemaError, an unresolvable $ref, a schema nested too deeply ...
             pass  # the client's schema is broken; nothing the model can fix
     return problems
 
@@ -59,9 +59,12 @@ def _canonical(arguments: Any) -> str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return arguments
-    return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+    try:
+        return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return repr(arguments)
 
 
 def answered_calls(messages: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
@@ -72,7 +75,9 @@ def answered_calls(messages: list[dict[str, Any]]) -> dict[tuple[str, str], str]
     for m in messages:
         if m.get("role") == "assistant":
             for c in m.get("tool_calls") or []:
-                fn = c.get("function") or c
+                if not isinstance(c, dict):
+                    continue
+                fn = c.get("function") if isinstance(c.get("function"), dict) else c
                 by_id[str(c.get("id"))] = (str(fn.get("name")), _canonical(fn.get("arguments") or {}))
         elif m.get("role") == "tool":
             key = by_id.get(str(m.get("tool_call_id")))

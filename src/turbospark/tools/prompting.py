@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..engine.types import AdmissionError
 from .calls import render_call
 
 TOOL_SYSTEM = (
@@ -42,12 +43,21 @@ def tool_names(tools: list[dict[str, Any]] | None) -> list[str]:
     return [fn["name"] for fn in functions_of(tools)]
 
 
+def _dumps(value: Any, where: str) -> str:
+    """JSON text of client data going into a prompt; data JSON cannot write
+    (nested too deeply) is the client's error, naming ``where``."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise AdmissionError(f"'{where}' cannot be written into the prompt: {exc}", where) from None
+
+
 def inline_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, syntax: str) -> list[dict[str, Any]]:
     """Messages for a template that does not render tools: the tool list in
     the system turn, calls and results as plain text."""
     out: list[dict[str, Any]] = []
     if tools:
-        listing = "\n".join(json.dumps(fn, ensure_ascii=False) for fn in functions_of(tools))
+        listing = "\n".join(_dumps(fn, "tools") for fn in functions_of(tools))
         section = TOOL_SYSTEM.format(tools=listing)
         if messages and messages[0].get("role") == "system":
             first = dict(messages[0])
@@ -60,15 +70,20 @@ def inline_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
         if role == "assistant" and m.get("tool_calls"):
             calls = []
             for c in m["tool_calls"]:
-                fn = c.get("function") or c
+                if not isinstance(c, dict):
+                    continue  # the dialects refuse these; never fail on one here
+                fn = c.get("function") if isinstance(c.get("function"), dict) else c
                 args = fn.get("arguments") or {}
                 if isinstance(args, str):
                     try:
                         args = json.loads(args) if args.strip() else {}
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         args = {"_raw": args}
-                calls.append(render_call(syntax, fn.get("name", ""), args))
-            text = "\n".join(filter(None, [m.get("content") or "", *calls]))
+                name = fn.get("name")
+                _dumps(args, "messages")  # too deep to write: a 400, not a failure in render_call
+                calls.append(render_call(syntax, name if isinstance(name, str) else "", args))
+            content = m.get("content")
+            text = "\n".join(filter(None, [content if isinstance(content, str) else "", *calls]))
             out.append({"role": "assistant", "content": text})
         elif role == "tool":
             name = m.get("name") or m.get("tool_name") or "tool"
