@@ -78,3 +78,38 @@ def test_missing_model_exits_2(tmp_path):
 def test_unsafe_or_broken_security_settings_exit_2(args, message):
     out = subprocess.run(turbospark("serve", *args), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_sigterm_flushes_the_event_log_and_exits_0(tmp_path):
+    """uvicorn re-raised the signal after stopping, which killed the process
+    before the event log was flushed: a request finished 0.1 s before
+    SIGTERM lost half its events."""
+    log = tmp_path / "events.jsonl"
+    proc = subprocess.Popen(turbospark("serve", "--port", "0", "--event-log", str(log)),
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            m = re.search(r"listening on (http://\S+)", line)
+            url = m.group(1) if m else None
+        assert url
+        rids = []
+        for stream in (False, True):
+            r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+                "model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": stream})
+            assert r.status_code == 200
+            rids.append(int(r.headers["x-request-id"]))
+        time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "shutting down" in err
+    events = [json.loads(x) for x in log.read_text().splitlines()]
+    for rid in rids:
+        kinds = [e["kind"] for e in events if e.get("id") == rid]
+        assert kinds == ["requestStarted", "requestRouted", "generated", "requestFinished"], kinds

@@ -101,6 +101,16 @@ class ObserveMiddleware:
                 gone = True
             return message
 
+        finished = False
+
+        def finish(error: str | None) -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            ms = int((time.perf_counter() - started) * 1000)
+            record(observer, lambda: RequestFinished(id=rid, status=status, duration_ms=ms, error=error))
+
         async def observed_send(message: dict[str, Any]) -> None:
             nonlocal status, complete
             kind = message["type"]
@@ -109,11 +119,12 @@ class ObserveMiddleware:
                 status = int(message["status"])
             elif kind == "http.response.body" and not message.get("more_body", False):
                 complete = True
+                reporter = state.get(REPORTER_KEY)
+                if reporter is None or reporter.idle:
+                    # recorded as the last bytes are handed over, so a client
+                    # never holds a whole response whose end is not recorded
+                    finish(outcome())
             await send(message)
-
-        def finish(error: str | None) -> None:
-            ms = int((time.perf_counter() - started) * 1000)
-            record(observer, lambda: RequestFinished(id=rid, status=status, duration_ms=ms, error=error))
 
         def outcome() -> str | None:
             if state.get(ERROR_KEY):

@@ -407,6 +407,11 @@ class Reporter:
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
 
+    @property
+    def idle(self) -> bool:
+        """No engine run of this request is still going."""
+        return not self._runs
+
     async def settled(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) for this request's engine runs to end."""
         if self._runs:

@@ -10,13 +10,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
 
 from .app import build_app
 from .auth import Auth, check_bind, read_key_file
@@ -143,6 +146,22 @@ class LiveUvicorn(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.live.close()
         await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, without re-raising the signal afterwards: uvicorn
+        re-raises SIGTERM/SIGINT once it has stopped, which killed the process
+        before ``turbospark serve`` could flush its event log and close its
+        models. The caller's shutdown path runs instead, and it exits 0."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 #: the most bytes a request line and its headers may take (431 past it)
