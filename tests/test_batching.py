@@ -4,6 +4,7 @@ speculation on the real model (REFERENCE.md §7)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -15,6 +16,7 @@ from turbospark import ListObserver, Server
 from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.types import CancelFlag, GenerationConfig
+from turbospark.routes.admin import session_hash
 
 PROMPTS = [
     "Describe a sunrise over the mountains.",
@@ -139,7 +141,8 @@ def test_session_key_header_picks_the_slot(served):
     g, _ = converse(client, obs, h, "One more.", key="owls-1")
     assert g.reused_prefix_tokens > 0 and not g.session_slot_evicted
     slots = httpx.get(served[0].url + "/v1/slots", timeout=10).json()["data"]
-    assert any(s["session_key"] == "owls-1" and s["tokens_cached"] > 0 for s in slots)
+    assert any(s["session_key"] == session_hash("owls-1") and s["tokens_cached"] > 0 for s in slots)
+    assert "owls-1" not in json.dumps(slots)  # shown hashed, never raw
     assert {s["state"] for s in slots} <= {"empty", "parked", "busy"}
     assert len(slots) == 2 and all(s["model"] == "served" for s in slots)
 

@@ -164,5 +164,5 @@ def test_a_served_tools_request_is_rendered_by_the_templates_own_tool_section(qw
     own = render(model, ChatRequest(messages=messages, tools=tools))
     inline = model.render_chat(inline_tools(messages, tools, "hermes"), tools=None)
     assert len(own) != len(inline)
-    assert gen.prompt_tokens == len(own) == r.json()["usage"]["prompt_tokens"]
+    assert gen.prompt_tokens == len(own)  # the first attempt's (a re-ask would add a second)
     assert "<tools>" in model.detokenize(own)

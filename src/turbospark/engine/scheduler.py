@@ -9,10 +9,22 @@ Sequences live in session slots (llama.cpp sequence ids). A slot keeps a
 record of the exact token ids in its KV after its turn ends, so the next
 request that extends that conversation prefills only what is new.
 
-Time attribution: a batch step's wall time is split among the sequences in it
-in proportion to the tokens each contributed; a sequence's share counts as
-prefill while it feeds prompt tokens and as decode once it feeds sampled
-tokens. Sampling time is charged to the sequence sampled.
+Time attribution (REFERENCE §2): each request's timings are its own
+wall-clock intervals, stamped with ``time.perf_counter`` on its job and
+sequence, never shares of a batch step: queue = submitted
+(``Job.submitted_at``) → given a slot (``Job.admitted_at``);
+prefill = admitted → first token sampled (``Seq.first_token_at``); decode =
+first token → last token sampled (``Seq.last_token_at``), 0 for one token.
+Under batching the intervals of concurrent requests overlap, so a request's
+``new_tokens / decode_seconds`` is the rate its client really saw. (The
+draft-length choice needs the cost of a whole step, which ``StepCosts``
+times per step, not per sequence.)
+
+Session slots (REFERENCE §7): a slot holds the same conversation only when
+the request carries the slot's session key, or its prompt starts with the
+slot's whole previous prompt (a next turn, or a regenerate). Serving
+anything else into a slot that held usable state is an eviction, even when
+the common part (a shared system prompt) is still reused within the tenant.
 """
 
 from __future__ import annotations
@@ -57,6 +69,8 @@ class Job:
     cancel: CancelFlag
     sink: Sink
     submitted_at: float = field(default_factory=time.perf_counter)
+    #: when it was given a slot (perf_counter; 0 until then)
+    admitted_at: float = 0.0
 
 
 @dataclass(eq=False)
@@ -69,6 +83,9 @@ class Slot:
     session_key: str | None = None
     last_used: float = 0.0
     busy: bool = False
+    #: how many of ``tokens`` are the previous job's prompt (the rest is what
+    #: it generated): the part a next turn of the same conversation repeats
+    prompt_len: int = 0
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -84,6 +101,13 @@ class Slot:
 def _runs(ids: set[int]) -> int:
     """How many runs of consecutive integers ``ids`` forms."""
     return sum(1 for i in ids if i - 1 not in ids)
+
+
+def _holds_prefix_of(slot: Slot, prompt: list[int]) -> bool:
+    """Whether ``prompt`` starts with the slot's whole previous prompt (as
+    far as its record holds it: a prefill cut short keeps only a part)."""
+    n = min(slot.prompt_len, len(slot.tokens))
+    return n > 0 and len(prompt) >= n and prompt[:n] == slot.tokens[:n]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -132,8 +156,8 @@ class Seq:
     __slots__ = (
         "job", "slot", "chain", "pending", "fed", "n_past", "last_token", "decoding",
         "new_tokens", "generated", "utf8", "stops", "text", "out", "reused", "evicted",
-        "prefill_s", "decode_s", "admitted_at", "max_new", "finished", "drafter", "drafted",
-        "accepted",
+        "admitted_at", "first_token_at", "last_token_at", "max_new", "finished", "drafter",
+        "drafted", "accepted",
     )
 
     def __init__(self, job: Job, slot: Slot, chain: SamplerChain, reused: int, evicted: bool):
@@ -153,9 +177,10 @@ class Seq:
         self.out: list[str] = []
         self.reused = reused
         self.evicted = evicted
-        self.prefill_s = 0.0
-        self.decode_s = 0.0
-        self.admitted_at = time.perf_counter()
+        # wall-clock stamps (perf_counter) behind the reported timings
+        self.admitted_at = job.admitted_at or time.perf_counter()
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
         self.max_new = job.config.max_new_tokens
         self.finished = False
         self.drafter: NgramDrafter | None = None
@@ -382,13 +407,16 @@ class Scheduler:
                 break
             slot, extension = choice
             self._waiting.popleft()
+            job.admitted_at = time.perf_counter()
             slot.busy = True
             admitted.append((job, slot, extension))
         return admitted
 
     def _choose_slot(self, job: Job, taken: set[Slot]) -> tuple[Slot, bool] | None:
-        """The slot that best extends this conversation, else an empty one,
-        else the least recently used. Returns (slot, is_same_conversation)."""
+        """The slot holding this conversation (its session key, else a
+        record whose whole previous prompt the new prompt starts with), else
+        an empty one, else the least recently used. Returns (slot,
+        is_same_conversation)."""
         free = [s for s in self.slots if not s.busy and s not in taken]
         if not free:
             return None
@@ -400,19 +428,15 @@ class Scheduler:
                     return s, True
             mine = [s for s in mine if s.session_key is None]
         if self.prefix_reuse and mine:
-            best, best_lcp = None, 0
-            for s in mine:
-                lcp = common_prefix(s.tokens, job.prompt)
-                if lcp > best_lcp:
-                    best, best_lcp = s, lcp
-            # The same conversation: the prompt continues most of the slot's
-            # record (a next turn), or the record holds the whole prompt (a
-            # regenerate). A prompt that merely shares a system prompt with a
-            # parked conversation takes an empty slot instead, so both keep
-            # their state.
-            if best is not None and (
-                best_lcp * 2 >= len(best.tokens) or best_lcp >= len(job.prompt) - 1
-            ):
+            # The same conversation: the prompt starts with the slot's WHOLE
+            # previous prompt (a next turn re-renders the previous prompt,
+            # then the answer, which may not match the generated tokens
+            # exactly; a regenerate repeats it). A prompt that merely shares
+            # a system prompt with a parked conversation is another one: it
+            # takes an empty slot, so both keep their state, else evicts.
+            same = [s for s in mine if _holds_prefix_of(s, job.prompt)]
+            if same:
+                best = max(same, key=lambda s: (min(s.prompt_len, len(s.tokens)), s.last_used))
                 return best, True
         empty = [s for s in free if not s.tokens]
         if empty:
@@ -438,6 +462,7 @@ class Scheduler:
                 self.ctx.seq_rm(slot.seq_id)
                 reuse = 0
         slot.tokens = job.prompt[:reuse]
+        slot.prompt_len = len(job.prompt)
         slot.owner = cfg.owner
         slot.session_key = cfg.session_key
         try:
@@ -514,20 +539,17 @@ class Scheduler:
             for seq, _, _, _ in plan:
                 self.ctx.seq_rm(seq.slot.seq_id)
                 seq.slot.tokens = []
+                seq.slot.prompt_len = 0
                 self._fail(seq, err)
             return
-        total = batch.n
         for seq, k, idx, drafts in plan:
-            share = dt * k / total
             if seq.decoding:
-                seq.decode_s += share
                 seq.slot.tokens.append(seq.last_token)
                 seq.n_past += 1
                 self._sample(seq, idx)
                 if drafts:
                     self._verify(seq, idx, drafts)
                 continue
-            seq.prefill_s += share
             seq.slot.tokens.extend(seq.pending[seq.fed : seq.fed + k])
             seq.fed += k
             seq.n_past += k
@@ -556,13 +578,10 @@ class Scheduler:
             self.ctx.seq_rm(seq.slot.seq_id, seq.n_past, -1)
 
     def _sample(self, seq: Seq, idx: int) -> None:
-        t0 = time.perf_counter()
         token = seq.chain.sample(self.ctx.ptr, idx)
-        dt = time.perf_counter() - t0
-        if seq.decoding:
-            seq.decode_s += dt
-        else:
-            seq.prefill_s += dt
+        seq.last_token_at = time.perf_counter()
+        if not seq.decoding:
+            seq.first_token_at = seq.last_token_at
             seq.decoding = True
         seq.new_tokens += 1
         if token in self._eog:
@@ -617,12 +636,13 @@ class Scheduler:
                     reason = StopReason.TOOL_CALLS
             except Exception:  # a parser bug must not fail the generation
                 log.exception("tool-call check failed")
+        prefill_s, decode_s = self._intervals(seq)
         seq.job.sink.put(
             RawDecodeResult(
                 prompt_tokens=len(seq.job.prompt),
                 new_tokens=seq.new_tokens,
-                prefill_seconds=seq.prefill_s,
-                decode_seconds=seq.decode_s,
+                prefill_seconds=prefill_s,
+                decode_seconds=decode_s,
                 reason=reason,
                 reused_prefix_tokens=seq.reused,
                 session_slot_evicted=seq.evicted,
@@ -634,6 +654,18 @@ class Scheduler:
                 accepted_tokens=seq.accepted,
                 stop_string=seq.stops.matched if reason is StopReason.STOP_STRING else None,
             )
+        )
+
+    @staticmethod
+    def _intervals(seq: Seq) -> tuple[float, float]:
+        """(prefill, decode) wall-clock seconds: admitted → first token, and
+        first → last token. A sequence that never sampled (cancelled while
+        prefilling) spent all its time since admission in prefill."""
+        if seq.first_token_at is None or seq.last_token_at is None:
+            return max(0.0, time.perf_counter() - seq.admitted_at), 0.0
+        return (
+            max(0.0, seq.first_token_at - seq.admitted_at),
+            max(0.0, seq.last_token_at - seq.first_token_at),
         )
 
     def _fail(self, seq: Seq, error: Exception) -> None:
