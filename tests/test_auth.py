@@ -1,4 +1,4 @@
-"""API keys (REFERENCE.md §5): every route but GET /health, both header
+"""API keys (CONTRACT §5): every route but GET /health, both header
 forms, constant-time comparison, 401s in each dialect's shape, observed."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Continuous batching, session slots, tenant isolation and prompt-lookup
-speculation on the real model (REFERENCE.md §7)."""
+speculation on the real model (CONTRACT §7)."""
 
 from __future__ import annotations
 

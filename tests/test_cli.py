@@ -19,6 +19,22 @@ def turbospark(*args: str) -> list[str]:
     return [sys.executable, "-m", "turbospark.cli", *args]
 
 
+def listening_url(proc: subprocess.Popen, lines: list[str] | None = None) -> str:
+    """The address a starting ``turbospark serve`` prints (its stderr lines
+    so far are appended to ``lines``)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if lines is not None:
+            lines.append(line)
+        m = re.search(r"listening on (http://\S+)", line)
+        if m:
+            return m.group(1)
+    raise AssertionError("the server never said where it listens: " + "".join(lines or []))
+
+
 def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
     log = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
@@ -27,17 +43,7 @@ def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
     )
     try:
         lines: list[str] = []
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                url = m.group(1)
-        assert url, "".join(lines)
+        url = listening_url(proc, lines)
         text = "".join(lines)
         assert "loading SmolLM2-135M-Instruct.Q4_1.gguf" in text  # progress display
         assert "model smollm2-135m" in text and "context 2048" in text  # start-up summary
@@ -88,15 +94,7 @@ def test_sigterm_flushes_the_event_log_and_exits_0(tmp_path):
     proc = subprocess.Popen(turbospark("serve", "--port", "0", "--event-log", str(log)),
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            m = re.search(r"listening on (http://\S+)", line)
-            url = m.group(1) if m else None
-        assert url
+        url = listening_url(proc)
         rids = []
         for stream in (False, True):
             r = httpx.post(url + "/v1/chat/completions", timeout=60, json={

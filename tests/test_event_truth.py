@@ -1,4 +1,4 @@
-"""Events that stay true under concurrency, streams and failures (REFERENCE
+"""Events that stay true under concurrency, streams and failures (CONTRACT
 §2): every request is requestStarted → [requestRouted] → [generated…] →
 requestFinished, streamed or not, cancelled or failed; the sinks end a
 request there; the model the generation core sees is the real one."""
@@ -166,3 +166,40 @@ def test_a_served_tools_request_is_rendered_by_the_templates_own_tool_section(qw
     assert len(own) != len(inline)
     assert gen.prompt_tokens == len(own)  # the first attempt's (a re-ask would add a second)
     assert "<tools>" in model.detokenize(own)
+
+
+def test_stats_show_each_requests_overhead(server):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    rid = int(r.headers["x-request-id"])
+    deadline = time.monotonic() + 10
+    while True:
+        stats = httpx.get(server.url + "/v1/stats", params={"requests": 1000}).json()
+        rec = next((x for x in stats["records"] if x["id"] == rid), None)
+        if rec is not None and rec["state"] == "done" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert rec is not None and rec["state"] == "done"
+    engine_ms = rec["queuedMs"] + rec["prefillMs"] + rec["decodeMs"]
+    assert rec["overheadMs"] == pytest.approx(max(0.0, rec["durationMs"] - engine_ms))
+    assert rec["durationMs"] >= engine_ms - 1  # the engine's time fits in the request's
+    assert stats["overheadMs"]["n"] >= 1
+
+
+def test_after_a_reask_every_rate_is_summed_tokens_over_summed_times():
+    from turbospark.dialects.ollama import stats
+    from turbospark.dialects.openai_chat import timings
+    from turbospark.engine.types import RawDecodeResult, StopReason
+    from turbospark.generation import Final
+
+    first = RawDecodeResult(prompt_tokens=100, new_tokens=10, prefill_seconds=1.0, decode_seconds=1.0,
+                            reason=StopReason.END_OF_TURN, queue_seconds=0.5)
+    second = RawDecodeResult(prompt_tokens=150, new_tokens=30, prefill_seconds=0.5, decode_seconds=1.0,
+                             reason=StopReason.END_OF_TURN, reused_prefix_tokens=100, queue_seconds=0.25)
+    final = Final(result=second, text="", attempts=[first, second])
+    t = timings(final)
+    assert t["predicted_n"] == 40 and t["predicted_per_second"] == pytest.approx(40 / 2.0)
+    assert t["prompt_n"] == 150 and t["prompt_per_second"] == pytest.approx(150 / 1.5)
+    o = stats(final, wall_ns=0)
+    assert o["eval_count"] == 40 and o["eval_duration"] == 2_000_000_000
+    assert o["prompt_eval_duration"] == 1_500_000_000 and o["total_duration"] == 5_250_000_000

@@ -1,5 +1,5 @@
 """Many models in one server: routing rules, live attach/detach, idle unload,
-the resident cap (REFERENCE.md §4). The real model loaded under several ids."""
+the resident cap (CONTRACT §4). The real model loaded under several ids."""
 
 from __future__ import annotations
 

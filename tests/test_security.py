@@ -1,4 +1,4 @@
-"""Safe by default (REFERENCE.md §5): what a web page, a stranger or an
+"""Safe by default (CONTRACT §5): what a web page, a stranger or an
 oversized request can do to a server on loopback without a key. Real server,
 real model, raw sockets and httpx, and a real page in headless Chromium."""
 

@@ -1,4 +1,4 @@
-"""Tenants see only their own (REFERENCE §5): with API keys, a non-admin key
+"""Tenants see only their own (CONTRACT §5): with API keys, a non-admin key
 sees in /v1/events, /v1/stats and /v1/slots only its own tenant's requests
 and slots (and every model attach/detach); an admin key sees everything;
 session keys are shown hashed, never raw, keys or no keys."""

@@ -1,5 +1,5 @@
-"""Per-request wall-clock timings (REFERENCE §2) and what counts as an
-eviction of a session slot (REFERENCE §7), on the real bundled model.
+"""Per-request wall-clock timings (CONTRACT §2) and what counts as an
+eviction of a session slot (CONTRACT §7), on the real bundled model.
 
 Timings are each request's own intervals: queue = submitted → admitted,
 prefill = admitted → first token, decode = first → last token. Under

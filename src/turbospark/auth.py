@@ -1,4 +1,4 @@
-"""Access control (REFERENCE.md §5). Pure logic: headers in, a decision out.
+"""Access control (CONTRACT §5). Pure logic: headers in, a decision out.
 
 Off unless a key is configured. When on, every route except ``GET /health``
 needs a key, sent as ``x-api-key: KEY`` or ``Authorization: Bearer KEY``.
@@ -101,7 +101,7 @@ class Auth:
         return tenant
 
     def check(self, method: str, path: str, headers: Mapping[str, str]) -> Decision:
-        """Who may call ``method path`` with these headers (REFERENCE §5):
+        """Who may call ``method path`` with these headers (CONTRACT §5):
         with no keys everything is open and the caller administers; admin
         routes need an admin key (403 for a valid inference key, also when
         no admin key is configured); admin keys also read the views."""

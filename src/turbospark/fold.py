@@ -5,7 +5,7 @@ renders), the ``turbospark console`` and the offline ``turbospark report`` —
 so no view computes its own numbers on the side: they all read the same
 events (``ServerEvent.to_dict()`` shapes) through this module.
 
-Where the numbers come from (REFERENCE §2):
+Where the numbers come from (CONTRACT §2):
 
 - token counts and queue/prefill/decode times from ``generated`` (engine
   truth, each request's own wall-clock intervals), summed in a

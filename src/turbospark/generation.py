@@ -140,6 +140,20 @@ class Final:
     def cached_tokens(self) -> int:
         return sum(a.reused_prefix_tokens for a in self.attempts)
 
+    # times summed over attempts, like the counts: after a re-ask every rate
+    # is summed tokens over summed times
+    @property
+    def queue_seconds(self) -> float:
+        return sum(a.queue_seconds for a in self.attempts)
+
+    @property
+    def prefill_seconds(self) -> float:
+        return sum(a.prefill_seconds for a in self.attempts)
+
+    @property
+    def decode_seconds(self) -> float:
+        return sum(a.decode_seconds for a in self.attempts)
+
     @property
     def reason(self) -> StopReason:
         """The turn's stop reason: tool calls win over the engine's ending,

@@ -1,4 +1,4 @@
-"""Browser safety (REFERENCE.md §5): which ``Host`` and ``Origin`` a request
+"""Browser safety (CONTRACT §5): which ``Host`` and ``Origin`` a request
 may carry, what a CORS answer allows, and how large a body may be. Pure
 policy, no HTTP types: ``middleware.GuardMiddleware`` applies it.
 

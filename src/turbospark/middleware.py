@@ -5,7 +5,7 @@ Pure ASGI on purpose: Starlette's ``BaseHTTPMiddleware`` buffers and breaks
 streaming responses. The request id is minted here and put in the scope's
 ``state`` so the handler's own events carry the same id.
 
-When ``requestFinished`` fires: when the response is really over (REFERENCE
+When ``requestFinished`` fires: when the response is really over (CONTRACT
 §2) — the app has sent its last body byte, or the client went away — and the
 request's engine runs have been reported, so it always comes after the
 request's ``generated`` events, streams included. Its ``error`` is what the

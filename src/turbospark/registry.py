@@ -1,4 +1,4 @@
-"""Which model serves a request (REFERENCE.md §4), and which models are in
+"""Which model serves a request (CONTRACT §4), and which models are in
 memory. No HTTP types in here.
 
 Resolution, among the models capable of the request (chat vs embeddings):

@@ -56,6 +56,8 @@ def summary_lines(fold: Fold) -> list[str]:
         ("prefill p95 ms", _n(s["prefillMs"]["p95"], "{:.2f}")),
         ("queue p50 ms", _n(s["queueMs"]["p50"], "{:.2f}")),
         ("queue p95 ms", _n(s["queueMs"]["p95"], "{:.2f}")),
+        ("overhead p50 ms", _n(s["overheadMs"]["p50"], "{:.2f}")),
+        ("overhead p95 ms", _n(s["overheadMs"]["p95"], "{:.2f}")),
         ("reused prefix tokens", str(s["reusedTokens"])),
         ("prefix reuse ratio", _n(s["prefixReuseRatio"], "{:.4f}")),
         ("slot evictions", str(s["evictions"])),
@@ -116,12 +118,15 @@ def write_plots(fold: Fold, out_dir: str) -> list[str]:
     # 2. where the time went, per request
     fig, ax = plt.subplots(figsize=(8, 4))
     ids = [str(r.id) for r in generated]
-    prefill = [r.usage.prefill_seconds * 1000.0 for r in generated]
-    queued = [r.queued_ms or 0.0 for r in generated]
-    decode = [r.usage.decode_seconds * 1000.0 for r in generated]
-    ax.bar(ids, prefill, label="prefill")
-    ax.bar(ids, queued, bottom=prefill, label="queued (non-streamed)")
-    ax.bar(ids, decode, bottom=[p + q for p, q in zip(prefill, queued)], label="decode")
+    bottom = [0.0] * len(generated)
+    for label, part in (
+        ("queued", [r.queued_ms or 0.0 for r in generated]),
+        ("prefill", [r.usage.prefill_seconds * 1000.0 for r in generated]),
+        ("decode", [r.usage.decode_seconds * 1000.0 for r in generated]),
+        ("overhead (HTTP, templating)", [r.overhead_ms or 0.0 for r in generated]),
+    ):
+        ax.bar(ids, part, bottom=bottom, label=label)
+        bottom = [b + p for b, p in zip(bottom, part)]
     ax.set(title="time breakdown per request", xlabel="request id", ylabel="ms")
     if len(ids) > 30:
         ax.set_xticks([])

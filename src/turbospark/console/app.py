@@ -24,7 +24,8 @@ from .client import EventSource
 COLUMNS = (
     ("id", "id"), ("status", "status"), ("method", "method"), ("path", "path"),
     ("requested → served", "route"), ("stream", "stream"), ("prompt", "prompt"), ("new", "new"),
-    ("prefill ms", "prefill"), ("decode ms", "decode"), ("queued ms", "queued"), ("tok/s", "rate"),
+    ("prefill ms", "prefill"), ("decode ms", "decode"), ("queued ms", "queued"), ("overhead ms", "overhead"),
+    ("tok/s", "rate"),
     ("reused", "reused"), ("evicted", "evicted"),
 )
 MAX_ROWS = 1000
@@ -58,6 +59,7 @@ def row_cells(rec: RequestRecord) -> list[Any]:
         _num(rec.usage.prefill_seconds * 1000.0) if gen else "–",
         _num(rec.usage.decode_seconds * 1000.0) if gen else "–",
         _num(rec.queued_ms),
+        _num(rec.overhead_ms),
         _num(rate),
         str(rec.usage.reused_tokens) if gen else "–",
         ("yes" if rec.usage.evictions else "no") if gen else "–",

@@ -12,7 +12,7 @@ from ..fold import RequestRecord
 
 TICKS = "▁▂▃▄▅▆▇█"
 MODEL_COLORS = ("cyan", "green", "yellow", "magenta", "blue", "red")
-PARTS = (("prefill", "cyan"), ("queued", "yellow"), ("decode", "green"))
+PARTS = (("queued", "yellow"), ("prefill", "cyan"), ("decode", "green"), ("overhead", "magenta"))
 
 
 def sparkline(values: Sequence[float], top: float | None = None) -> str:
@@ -50,22 +50,23 @@ def rate_chart(records: Sequence[RequestRecord], width: int = 60) -> Text:
 
 def time_chart(records: Sequence[RequestRecord], width: int = 50, rows: int = 8) -> Text:
     """Where the time went for the newest ``rows`` requests that generated:
-    prefill, queued (non-streamed only) and decode as one stacked bar each,
-    on one scale."""
+    queued, prefill, decode and overhead (HTTP, templating) as one stacked
+    bar each, on one scale."""
     done = [r for r in records if r.usage.generations > 0][-rows:]
     if not done:
         return Text("no generations yet", style="dim")
-    parts = [(r, r.usage.prefill_seconds * 1000.0, r.queued_ms or 0.0, r.usage.decode_seconds * 1000.0) for r in done]
-    top = max(p + q + d for _, p, q, d in parts) or 1.0
+    parts = [(r, (r.queued_ms or 0.0, r.usage.prefill_seconds * 1000.0, r.usage.decode_seconds * 1000.0,
+                  r.overhead_ms or 0.0)) for r in done]
+    top = max(sum(ms) for _, ms in parts) or 1.0
     out = Text()
     for name, color in PARTS:
         out.append("█ ", style=color)
         out.append(name + "  ", style="dim")
     out.append("\n")
-    for r, p, q, d in parts:
+    for r, ms in parts:
         out.append(f"#{r.id:<5}", style="dim")
-        for ms, (_, color) in zip((p, q, d), PARTS):
-            out.append("█" * round(ms / top * width), style=color)
-        out.append(f" {p + q + d:.0f} ms\n", style="dim")
+        for part, (_, color) in zip(ms, PARTS):
+            out.append("█" * round(part / top * width), style=color)
+        out.append(f" {sum(ms):.0f} ms\n", style="dim")
     out.rstrip()
     return out

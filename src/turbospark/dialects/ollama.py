@@ -360,12 +360,12 @@ def done_reason(reason: StopReason) -> str:
 
 
 def stats(final: Final, wall_ns: int) -> dict[str, Any]:
-    """The closing numbers, all from the engine's result. The model is
-    resident, so nothing was loaded; the total never undercuts the parts."""
-    r = final.result
-    prompt_ns, eval_ns = nanos(r.prefill_seconds), nanos(r.decode_seconds)
+    """The closing numbers, all from the engine's results, summed over the
+    turn's attempts. The model is resident, so nothing was loaded; the total
+    never undercuts the parts."""
+    prompt_ns, eval_ns = nanos(final.prefill_seconds), nanos(final.decode_seconds)
     return {
-        "total_duration": max(wall_ns, nanos(r.queue_seconds) + prompt_ns + eval_ns),
+        "total_duration": max(wall_ns, nanos(final.queue_seconds) + prompt_ns + eval_ns),
         "load_duration": 0,
         "prompt_eval_count": final.prompt_tokens,
         "prompt_eval_duration": prompt_ns,

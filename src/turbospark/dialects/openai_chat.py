@@ -304,21 +304,21 @@ def usage(final: Final) -> dict[str, Any]:
 
 
 def timings(final: Final) -> dict[str, Any]:
-    """llama.cpp server's per-response ``timings`` object (opt-in)."""
-    r = final.result
-    prompt_n = r.prompt_tokens - r.reused_prefix_tokens
-    prompt_ms = r.prefill_seconds * 1000.0
-    predicted_ms = r.decode_seconds * 1000.0
+    """llama.cpp server's per-response ``timings`` object (opt-in), summed
+    over the turn's attempts (a guardrail re-ask is one more)."""
+    prompt_n = final.prompt_tokens - final.cached_tokens
+    prefill, decode, new = final.prefill_seconds, final.decode_seconds, final.completion_tokens
+    prompt_ms, predicted_ms = prefill * 1000.0, decode * 1000.0
     return {
-        "cache_n": r.reused_prefix_tokens,
+        "cache_n": final.cached_tokens,
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": prompt_n / r.prefill_seconds if r.prefill_seconds else 0.0,
-        "predicted_n": r.new_tokens,
+        "prompt_per_second": prompt_n / prefill if prefill else 0.0,
+        "predicted_n": new,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / r.new_tokens if r.new_tokens else 0.0,
-        "predicted_per_second": r.new_tokens / r.decode_seconds if r.decode_seconds else 0.0,
+        "predicted_per_token_ms": predicted_ms / new if new else 0.0,
+        "predicted_per_second": new / decode if decode else 0.0,
     }
 
 

@@ -1,4 +1,4 @@
-"""The model interface (REFERENCE.md §3): what the generation core, the
+"""The model interface (CONTRACT §3): what the generation core, the
 registry and the routes may ask of a model. Nothing wraps a model: the
 generation core reports each run through the request's ``observe.Reporter``,
 so every caller sees the real model (its template included)."""

@@ -1,4 +1,4 @@
-"""The llama.cpp-backed chat model: the model interface of REFERENCE.md §3.
+"""The llama.cpp-backed chat model: the model interface of CONTRACT §3.
 
 It renders prompts with the GGUF's chat template, admits requests (empty
 prompts and context overflows are clean errors, never silent truncation), and

@@ -13,7 +13,7 @@ subscriber never blocks it: its queue drops the OLDEST events on overflow
 and the stream says so with a gap marker. Subscribers are woken with
 ``call_soon_threadsafe`` at most once per batch.
 
-Tenants (REFERENCE §5): with API keys, a non-admin caller sees only its own
+Tenants (CONTRACT §5): with API keys, a non-admin caller sees only its own
 tenant's requests (and every model attach/detach). The events carry no
 tenant (their schema is the same for every sink); the auth middleware tells
 this sink through the ``request_tenant(id, tenant)`` side channel right

@@ -8,7 +8,7 @@ service (default ``turbospark``). Nothing is enabled when none is set.
 
 A span starts at ``requestStarted``'s ``atMs`` and ends at
 ``requestFinished``, which comes when the response is really over, streams
-included (REFERENCE §2); a status ≥ 500 or an ``error`` (a stream that failed
+included (CONTRACT §2); a status ≥ 500 or an ``error`` (a stream that failed
 after its headers, a client that left) sets the span's error status.
 Attributes follow the OpenTelemetry ``gen_ai.*`` and HTTP semantic
 conventions, plus the engine's timings under ``turbospark.*`` (summed by the

@@ -1,4 +1,4 @@
-"""Guardrails for tool calls (REFERENCE.md §8): a call must name an offered
+"""Guardrails for tool calls (CONTRACT §8): a call must name an offered
 tool and its arguments must validate against that tool's JSON schema; when a
 turn fails that (or names no call although one was required) the model gets
 ONE corrective user turn and a second attempt. Each attempt is real work and
