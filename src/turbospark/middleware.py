@@ -17,7 +17,7 @@ for a status ≥ 400: nothing is parsed back out of a body.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import orjson
 
@@ -150,7 +150,7 @@ class ObserveMiddleware:
 
 
 async def refuse(scope: Scope, send: Any, status: int, message: str, *,
-                 type: str | None = None, headers: list[tuple[bytes, bytes]] = ()) -> None:
+                 type: str | None = None, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """An error in the path's dialect shape, sent without reading the body."""
     scope.setdefault("state", {})[ERROR_KEY] = message
     shape = shape_for_path(scope.get("path", ""))
@@ -240,6 +240,7 @@ class GuardMiddleware:
                 await refuse(scope, send, 413, BodyTooLarge(limit).message, headers=[(b"connection", b"close")])
                 return
         started = False
+        seen = 0
 
         async def counted_receive() -> dict[str, Any]:
             nonlocal seen
@@ -256,7 +257,6 @@ class GuardMiddleware:
                 started = True
             await send(message)
 
-        seen = 0
         try:
             await self.app(scope, counted_receive, tracked_send)
         except BodyTooLarge as exc:  # a handler that did not shape it itself

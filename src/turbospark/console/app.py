@@ -231,14 +231,14 @@ class ConsoleApp(App[None]):
             return
         touched, self._touched = sorted(self._touched), set()
         for rid in touched:
-            rec = self.fold.record(rid)
+            found = self.fold.record(rid)
             key = str(rid)
             present = key in table.rows
-            if rec is None or not self.passes(rec):
+            if found is None or not self.passes(found):
                 if present:
                     table.remove_row(key)
                 continue
-            cells = row_cells(rec)
+            cells = row_cells(found)
             if present:
                 for (_, column), value in zip(COLUMNS, cells):
                     table.update_cell(key, column, value)

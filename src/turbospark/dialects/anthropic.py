@@ -389,6 +389,7 @@ def reasoning_effort(body: CountTokensRequest) -> str | None:
 
 
 def output_schema(body: CountTokensRequest) -> dict[str, Any] | None:
+    fmt: OutputFormat | None
     if body.output_config and body.output_config.format:
         fmt, where = body.output_config.format, "output_config.format.schema"
     else:

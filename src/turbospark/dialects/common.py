@@ -61,7 +61,7 @@ def validation_error(exc: ValidationError) -> BadRequest:
     errors = exc.errors(include_url=False)
     first = errors[0] if errors else {"loc": (), "msg": str(exc)}
     param = _loc(tuple(first.get("loc", ())))
-    msg = first.get("msg", "invalid value")
+    msg = str(first.get("msg", "invalid value"))
     if first.get("type") == "missing":
         text = f"missing required field '{param}'"
     elif param:
@@ -128,7 +128,7 @@ def check_json_schema(schema: Any, where: str, param: str | None = None) -> dict
     return schema
 
 
-def check_tool_schemas(schemas: list[tuple[str, str, Any]], choice: str, name: str | None) -> None:
+def check_tool_schemas(schemas: list[tuple[str, Any, Any]], choice: str, name: str | None) -> None:
     """When a call is forced (``choice`` "required" or "named"), the offered
     tools' parameter schemas become a grammar: check each one the grammar
     will use. ``schemas``: ``(where, tool name, schema)`` per tool."""

@@ -43,7 +43,7 @@ THINK_LEVELS = ("low", "medium", "high")
 OLLAMA_VERSION = "0.12.3"
 
 #: Ollama's ``api.DefaultOptions`` where they differ from ours.
-OLLAMA_DEFAULTS = {"top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
+OLLAMA_DEFAULTS: dict[str, Any] = {"top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
 
 #: Sampling options we do not implement, and the value that means "off".
 _UNSUPPORTED_SAMPLING = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}

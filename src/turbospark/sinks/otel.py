@@ -172,9 +172,9 @@ class OtelSink:
                 arg.set()
                 continue
             if item is _CARRIER:
-                req = self._open.get(arg[0])
-                if req is not None:
-                    req.carrier = arg[1]
+                target = self._open.get(arg[0])
+                if target is not None:
+                    target.carrier = arg[1]
                 continue
             try:
                 self._fold(item, arg)
@@ -194,7 +194,7 @@ class OtelSink:
                 _, old = self._open.popitem(last=False)
                 self._end(old, at_ns, incomplete=True)
             return
-        req = self._open.get(event.id)
+        req = self._open.get(getattr(event, "id", -1))
         if req is None:  # started before this sink, or evicted
             return
         if isinstance(event, RequestRouted):

@@ -66,6 +66,13 @@ class Parsed:
     problems: list[str] = field(default_factory=list)
 
 
+
+def function_part(entry: dict[str, Any]) -> dict[str, Any]:
+    """The function object of an OpenAI-style tool or call
+    (``{"function": {...}}``), or the entry itself for the flat shapes."""
+    fn = entry.get("function")
+    return fn if isinstance(fn, dict) else entry
+
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 

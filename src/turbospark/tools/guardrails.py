@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonschema
 
+from .calls import function_part
 from .prompting import functions_of
 
 
@@ -77,7 +78,7 @@ def answered_calls(messages: list[dict[str, Any]]) -> dict[tuple[str, str], str]
             for c in m.get("tool_calls") or []:
                 if not isinstance(c, dict):
                     continue
-                fn = c.get("function") if isinstance(c.get("function"), dict) else c
+                fn = function_part(c)
                 by_id[str(c.get("id"))] = (str(fn.get("name")), _canonical(fn.get("arguments") or {}))
         elif m.get("role") == "tool":
             key = by_id.get(str(m.get("tool_call_id")))

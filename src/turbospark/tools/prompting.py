@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from ..engine.types import AdmissionError
-from .calls import render_call
+from .calls import function_part, render_call
 
 TOOL_SYSTEM = (
     "You can call functions to help answer. The available functions are listed as JSON "
@@ -72,7 +72,7 @@ def inline_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
             for c in m["tool_calls"]:
                 if not isinstance(c, dict):
                     continue  # the dialects refuse these; never fail on one here
-                fn = c.get("function") if isinstance(c.get("function"), dict) else c
+                fn = function_part(c)
                 args = fn.get("arguments") or {}
                 if isinstance(args, str):
                     try:

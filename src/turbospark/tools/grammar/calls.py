@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..calls import HERMES_OPEN, MISTRAL_MARK, SYNTAXES, XML_FUNCTION
+from ..calls import HERMES_OPEN, MISTRAL_MARK, SYNTAXES, XML_FUNCTION, function_part
 from .errors import UnsupportedSchema, _Empty
 from .keywords import UNSUPPORTED
 from .rules import _cls, _lit, _Rules, _seq
@@ -17,7 +17,7 @@ def _tool_spec(tool: Any) -> tuple[str, Any]:
     """(name, parameters schema) of an OpenAI-style tool (Anthropic/flat shapes accepted too)."""
     if not isinstance(tool, dict):
         raise ValueError(f"a tool must be an object, not {type(tool).__name__}")
-    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    fn = function_part(tool)
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError("every tool needs a non-empty name")

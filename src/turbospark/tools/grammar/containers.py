@@ -5,7 +5,7 @@ counts on them."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UnsupportedSchema, _Empty
 from .rules import _Rules, _lit, _seq
@@ -16,6 +16,11 @@ class _Containers:
     ``any_object`` and ``plain_string``."""
 
     r: _Rules
+
+    if TYPE_CHECKING:  # provided by the converter (schema._Converter)
+        def inside(self, s: Any, path: str, hint: str) -> str: ...
+        def any_object(self) -> str: ...
+        def plain_string(self, lo: int, hi: int | None, hint: str, enc: Any = ...) -> str: ...
 
     # -- arrays
     def array(self, s: dict, path: str, hint: str) -> str:
