@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 export VENV
 
-.PHONY: install serve test bench bench-runtime clean
+.PHONY: install serve test lint bench bench-runtime clean
 
 install:
 	@scripts/install.sh
@@ -18,9 +18,15 @@ install:
 serve: install
 	$(VENV)/bin/turbospark serve $(ARGS)
 
-test:
-	@FOR_TESTS=1 scripts/install.sh
+test: lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# ruff (lint and format) and mypy, configured in pyproject.toml
+lint:
+	@FOR_TESTS=1 scripts/install.sh
+	$(VENV)/bin/python -m ruff check src tests bench
+	$(VENV)/bin/python -m ruff format --check src tests bench
+	$(VENV)/bin/python -m mypy
 
 bench: install
 	$(VENV)/bin/python bench/overhead.py

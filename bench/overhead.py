@@ -55,16 +55,40 @@ def direct_run(llm, prompt_tokens: list[int], n: int) -> float:
 
 
 def server_run(url: str, n: int) -> tuple[float, int]:
-    s = stream_chat(url, {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": n,
-                          "temperature": 0, "ignore_eos": True}, timeout=300)
+    s = stream_chat(
+        url,
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": n,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+        timeout=300,
+    )
     assert s.usage and s.usage["completion_tokens"] == n, s.usage
     assert s.request_id is not None
     return s.decode_rate(), s.request_id
 
 
-def start_server(model: str, threads: int, ctx: int, event_log: str | None, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "turbospark.cli", "serve", "--model", model, "--port", "0",
-           "--threads", str(threads), "--ctx", str(ctx), *extra]
+def start_server(
+    model: str, threads: int, ctx: int, event_log: str | None, extra: list[str]
+) -> tuple[subprocess.Popen, str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "turbospark.cli",
+        "serve",
+        "--model",
+        model,
+        "--port",
+        "0",
+        "--threads",
+        str(threads),
+        "--ctx",
+        str(ctx),
+        *extra,
+    ]
     if event_log:
         cmd += ["--event-log", event_log]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -110,8 +134,10 @@ class Watchers:
         self.scrapes = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._follow, daemon=True),
-                         threading.Thread(target=self._scrape, daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._follow, daemon=True),
+            threading.Thread(target=self._scrape, daemon=True),
+        ]
         for t in self._threads:
             t.start()
 
@@ -170,8 +196,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--server-args", default="", help="extra `turbospark serve` flags")
-    ap.add_argument("--all-sinks", action="store_true",
-                    help="also export OTel spans, follow /v1/events and scrape /metrics during the run")
+    ap.add_argument(
+        "--all-sinks",
+        action="store_true",
+        help="also export OTel spans, follow /v1/events and scrape /metrics during the run",
+    )
     args = ap.parse_args()
     extra = args.server_args.split()
     collector = None
@@ -240,8 +269,10 @@ def main() -> None:
     if watchers is not None:
         sinks = "JSONL event log, Prometheus, /v1/events ring" + (", OpenTelemetry" if collector else "")
         print(f"sinks: {sinks}")
-        print(f"  /v1/events follower got {watchers.events} events; {watchers.scrapes} /metrics scrapes; "
-              f"generation tokens counter {counted:.0f} (= {args.rounds} x {args.tokens} + 16 warm-up)")
+        print(
+            f"  /v1/events follower got {watchers.events} events; {watchers.scrapes} /metrics scrapes; "
+            f"generation tokens counter {counted:.0f} (= {args.rounds} x {args.tokens} + 16 warm-up)"
+        )
         if collector is not None:
             collector.shutdown()
             print(f"  OTLP collector got {Collector.exports} exports ({Collector.spans_bytes} bytes)")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -36,8 +35,9 @@ STORY = "Write a long story about a lighthouse keeper and a storm."
 
 
 def peer_binary() -> tuple[str, dict[str, str]]:
-    path = subprocess.run([os.path.join(ROOT, "bench", "peer.sh")], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    path = subprocess.run(
+        [os.path.join(ROOT, "bench", "peer.sh")], capture_output=True, text=True, check=True
+    ).stdout.strip()
     bindir = os.path.dirname(path)
     # the wheel ships lib*.so.X.Y.Z without the .so.X links the binary needs
     links = os.path.join(os.path.dirname(bindir), "links")
@@ -85,8 +85,23 @@ class Servers:
     def turbospark(self, *extra: str) -> tuple[subprocess.Popen, str]:
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "turbospark.cli", "serve", "--model", self.gguf, "--port", str(port),
-             "--threads", str(self.threads), "--ctx", str(self.ctx), "--parallel", str(self.parallel), *extra],
+            [
+                sys.executable,
+                "-m",
+                "turbospark.cli",
+                "serve",
+                "--model",
+                self.gguf,
+                "--port",
+                str(port),
+                "--threads",
+                str(self.threads),
+                "--ctx",
+                str(self.ctx),
+                "--parallel",
+                str(self.parallel),
+                *extra,
+            ],
             stderr=subprocess.DEVNULL,
         )
         url = f"http://127.0.0.1:{port}"
@@ -101,9 +116,26 @@ class Servers:
         binary, env = peer_binary()
         port = free_port()
         proc = subprocess.Popen(
-            [binary, "-m", self.gguf, "--port", str(port), "-t", str(self.threads), "-tb", str(self.threads),
-             "-c", str(self.ctx * self.parallel), "-np", str(self.parallel), "--no-webui", *extra],
-            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+            [
+                binary,
+                "-m",
+                self.gguf,
+                "--port",
+                str(port),
+                "-t",
+                str(self.threads),
+                "-tb",
+                str(self.threads),
+                "-c",
+                str(self.ctx * self.parallel),
+                "-np",
+                str(self.parallel),
+                "--no-webui",
+                *extra,
+            ],
+            stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
         )
         url = f"http://127.0.0.1:{port}"
         wait_up(url, proc)
@@ -144,8 +176,11 @@ def last_turn_prefill(url: str, event_log: str, turns: int = 8) -> float:
     rid = None
     for i in range(turns):
         msgs.append({"role": "user", "content": f"Turn {i + 1}: tell me one more fact about the ocean, in detail."})
-        r = httpx.post(url + "/v1/chat/completions", timeout=600, json={
-            "model": "m", "messages": msgs, "max_tokens": 48, "temperature": 0})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=600,
+            json={"model": "m", "messages": msgs, "max_tokens": 48, "temperature": 0},
+        )
         r.raise_for_status()
         rid = int(r.headers["x-request-id"])
         msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
@@ -174,8 +209,13 @@ EDIT_TEXT = """def parse_config(path):
 
 
 def lookup_rate(url: str, n: int) -> tuple[float, str]:
-    msgs = [{"role": "user", "content": "Rename the function parse_config to load_config in this code and "
-             "output the whole code, unchanged otherwise:\n\n" + EDIT_TEXT}]
+    msgs = [
+        {
+            "role": "user",
+            "content": "Rename the function parse_config to load_config in this code and "
+            "output the whole code, unchanged otherwise:\n\n" + EDIT_TEXT,
+        }
+    ]
     rate, text, _ = stream_rate(url, msgs, n)
     return rate, text
 
@@ -207,8 +247,12 @@ def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple
             (ts_single if who == "turbospark" else ll_single).append(s)
             (ts_multi if who == "turbospark" else ll_multi).append(m)
     print(f"{name}: single {ts_single} vs {ll_single}; 4 streams {ts_multi} vs {ll_multi}", flush=True)
-    rows.append((f"{name}: single-stream decode tok/s", med(ts_single), med(ll_single), ">= 0.95", "turbospark / llama-server"))
-    rows.append((f"{name}: 4 streams aggregate tok/s", med(ts_multi), med(ll_multi), ">= 0.95", "turbospark / llama-server"))
+    rows.append(
+        (f"{name}: single-stream decode tok/s", med(ts_single), med(ll_single), ">= 0.95", "turbospark / llama-server")
+    )
+    rows.append(
+        (f"{name}: 4 streams aggregate tok/s", med(ts_multi), med(ll_multi), ">= 0.95", "turbospark / llama-server")
+    )
 
     # 3: reuse on / off
     on, off = [], []
@@ -240,8 +284,15 @@ def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple
             (with_ if spec == "ngram" else without).append(rate)
             texts[spec] = text
         same = same and texts["ngram"] == texts["off"]
-    rows.append((f"{name}: edit task decode tok/s", med(with_), med(without), ">= 1.5",
-                 "ngram / off" + ("" if same else "  (TEXT DIFFERED)")))
+    rows.append(
+        (
+            f"{name}: edit task decode tok/s",
+            med(with_),
+            med(without),
+            ">= 1.5",
+            "ngram / off" + ("" if same else "  (TEXT DIFFERED)"),
+        )
+    )
     print(f"{name}: edit task ngram {with_} off {without}", flush=True)
     return rows
 

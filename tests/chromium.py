@@ -20,8 +20,14 @@ from typing import Any
 import pytest
 
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage", "--hide-scrollbars",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
 ]
 
 
@@ -38,7 +44,9 @@ def run_once(url: str, *args: str, timeout: float = 120) -> str:
     with tempfile.TemporaryDirectory() as profile:
         proc = subprocess.run(
             [chromium(), *FLAGS, f"--user-data-dir={profile}", *args, url],
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -60,9 +68,18 @@ class LivePage:
             os.dup2(high_w, 4)
 
         self.proc = subprocess.Popen(
-            [chromium(), *FLAGS, "--remote-debugging-pipe", f"--user-data-dir={self._profile}",
-             f"--window-size={width},{height}", "about:blank"],
-            pass_fds=(3, 4), preexec_fn=wire, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                chromium(),
+                *FLAGS,
+                "--remote-debugging-pipe",
+                f"--user-data-dir={self._profile}",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            pass_fds=(3, 4),
+            preexec_fn=wire,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         os.close(to_child_r)
         os.close(from_child_w)
@@ -70,8 +87,11 @@ class LivePage:
         self._next = 0
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, page=True)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            page=True,
+        )
         self.call("Page.navigate", {"url": url}, page=True)
 
     def call(self, method: str, params: dict[str, Any] | None = None, page: bool = False) -> dict[str, Any]:
@@ -134,7 +154,7 @@ class LivePage:
         os.close(self._from_child)
         shutil.rmtree(self._profile, ignore_errors=True)
 
-    def __enter__(self) -> "LivePage":
+    def __enter__(self) -> LivePage:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -35,14 +36,18 @@ class Hub:
         with self._lock:
             return [e for e in self.events if getattr(e, "id", None) == rid]
 
-    def wait_for(self, pred: Callable[[list[ServerEvent]], bool], rid: int | str, timeout: float = 30) -> list[ServerEvent]:
+    def wait_for(
+        self, pred: Callable[[list[ServerEvent]], bool], rid: int | str, timeout: float = 30
+    ) -> list[ServerEvent]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             evs = self.of(rid)
             if pred(evs):
                 return evs
             time.sleep(0.02)
-        raise AssertionError(f"events of request {rid} never satisfied the condition: {[e.to_dict() for e in self.of(rid)]}")
+        raise AssertionError(
+            f"events of request {rid} never satisfied the condition: {[e.to_dict() for e in self.of(rid)]}"
+        )
 
     def wait_kind(self, rid: int | str, kind: str, timeout: float = 30) -> ServerEvent:
         evs = self.wait_for(lambda es: any(e.kind == kind for e in es), rid, timeout)

@@ -5,8 +5,9 @@ test of a feature: every feature is also tested on the real model."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from turbospark.engine.types import (
     AdmissionError,
@@ -49,7 +50,7 @@ class ScriptedModel:
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def tokenizer(self) -> "ScriptedModel":
+    def tokenizer(self) -> ScriptedModel:
         return self
 
     @property
@@ -61,9 +62,19 @@ class ScriptedModel:
         return self.context
 
     def info(self) -> dict[str, Any]:
-        return {"id": self.model_id, "context": self.context, "parameters": 0, "size_bytes": 0,
-                "architecture": "scripted", "description": "scripted test model", "aliases": list(self.aliases),
-                "parallel": 1, "session_slots": 1, "chat_template": "", "quantization": ""}
+        return {
+            "id": self.model_id,
+            "context": self.context,
+            "parameters": 0,
+            "size_bytes": 0,
+            "architecture": "scripted",
+            "description": "scripted test model",
+            "aliases": list(self.aliases),
+            "parallel": 1,
+            "session_slots": 1,
+            "chat_template": "",
+            "quantization": "",
+        }
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return [hash(w) % 1000 for w in text.split()]
@@ -126,6 +137,10 @@ class ScriptedModel:
             if script.fail_after is not None and script.fail_after >= len(script.pieces):
                 raise EngineError("scripted failure at the end of generation")
         return RawDecodeResult(
-            prompt_tokens=len(prompt_ids), new_tokens=len(out), prefill_seconds=0.001,
-            decode_seconds=0.001 * max(1, len(out)), reason=reason, text="".join(out),
+            prompt_tokens=len(prompt_ids),
+            new_tokens=len(out),
+            prefill_seconds=0.001,
+            decode_seconds=0.001 * max(1, len(out)),
+            reason=reason,
+            text="".join(out),
         )

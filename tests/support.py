@@ -36,8 +36,12 @@ WEATHER_FUNCTION = {
 TIME_FUNCTION = {
     "name": "get_time",
     "description": "Get the current local time in a timezone.",
-    "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}},
-                   "required": ["timezone"], "additionalProperties": False},
+    "parameters": {
+        "type": "object",
+        "properties": {"timezone": {"type": "string", "maxLength": 40}},
+        "required": ["timezone"],
+        "additionalProperties": False,
+    },
 }
 #: each tool's parameters schema, by tool name
 SCHEMAS = {f["name"]: f["parameters"] for f in (WEATHER_FUNCTION, TIME_FUNCTION)}
@@ -68,8 +72,11 @@ def responses_tool(function: dict[str, Any]) -> dict[str, Any]:
 
 def anthropic_tool(function: dict[str, Any]) -> dict[str, Any]:
     """A tool as Anthropic Messages writes it."""
-    return {"name": function["name"], "description": function["description"],
-            "input_schema": copy.deepcopy(function["parameters"])}
+    return {
+        "name": function["name"],
+        "description": function["description"],
+        "input_schema": copy.deepcopy(function["parameters"]),
+    }
 
 
 def openai_client(srv: Server) -> openai.OpenAI:
@@ -137,8 +144,9 @@ def assert_openai_error(r: httpx.Response, status: int, param: str | None = None
     return err
 
 
-def assert_anthropic_error(r: httpx.Response, status: int, contains: str = "",
-                           type_: str = "invalid_request_error") -> dict:
+def assert_anthropic_error(
+    r: httpx.Response, status: int, contains: str = "", type_: str = "invalid_request_error"
+) -> dict:
     """``r`` is a ``status`` error of ``type_`` in Anthropic's shape; returns its ``error``."""
     assert r.status_code == status, r.text
     data = r.json()

@@ -113,10 +113,16 @@ def test_count_tokens_equals_the_prefill(ant, hub):
 
 
 def test_raw_sse_frames_in_order(base_url, hub):
-    body = {"model": "x", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "Write a long story."}],
-            "temperature": 0}
-    with httpx.stream("POST", base_url + "/v1/messages", json=body, timeout=60,
-                      headers={"anthropic-version": "2023-06-01"}) as r:
+    body = {
+        "model": "x",
+        "max_tokens": 8,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "temperature": 0,
+    }
+    with httpx.stream(
+        "POST", base_url + "/v1/messages", json=body, timeout=60, headers={"anthropic-version": "2023-06-01"}
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         rid = r.headers["x-request-id"]
@@ -134,24 +140,33 @@ def test_raw_sse_frames_in_order(base_url, hub):
     start = frames[0][1]["message"]
     assert start["id"].startswith("msg_") and start["content"] == [] and start["stop_reason"] is None
     assert start["role"] == "assistant" and start["model"] == "x"
-    assert start["usage"] == {"input_tokens": gen.prompt_tokens, "output_tokens": 0,
-                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    assert start["usage"] == {
+        "input_tokens": gen.prompt_tokens,
+        "output_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
     assert frames[2][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     for _, d in frames[3:-3]:
         assert d["index"] == 0 and d["delta"]["type"] == "text_delta" and isinstance(d["delta"]["text"], str)
     assert frames[-3][1] == {"type": "content_block_stop", "index": 0}
     delta = frames[-2][1]
     assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
-    assert delta["usage"] == {"input_tokens": gen.prompt_tokens - gen.reused_prefix_tokens, "output_tokens": 8,
-                              "cache_creation_input_tokens": 0,
-                              "cache_read_input_tokens": gen.reused_prefix_tokens}
+    assert delta["usage"] == {
+        "input_tokens": gen.prompt_tokens - gen.reused_prefix_tokens,
+        "output_tokens": 8,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": gen.reused_prefix_tokens,
+    }
     assert gen.new_tokens == 8 and gen.stop_reason == "maxTokens"
     assert frames[-1][1] == {"type": "message_stop"}
 
 
 def test_max_tokens_stop_reason(ant, hub):
     raw = ant.messages.with_raw_response.create(
-        model="m", max_tokens=5, messages=[{"role": "user", "content": "Write a long story about a dragon."}],
+        model="m",
+        max_tokens=5,
+        messages=[{"role": "user", "content": "Write a long story about a dragon."}],
         extra_body=GREEDY,
     )
     m = raw.parse()
@@ -204,9 +219,11 @@ def test_system_as_string_and_as_blocks(ant):
 
 
 def test_image_block_is_a_warning_not_a_failure(ant, hub):
-    content = [{"type": "text", "text": "What is 2 + 2?"},
-               {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
-               {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]
+    content = [
+        {"type": "text", "text": "What is 2 + 2?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}},
+    ]
     raw = ant.messages.with_raw_response.create(
         model="m", max_tokens=8, messages=[{"role": "user", "content": content}], extra_body=GREEDY
     )
@@ -223,18 +240,29 @@ def test_image_block_is_a_warning_not_a_failure(ant, hub):
 def test_tool_result_follow_up_turn_renders_and_answers(ant, hub):
     history = [
         {"role": "user", "content": "What is the weather in Paris?"},
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "I should call the tool.", "signature": "sig"},
-            {"type": "text", "text": "Let me check."},
-            {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}},
-        ]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "18 degrees and sunny"},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "I should call the tool.", "signature": "sig"},
+                {"type": "text", "text": "Let me check."},
+                {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01", "content": "18 degrees and sunny"},
+            ],
+        },
     ]
     raw = ant.messages.with_raw_response.create(
-        model="m", max_tokens=30, tools=[WEATHER_TOOL], tool_choice={"type": "auto"},
-        thinking={"type": "enabled", "budget_tokens": 1024}, messages=history, extra_body=GREEDY,
+        model="m",
+        max_tokens=30,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "auto"},
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        messages=history,
+        extra_body=GREEDY,
     )
     m = raw.parse()
     assert m.content[0].text.strip()
@@ -254,8 +282,14 @@ def test_tool_result_follow_up_turn_renders_and_answers(ant, hub):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_four_events_with_stream_flag(base_url, hub, stream):
-    body = {"model": "claude-3-5-sonnet", "max_tokens": 6, "stream": stream, "temperature": 0,
-            "messages": [{"role": "user", "content": "Hello!"}], "metadata": {"user_id": "user-42"}}
+    body = {
+        "model": "claude-3-5-sonnet",
+        "max_tokens": 6,
+        "stream": stream,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "metadata": {"user_id": "user-42"},
+    }
     with httpx.stream("POST", base_url + "/v1/messages", json=body, timeout=60) as r:
         assert r.status_code == 200
         rid = r.headers["x-request-id"]
@@ -271,12 +305,16 @@ def test_four_events_with_stream_flag(base_url, hub, stream):
 
 
 def test_beta_client_and_version_headers(ant, base_url, hub):
-    m = ant.beta.messages.create(model="m", max_tokens=4, messages=HELLO, betas=["interleaved-thinking-2025-05-14"],
-                                 extra_body=GREEDY)
+    m = ant.beta.messages.create(
+        model="m", max_tokens=4, messages=HELLO, betas=["interleaved-thinking-2025-05-14"], extra_body=GREEDY
+    )
     assert m.type == "message" and m.usage.output_tokens == 4
-    r = httpx.post(base_url + "/v1/messages?beta=true", timeout=60,
-                   headers={"anthropic-version": "2023-06-01", "anthropic-beta": "foo,bar", "x-api-key": "k"},
-                   json={"model": "m", "max_tokens": 3, "messages": HELLO})
+    r = httpx.post(
+        base_url + "/v1/messages?beta=true",
+        timeout=60,
+        headers={"anthropic-version": "2023-06-01", "anthropic-beta": "foo,bar", "x-api-key": "k"},
+        json={"model": "m", "max_tokens": 3, "messages": HELLO},
+    )
     assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 3
     n = ant.beta.messages.count_tokens(model="m", messages=HELLO).input_tokens
     assert n == ant.messages.count_tokens(model="m", messages=HELLO).input_tokens
@@ -334,29 +372,41 @@ def with_content(*blocks):
         (with_content("plain"), "messages[0].content[0]"),
         (with_content({"type": "video"}), "unsupported content block type 'video'"),
         (with_content({"type": "image", "source": {"type": "file", "file_id": "f"}}), "source type 'file'"),
-        (with_content({"type": "image", "source": {"type": "base64", "media_type": "image/tiff", "data": PNG}}),
-         "media_type"),
-        (with_content({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "@@@"}}),
-         "base64"),
+        (
+            with_content({"type": "image", "source": {"type": "base64", "media_type": "image/tiff", "data": PNG}}),
+            "media_type",
+        ),
+        (
+            with_content({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "@@@"}}),
+            "base64",
+        ),
         (with_content({"type": "image"}), "messages[0].content[0].source"),
         (with_content({"type": "tool_use", "id": "t", "name": "f", "input": {}}), "in a user message"),
         (with_content({"type": "tool_result", "content": "x"}), "tool_use_id"),
         (with_content({"type": "tool_result", "tool_use_id": "t", "content": 3}), "content[0].content"),
-        ({"model": "m", "max_tokens": 5, "messages": [
-            {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}]},
-            {"role": "user", "content": "go"}]}, "messages[1].content[0].input"),
-        ({"model": "m", "max_tokens": 5, "messages": OK + [{"role": "assistant", "content": "The answer is"}]},
-         "prefill"),
+        (
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}]},
+                    {"role": "user", "content": "go"},
+                ],
+            },
+            "messages[1].content[0].input",
+        ),
+        (
+            {"model": "m", "max_tokens": 5, "messages": OK + [{"role": "assistant", "content": "The answer is"}]},
+            "prefill",
+        ),
     ],
 )
 def test_bad_bodies_are_400_in_anthropic_shape(base_url, body, contains):
     assert_anthropic_error(post(base_url, body), 400, contains)
 
 
-@pytest.mark.parametrize(
-    "body", [b"{oops", {"model": "m"}, {"model": "m", "messages": OK, "tools": [{"name": "f"}]}]
-)
+@pytest.mark.parametrize("body", [b"{oops", {"model": "m"}, {"model": "m", "messages": OK, "tools": [{"name": "f"}]}])
 def test_bad_count_tokens_bodies_are_400_in_shape(base_url, body):
     assert_anthropic_error(post(base_url, body, path="/v1/messages/count_tokens"), 400)
 
@@ -381,8 +431,14 @@ def test_midstream_failure_is_an_error_event_without_message_stop(failing):
         raw = r.read().decode()
     frames = sse_frames(raw)
     names = [n for n, _ in frames]
-    assert names == ["message_start", "ping", "content_block_start", "content_block_delta",
-                     "content_block_delta", "error"]
+    assert names == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "error",
+    ]
     assert [d["delta"]["text"] for n, d in frames if n == "content_block_delta"] == ["one", " two"]
     err = frames[-1][1]
     assert set(err) == {"type", "error"} and err["type"] == "error"
@@ -406,7 +462,10 @@ def test_non_stream_failure_is_500_in_anthropic_shape(failing):
     client = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0, timeout=30)
     with pytest.raises(anthropic.InternalServerError) as exc:
         client.messages.create(model="x", max_tokens=20, messages=OK)
-    assert exc.value.body == {"type": "error", "error": {"type": "api_error", "message": exc.value.body["error"]["message"]}}
+    assert exc.value.body == {
+        "type": "error",
+        "error": {"type": "api_error", "message": exc.value.body["error"]["message"]},
+    }
     assert exc.value.body["error"]["message"].startswith("engine error")
     fin = [e for e in obs.events if e.kind == "requestFinished"][-1]
     assert fin.status == 500 and fin.error.startswith("engine error")
@@ -415,11 +474,20 @@ def test_non_stream_failure_is_500_in_anthropic_shape(failing):
 def test_request_fields_reach_the_engine():
     model = ScriptedModel(scripts=[Script(["a", "b"], reason=StopReason.STOP_STRING)])
     with Server(models=[model]) as srv:
-        body = {"model": "x", "max_tokens": 7, "temperature": 0.3, "top_p": 0.9, "top_k": 20,
-                "stop_sequences": ["END"], "metadata": {"user_id": "u-1"}, "system": "sys",
-                "tools": [WEATHER_TOOL, {"type": "web_search_20250305", "name": "web_search"}],
-                # auto: a forced tool ("tool"/"any") is enforced, see test_tools_anthropic.py
-                "tool_choice": {"type": "auto"}, "messages": OK}
+        body = {
+            "model": "x",
+            "max_tokens": 7,
+            "temperature": 0.3,
+            "top_p": 0.9,
+            "top_k": 20,
+            "stop_sequences": ["END"],
+            "metadata": {"user_id": "u-1"},
+            "system": "sys",
+            "tools": [WEATHER_TOOL, {"type": "web_search_20250305", "name": "web_search"}],
+            # auto: a forced tool ("tool"/"any") is enforced, see test_tools_anthropic.py
+            "tool_choice": {"type": "auto"},
+            "messages": OK,
+        }
         r = post(srv.url, body)
     assert r.status_code == 200
     # the engine did not say which stop matched; with only one given, it is that one
@@ -434,8 +502,16 @@ def test_request_fields_reach_the_engine():
     # core hands it the tool list inlined in the system turn)
     req, _ = msgs.to_chat_request(msgs.MessagesRequest.model_validate(body))
     assert req.messages == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
-    assert req.tools == [{"type": "function", "function": {
-        "name": "get_weather", "parameters": WEATHER_TOOL["input_schema"], "description": "Current weather for a city."}}]
+    assert req.tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": WEATHER_TOOL["input_schema"],
+                "description": "Current weather for a city.",
+            },
+        }
+    ]
     assert call["messages"][0]["content"].startswith("sys\n\n") and "get_weather" in call["messages"][0]["content"]
 
 
@@ -475,27 +551,49 @@ def test_default_budget_is_1024_when_the_context_has_room():
 
 # ------------------------------------------------------------- pure functions
 def test_translation_of_tool_turns_and_dropped_blocks():
-    body = msgs.MessagesRequest.model_validate({"max_tokens": 5, "system": [
-        {"type": "text", "text": "A"}, {"type": "text", "text": "B", "cache_control": {"type": "ephemeral"}}],
-        "messages": [
-            {"role": "user", "content": "weather?"},
-            {"role": "assistant", "content": [
-                {"type": "redacted_thinking", "data": "xx"},
-                {"type": "text", "text": "Checking."},
-                {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "t1", "is_error": True,
-                 "content": [{"type": "text", "text": "timeout"}, IMG]},
-                {"type": "text", "text": "try again"}]},
-            {"role": "user", "content": "please"},
-        ]})
+    body = msgs.MessagesRequest.model_validate(
+        {
+            "max_tokens": 5,
+            "system": [
+                {"type": "text", "text": "A"},
+                {"type": "text", "text": "B", "cache_control": {"type": "ephemeral"}},
+            ],
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "redacted_thinking", "data": "xx"},
+                        {"type": "text", "text": "Checking."},
+                        {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "is_error": True,
+                            "content": [{"type": "text", "text": "timeout"}, IMG],
+                        },
+                        {"type": "text", "text": "try again"},
+                    ],
+                },
+                {"role": "user", "content": "please"},
+            ],
+        }
+    )
     messages, warnings = msgs.to_messages(body)
     fn = {"name": "get_weather", "arguments": {"city": "Paris"}}
     assert messages == [
         {"role": "system", "content": "A\nB"},
         {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": "Checking.",
-         "tool_calls": [{"id": "t1", "type": "function", "function": fn, **fn}]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [{"id": "t1", "type": "function", "function": fn, **fn}],
+        },
         {"role": "tool", "content": "timeout", "tool_call_id": "t1", "name": "get_weather", "is_error": True},
         # consecutive user turns are one turn
         {"role": "user", "content": "try again\n\nplease"},
@@ -504,10 +602,20 @@ def test_translation_of_tool_turns_and_dropped_blocks():
 
 
 def test_text_documents_are_read_and_others_dropped():
-    body = msgs.CountTokensRequest.model_validate({"messages": [{"role": "user", "content": [
-        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "DOC"}},
-        {"type": "document", "source": {"type": "url", "url": "https://x/y.pdf"}},
-        {"type": "text", "text": "summarise"}]}]})
+    body = msgs.CountTokensRequest.model_validate(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "DOC"}},
+                        {"type": "document", "source": {"type": "url", "url": "https://x/y.pdf"}},
+                        {"type": "text", "text": "summarise"},
+                    ],
+                }
+            ]
+        }
+    )
     messages, warnings = msgs.to_messages(body)
     assert messages == [{"role": "user", "content": "DOC\nsummarise"}]
     assert warnings == ["1 non-text document block(s) ignored: this model reads text only"]
@@ -515,8 +623,14 @@ def test_text_documents_are_read_and_others_dropped():
 
 def test_bad_block_names_its_place():
     body = msgs.CountTokensRequest.model_validate(
-        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": "image"}]},
-                      {"role": "user", "content": "b"}]})
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": [{"type": "image"}]},
+                {"role": "user", "content": "b"},
+            ]
+        }
+    )
     with pytest.raises(BadRequest) as exc:
         msgs.to_messages(body)
     assert exc.value.param == "messages[1].content[0].type"

@@ -33,11 +33,14 @@ def test_missing_key_is_401_before_the_body_is_read(guarded):
     srv, obs = guarded
     r = httpx.post(srv.url + "/v1/chat/completions", content=b"{definitely not json")
     assert r.status_code == 401  # not 400: auth runs before the body is parsed
-    assert r.json() == {"error": {"message": "invalid or missing API key", "type": "authentication_error",
-                                  "param": None, "code": None}}
+    assert r.json() == {
+        "error": {"message": "invalid or missing API key", "type": "authentication_error", "param": None, "code": None}
+    }
     rid = int(r.headers["x-request-id"])
     assert [(e.kind, getattr(e, "status", None)) for e in obs.of(rid)] == [
-        ("requestStarted", None), ("requestFinished", 401)]
+        ("requestStarted", None),
+        ("requestFinished", 401),
+    ]
     assert obs.of(rid)[1].error == "invalid or missing API key"
 
 
@@ -50,8 +53,16 @@ def test_wrong_keys_of_any_length_are_401(guarded, key):
 
 def test_x_api_key_and_bearer_both_work(guarded):
     srv, _ = guarded
-    assert httpx.post(srv.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": KEY}, timeout=60).status_code == 200
-    assert httpx.post(srv.url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {KEY}"}, timeout=60).status_code == 200
+    assert (
+        httpx.post(srv.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": KEY}, timeout=60).status_code
+        == 200
+    )
+    assert (
+        httpx.post(
+            srv.url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {KEY}"}, timeout=60
+        ).status_code
+        == 200
+    )
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
     assert c.chat.completions.create(**CHAT).choices[0].message.content is not None
     bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="nope", max_retries=0)
@@ -65,7 +76,8 @@ def test_sdks_authenticate_natively(guarded):
     assert a.messages.create(model="m", max_tokens=3, messages=[{"role": "user", "content": "Hi"}]).content
     with pytest.raises(anthropic.AuthenticationError) as exc:
         anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0).messages.create(
-            model="m", max_tokens=3, messages=[{"role": "user", "content": "Hi"}])
+            model="m", max_tokens=3, messages=[{"role": "user", "content": "Hi"}]
+        )
     assert exc.value.body["error"]["type"] == "authentication_error"
 
 
@@ -73,7 +85,9 @@ def test_401_shapes_per_dialect(guarded):
     srv, _ = guarded
     a = httpx.post(srv.url + "/v1/messages", json={})
     assert a.status_code == 401 and a.json() == {
-        "type": "error", "error": {"type": "authentication_error", "message": "invalid or missing API key"}}
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid or missing API key"},
+    }
     o = httpx.post(srv.url + "/api/chat", json={})
     assert o.status_code == 401 and o.json() == {"error": "invalid or missing API key"}
 
@@ -81,8 +95,14 @@ def test_401_shapes_per_dialect(guarded):
 def test_health_is_open_everything_else_is_not(guarded):
     srv, _ = guarded
     assert httpx.get(srv.url + "/health").status_code == 200
-    for method, path in [("GET", "/v1/models"), ("GET", "/api/tags"), ("GET", "/v1/slots"), ("GET", "/"),
-                         ("GET", "/v1/nonexistent"), ("POST", "/health")]:
+    for method, path in [
+        ("GET", "/v1/models"),
+        ("GET", "/api/tags"),
+        ("GET", "/v1/slots"),
+        ("GET", "/"),
+        ("GET", "/v1/nonexistent"),
+        ("POST", "/health"),
+    ]:
         assert httpx.request(method, srv.url + path).status_code == 401, path
 
 
@@ -119,8 +139,12 @@ def test_auth_unit():
 
 
 def test_serve_refuses_a_public_address_without_a_key():
-    out = subprocess.run([sys.executable, "-m", "turbospark.cli", "serve", "--host", "0.0.0.0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "turbospark.cli", "serve", "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "refusing to listen on 0.0.0.0 without an API key" in out.stderr
 
@@ -130,11 +154,17 @@ def test_kv_reuse_never_crosses_api_keys(server):
     from turbospark.catalog import resolve_model
     from turbospark.engine.model import LlamaChatModel, ModelOptions
 
-    model = LlamaChatModel(ModelOptions(path=resolve_model("smollm2-135m")[0], id="tenants", parallel=1, session_slots=2))
+    model = LlamaChatModel(
+        ModelOptions(path=resolve_model("smollm2-135m")[0], id="tenants", parallel=1, session_slots=2)
+    )
     obs = ListObserver()
     try:
         with Server(models=[model], observer=obs, api_keys=["key-a", "key-b"]) as srv:
-            body = {"model": "m", "messages": [{"role": "user", "content": "Describe a quiet library."}], "max_tokens": 4}
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": "Describe a quiet library."}],
+                "max_tokens": 4,
+            }
 
             def reused(key: str) -> int:
                 r = httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"x-api-key": key}, timeout=60)

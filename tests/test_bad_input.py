@@ -16,9 +16,14 @@ import httpx
 import pytest
 
 USER = {"role": "user", "content": "hi"}
-TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
-                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                        "required": ["city"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 CHAT = {"model": "m", "max_tokens": 2, "messages": [USER]}
 COMPLETIONS = {"model": "m", "max_tokens": 2, "prompt": "hi"}
@@ -75,45 +80,95 @@ OC, OG, OE, OEL, VE, OS = "/api/chat", "/api/generate", "/api/embed", "/api/embe
 # (route, body, a text the error message must contain: the offending field)
 CASES: list[tuple[tuple[str, dict[str, Any]], str]] = [
     # -- OpenAI Chat Completions
-    (with_(CH, messages=[USER, {"role": "assistant", "tool_calls": [{"function": 5}]}]),
-     "messages[1].tool_calls[0].function"),
-    (with_(CH, messages=history({"role": "assistant", "tool_calls": [{"function": {"name": 5, "arguments": "{}"}}]})),
-     "messages[1].tool_calls[0].function.name"),
-    (with_(CH, messages=history({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]})),
-     "messages[1].tool_calls[0].function.arguments"),
-    (with_(CH, messages=history({"role": "assistant", "tool_calls": [{"function": "f"}]})),
-     "messages[1].tool_calls[0].function"),
+    (
+        with_(CH, messages=[USER, {"role": "assistant", "tool_calls": [{"function": 5}]}]),
+        "messages[1].tool_calls[0].function",
+    ),
+    (
+        with_(
+            CH, messages=history({"role": "assistant", "tool_calls": [{"function": {"name": 5, "arguments": "{}"}}]})
+        ),
+        "messages[1].tool_calls[0].function.name",
+    ),
+    (
+        with_(CH, messages=history({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]})),
+        "messages[1].tool_calls[0].function.arguments",
+    ),
+    (
+        with_(CH, messages=history({"role": "assistant", "tool_calls": [{"function": "f"}]})),
+        "messages[1].tool_calls[0].function",
+    ),
     (with_(CH, messages=history({"role": "assistant", "tool_calls": [5]})), "messages[1].tool_calls[0]"),
     (with_(CH, messages=history({"role": "assistant", "tool_calls": "f()"})), "messages[1].tool_calls"),
-    (with_(CH, messages=history({"role": "assistant", "tool_calls": [
-        {"id": 5, "type": "function", "function": {"name": "f", "arguments": "{}"}}]})),
-     "messages[1].tool_calls[0].id"),
-    (with_(CH, messages=history({"role": "assistant", "tool_calls": [
-        {"id": "c", "type": "custom", "function": {"name": "f", "arguments": "{}"}}]})),
-     "messages[1].tool_calls[0].type"),
+    (
+        with_(
+            CH,
+            messages=history(
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": 5, "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            ),
+        ),
+        "messages[1].tool_calls[0].id",
+    ),
+    (
+        with_(
+            CH,
+            messages=history(
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c", "type": "custom", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            ),
+        ),
+        "messages[1].tool_calls[0].type",
+    ),
     (with_(CH, messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]), "messages[0].content[0].text"),
     (with_(CH, messages=[{"role": "user", "content": [5]}]), "messages[0].content[0]"),
-    (with_(CH, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": 5}]}]),
-     "messages[0].content[0].image_url"),
+    (
+        with_(CH, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": 5}]}]),
+        "messages[0].content[0].image_url",
+    ),
     (with_(CH, messages=[{"role": "user", "content": "hi", "name": 5}]), "messages[0].name"),
     (with_(CH, messages=history({"role": "tool", "content": "x", "tool_call_id": 5})), "messages[1].tool_call_id"),
     (with_(CH, tools=[5]), "tools[0]"),
-    (with_(CH, tools=[{"type": "function", "function": {"name": "f", "parameters": 5}}]),
-     "tools[0].function.parameters"),
-    (with_(CH, tools=[{"type": "function", "function": {"name": "f", "description": 5}}]),
-     "tools[0].function.description"),
+    (
+        with_(CH, tools=[{"type": "function", "function": {"name": "f", "parameters": 5}}]),
+        "tools[0].function.parameters",
+    ),
+    (
+        with_(CH, tools=[{"type": "function", "function": {"name": "f", "description": 5}}]),
+        "tools[0].function.description",
+    ),
     (with_(CH, tools=[TOOL], tool_choice=5), "tool_choice"),
     (with_(CH, tools=[TOOL], tool_choice={"type": "function", "function": {"name": 5}}), "tool_choice"),
-    (with_(CH, tools=[{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": 5}}}], tool_choice="required"), "tools[0].function.parameters"),
+    (
+        with_(
+            CH,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 5}}}],
+            tool_choice="required",
+        ),
+        "tools[0].function.parameters",
+    ),
     (with_(CH, response_format="json"), "response_format"),
-    (with_(CH, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": 5}}}), "response_format.json_schema.schema"),
+    (
+        with_(
+            CH,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "properties": 5}},
+            },
+        ),
+        "response_format.json_schema.schema",
+    ),
     (with_(CH, stop=[1]), "stop"),
     (with_(CH, logit_bias={"abc": 1}), "logit_bias"),
     (with_(CH, stream_options=5), "stream_options"),
-    (with_(CH, stream=True, messages=[USER, {"role": "assistant", "tool_calls": [{"function": 5}]}]),
-     "messages[1].tool_calls[0].function"),
+    (
+        with_(CH, stream=True, messages=[USER, {"role": "assistant", "tool_calls": [{"function": 5}]}]),
+        "messages[1].tool_calls[0].function",
+    ),
     # -- OpenAI Completions
     (with_(CO, prompt=5), "prompt"),
     (with_(CO, prompt=[1, "a"]), "prompt"),
@@ -122,56 +177,114 @@ CASES: list[tuple[tuple[str, dict[str, Any]], str]] = [
     # -- OpenAI Responses
     (with_(RS, input=5), "input"),
     (with_(RS, input=[5]), "input[0]"),
-    (with_(RS, input=[{"type": "function_call", "call_id": "c1", "name": "f", "arguments": {}}, USER]),
-     "input[0].arguments"),
+    (
+        with_(RS, input=[{"type": "function_call", "call_id": "c1", "name": "f", "arguments": {}}, USER]),
+        "input[0].arguments",
+    ),
     (with_(RS, input=[{"type": "function_call_output", "call_id": "c1", "output": 5}]), "input[0].output"),
-    (with_(RS, input=[{"type": "function_call_output", "call_id": "c1",
-                       "output": [{"type": "input_text", "text": 5}]}]), "input[0].output[0].text"),
+    (
+        with_(
+            RS, input=[{"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": 5}]}]
+        ),
+        "input[0].output[0].text",
+    ),
     (with_(RS, input=[{"type": "reasoning", "summary": 5}, USER]), "input[0].summary"),
     (with_(RS, input=[{"type": 5}]), "input[0].type"),
     (with_(RS, input=[{"type": None, "role": "user", "content": "hi"}]), "input[0].type"),
-    (with_(RS, input=[{"role": "user", "content": [{"type": "input_image", "image_url": 5}]}]),
-     "input[0].content[0].image_url"),
+    (
+        with_(RS, input=[{"role": "user", "content": [{"type": "input_image", "image_url": 5}]}]),
+        "input[0].content[0].image_url",
+    ),
     (with_(RS, tools=[{"type": "function", "name": 5}]), "tools[0].name"),
     (with_(RS, tool_choice=5), "tool_choice"),
     (with_(RS, text={"format": 5}), "text.format"),
-    (with_(RS, tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "properties": 5}}],
-           tool_choice="required"), "tools[0].parameters"),
+    (
+        with_(
+            RS,
+            tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "properties": 5}}],
+            tool_choice="required",
+        ),
+        "tools[0].parameters",
+    ),
     # -- Anthropic Messages
-    (with_(MS, messages=history({"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t1", "name": "f", "input": 5}]})), "messages[1].content[0].input"),
-    (with_(MS, messages=[USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
-                                                                  "input": {}}]},
-                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [5]}]}]),
-     "messages[2].content[0].content[0]"),
-    (with_(MS, messages=[USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
-                                                                  "input": {}}]},
-                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                                                       "content": [{"type": "text", "text": 5}]}]}]),
-     "messages[2].content[0].content[0].text"),
-    (with_(MS, messages=[{"role": "user", "content": [{"type": "image", "source": 5}]}]),
-     "messages[0].content[0].source"),
+    (
+        with_(
+            MS,
+            messages=history(
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": 5}]}
+            ),
+        ),
+        "messages[1].content[0].input",
+    ),
+    (
+        with_(
+            MS,
+            messages=[
+                USER,
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [5]}]},
+            ],
+        ),
+        "messages[2].content[0].content[0]",
+    ),
+    (
+        with_(
+            MS,
+            messages=[
+                USER,
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": 5}]}],
+                },
+            ],
+        ),
+        "messages[2].content[0].content[0].text",
+    ),
+    (
+        with_(MS, messages=[{"role": "user", "content": [{"type": "image", "source": 5}]}]),
+        "messages[0].content[0].source",
+    ),
     (with_(MS, system=[5]), "system[0]"),
     (with_(MS, system=[{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]), "system[0]"),
     (with_(MS, tools=[{"name": 5, "input_schema": {}}]), "tools[0].name"),
-    (with_(MS, tools=[{"name": "f", "input_schema": {"type": "object", "properties": 5}}],
-           tool_choice={"type": "any"}), "tools[0].input_schema"),
+    (
+        with_(
+            MS, tools=[{"name": "f", "input_schema": {"type": "object", "properties": 5}}], tool_choice={"type": "any"}
+        ),
+        "tools[0].input_schema",
+    ),
     (with_(MS, tool_choice={"type": "tool", "name": 5}), "tool_choice.name"),
     (with_(MS, stop_sequences="x"), "stop_sequences"),
     (with_(MS, thinking={"type": "enabled", "budget_tokens": "x"}), "thinking.budget_tokens"),
     (with_(MS, messages=[{"role": "user", "content": 5}]), "messages[0].content"),
     # -- Anthropic count_tokens
-    (with_(CT, messages=history({"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t1", "name": "f", "input": [1]}]})), "messages[1].content[0].input"),
+    (
+        with_(
+            CT,
+            messages=history(
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": [1]}]}
+            ),
+        ),
+        "messages[1].content[0].input",
+    ),
     (with_(CT, system=5), "system"),
     (with_(CT, messages="hi"), "messages"),
     # -- Ollama chat
-    (with_(OC, messages=[USER, {"role": "assistant", "tool_calls": [{"function": 5}]}]),
-     "messages[1].tool_calls[0].function"),
-    (with_(OC, stream=True, messages=[USER, {"role": "assistant", "tool_calls": [{"function": "f"}]}]),
-     "messages[1].tool_calls[0].function"),
-    (with_(OC, messages=history({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": [1]}}]})),
-     "messages[1].tool_calls[0].function.arguments"),
+    (
+        with_(OC, messages=[USER, {"role": "assistant", "tool_calls": [{"function": 5}]}]),
+        "messages[1].tool_calls[0].function",
+    ),
+    (
+        with_(OC, stream=True, messages=[USER, {"role": "assistant", "tool_calls": [{"function": "f"}]}]),
+        "messages[1].tool_calls[0].function",
+    ),
+    (
+        with_(
+            OC, messages=history({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": [1]}}]})
+        ),
+        "messages[1].tool_calls[0].function.arguments",
+    ),
     (with_(OC, messages=[{"role": "user", "content": "hi", "images": [5]}]), "messages[0].images[0]"),
     (with_(OC, messages=[{"role": "user", "content": "hi", "images": ["not base64!"]}]), "messages[0].images[0]"),
     (with_(OC, options=5), "options"),
@@ -179,8 +292,10 @@ CASES: list[tuple[tuple[str, dict[str, Any]], str]] = [
     (with_(OC, options={"num_predict": 2, "stop": [1]}), "options.stop"),
     (with_(OC, format=5), "format"),
     (with_(OC, format={"type": "object", "properties": 5}), "format"),
-    (with_(OC, tools=[{"type": "function", "function": {"name": "f", "parameters": []}}]),
-     "tools[0].function.parameters"),
+    (
+        with_(OC, tools=[{"type": "function", "function": {"name": "f", "parameters": []}}]),
+        "tools[0].function.parameters",
+    ),
     (with_(OC, messages=[{"role": "user", "content": ["x"]}]), "messages[0].content"),
     # -- Ollama generate
     (with_(OG, images=[5]), "images[0]"),
@@ -233,27 +348,57 @@ def test_malformed_field_is_4xx_naming_it(base_url, request_, field):
     assert field in message, (field, message)
 
 
-@pytest.mark.parametrize("route, body, field", [
-    (OC, {**OL_CHAT, "messages": history({"role": "assistant", "tool_calls": [
-        {"function": {"name": "f", "arguments": {"a": DEEP}}}]})}, "messages[1].tool_calls[0].function"),
-    (MS, {**MESSAGES, "messages": history({"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": DEEP}}]})}, "messages[1].content[0].input"),
-    (CH, {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"a": DEEP}}}},
-     "response_format.json_schema.schema"),
-    (CH, {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": DEEP}}}]},
-     "tools[0].function.parameters"),
-    (RS, {**RESPONSES, "text": {"format": {"type": "json_schema", "name": "x", "schema": {"a": DEEP}}}},
-     "text.format.schema"),
-    (RS, {**RESPONSES, "metadata": {"a": DEEP}}, "metadata.a"),
-    (OG, {**OL_GENERATE, "format": {"a": DEEP}}, "format.a"),
-    (VE, {**V1_EMBEDDINGS, "input": [[[DEEP]]]}, "input[0][0]"),
-])
+@pytest.mark.parametrize(
+    "route, body, field",
+    [
+        (
+            OC,
+            {
+                **OL_CHAT,
+                "messages": history(
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": DEEP}}}]}
+                ),
+            },
+            "messages[1].tool_calls[0].function",
+        ),
+        (
+            MS,
+            {
+                **MESSAGES,
+                "messages": history(
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": DEEP}}],
+                    }
+                ),
+            },
+            "messages[1].content[0].input",
+        ),
+        (
+            CH,
+            {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"a": DEEP}}}},
+            "response_format.json_schema.schema",
+        ),
+        (
+            CH,
+            {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": DEEP}}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            RS,
+            {**RESPONSES, "text": {"format": {"type": "json_schema", "name": "x", "schema": {"a": DEEP}}}},
+            "text.format.schema",
+        ),
+        (RS, {**RESPONSES, "metadata": {"a": DEEP}}, "metadata.a"),
+        (OG, {**OL_GENERATE, "format": {"a": DEEP}}, "format.a"),
+        (VE, {**V1_EMBEDDINGS, "input": [[[DEEP]]]}, "input[0][0]"),
+    ],
+)
 def test_deeply_nested_values_are_400(base_url, route, body, field):
     """Nested past what JSON writers take (orjson reads 1024 levels, writes
     254): refused up front, naming where, rather than failing when the value
     is rendered into the prompt or echoed in the response."""
-    r = httpx.post(base_url + route, content=deep_json(body), timeout=60,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(base_url + route, content=deep_json(body), timeout=60, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     message = error_message(route, r)
     assert field in message and "nested too deeply" in message, message
@@ -261,69 +406,142 @@ def test_deeply_nested_values_are_400(base_url, route, body, field):
 
 # ------------------------------------------------------------ mutations
 TOOL_HISTORY_CHAT = {
-    "model": "m", "max_tokens": 2, "temperature": 0, "stop": ["\n\n"], "tools": [TOOL], "tool_choice": "auto",
+    "model": "m",
+    "max_tokens": 2,
+    "temperature": 0,
+    "stop": ["\n\n"],
+    "tools": [TOOL],
+    "tool_choice": "auto",
     "messages": [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         {"role": "user", "content": "thanks"},
     ],
     "response_format": {"type": "text"},
 }
 RESPONSES_TOOLS = {
-    "model": "m", "max_output_tokens": 2, "temperature": 0, "instructions": "Be brief.",
+    "model": "m",
+    "max_output_tokens": 2,
+    "temperature": 0,
+    "instructions": "Be brief.",
     "tools": [{"type": "function", "name": "get_weather", "parameters": TOOL["function"]["parameters"]}],
     "input": [
         {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
         {"type": "reasoning", "id": "rs_1", "summary": []},
-        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
         {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
         {"role": "user", "content": "thanks"},
     ],
     "text": {"format": {"type": "text"}},
 }
 ANTHROPIC_TOOLS = {
-    "model": "m", "max_tokens": 2, "temperature": 0, "system": [{"type": "text", "text": "Be brief."}],
+    "model": "m",
+    "max_tokens": 2,
+    "temperature": 0,
+    "system": [{"type": "text", "text": "Be brief."}],
     "tools": [{"name": "get_weather", "description": "Weather.", "input_schema": TOOL["function"]["parameters"]}],
     "tool_choice": {"type": "auto"},
     "messages": [
         {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
-                                           "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                                      "content": [{"type": "text", "text": "sunny"}]},
-                                     {"type": "text", "text": "thanks"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]},
+                {"type": "text", "text": "thanks"},
+            ],
+        },
     ],
 }
 OLLAMA_TOOLS = {
-    "model": "m", "stream": False, "options": {"num_predict": 2, "temperature": 0, "stop": ["\n\n"]},
-    "tools": [TOOL], "think": False, "keep_alive": "5m",
+    "model": "m",
+    "stream": False,
+    "options": {"num_predict": 2, "temperature": 0, "stop": ["\n\n"]},
+    "tools": [TOOL],
+    "think": False,
+    "keep_alive": "5m",
     "messages": [
         {"role": "user", "content": "Weather in Paris?", "images": ["aGVsbG8="]},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+        },
         {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
         {"role": "user", "content": "thanks"},
     ],
 }
 MUTATION_BASES = [
-    (CH, {**CHAT, "temperature": 0, "top_p": 0.9, "stop": "x", "seed": 1, "n": 1, "user": "u",
-          "stream_options": {"include_usage": True}, "logit_bias": {"1": 0.5}}),
+    (
+        CH,
+        {
+            **CHAT,
+            "temperature": 0,
+            "top_p": 0.9,
+            "stop": "x",
+            "seed": 1,
+            "n": 1,
+            "user": "u",
+            "stream_options": {"include_usage": True},
+            "logit_bias": {"1": 0.5},
+        },
+    ),
     (CH, TOOL_HISTORY_CHAT),
     (CO, {**COMPLETIONS, "temperature": 0, "stop": ["x"], "seed": 1, "echo": False, "best_of": 1}),
-    (RS, {**RESPONSES, "temperature": 0, "reasoning": {"effort": "low"}, "metadata": {"a": "b"},
-          "tool_choice": "auto", "truncation": "disabled"}),
+    (
+        RS,
+        {
+            **RESPONSES,
+            "temperature": 0,
+            "reasoning": {"effort": "low"},
+            "metadata": {"a": "b"},
+            "tool_choice": "auto",
+            "truncation": "disabled",
+        },
+    ),
     (RS, RESPONSES_TOOLS),
-    (MS, {**MESSAGES, "temperature": 0, "top_k": 5, "stop_sequences": ["x"], "metadata": {"user_id": "u"},
-          "thinking": {"type": "disabled"}}),
+    (
+        MS,
+        {
+            **MESSAGES,
+            "temperature": 0,
+            "top_k": 5,
+            "stop_sequences": ["x"],
+            "metadata": {"user_id": "u"},
+            "thinking": {"type": "disabled"},
+        },
+    ),
     (MS, ANTHROPIC_TOOLS),
     (CT, {k: v for k, v in ANTHROPIC_TOOLS.items() if k not in ("max_tokens", "temperature")}),
     (OC, OLLAMA_TOOLS),
-    (OG, {**OL_GENERATE, "system": "Be brief.", "images": ["aGVsbG8="], "context": [1, 2], "template": "{{ .Prompt }}",
-          "format": "json", "raw": False, "options": {"num_predict": 2, "top_k": 5, "repeat_last_n": 8}}),
+    (
+        OG,
+        {
+            **OL_GENERATE,
+            "system": "Be brief.",
+            "images": ["aGVsbG8="],
+            "context": [1, 2],
+            "template": "{{ .Prompt }}",
+            "format": "json",
+            "raw": False,
+            "options": {"num_predict": 2, "top_k": 5, "repeat_last_n": 8},
+        },
+    ),
     (OE, {**EMBED, "input": ["hi", "there"], "truncate": True, "dimensions": 8, "options": {"a": 1}}),
     (OEL, {**EMBEDDINGS, "options": {"a": 1}, "keep_alive": 5}),
     (VE, {**V1_EMBEDDINGS, "input": ["hi", "there"], "encoding_format": "float", "dimensions": 8}),
@@ -371,8 +589,9 @@ def mutate(body: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], st
     return body, "; ".join(done)
 
 
-@pytest.mark.parametrize("index", range(len(MUTATION_BASES)),
-                         ids=[f"{r}-{i}" for i, (r, _) in enumerate(MUTATION_BASES)])
+@pytest.mark.parametrize(
+    "index", range(len(MUTATION_BASES)), ids=[f"{r}-{i}" for i, (r, _) in enumerate(MUTATION_BASES)]
+)
 def test_mutated_bodies_never_answer_5xx(base_url, index):
     route, base = MUTATION_BASES[index]
     if route == OS:  # /api/show never falls back to the default model
@@ -412,9 +631,19 @@ def test_tools_code_takes_odd_history_calls():
     from turbospark.tools.guardrails import answered_calls
     from turbospark.tools.prompting import inline_tools
 
-    odd = [{"role": "assistant", "content": "", "tool_calls": [
-        5, {"function": "x"}, {"id": 3, "function": {"name": 7, "arguments": "[1"}}, {"name": "flat", "arguments": 2}]},
-        {"role": "tool", "tool_call_id": "3", "content": "done"}]
+    odd = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                5,
+                {"function": "x"},
+                {"id": 3, "function": {"name": 7, "arguments": "[1"}},
+                {"name": "flat", "arguments": 2},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "3", "content": "done"},
+    ]
     out = inline_tools(odd, None, "hermes")
     assert out[0]["role"] == "assistant" and "<tool_call>" in out[0]["content"]
     assert answered_calls(odd)
@@ -423,8 +652,16 @@ def test_tools_code_takes_odd_history_calls():
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_logit_bias_beyond_the_vocabulary_is_400_before_the_stream_starts(base_url, stream):
-    r = httpx.post(base_url + "/v1/chat/completions", timeout=60, json={
-        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-        "logit_bias": {"99999999": 5}, "stream": stream})
+    r = httpx.post(
+        base_url + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "logit_bias": {"99999999": 5},
+            "stream": stream,
+        },
+    )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "logit_bias" and "vocabulary" in r.json()["error"]["message"]

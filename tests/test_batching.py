@@ -56,8 +56,9 @@ def test_concurrent_streams_are_all_in_flight_and_match_solo(engine):
             firsts.setdefault(i, time.monotonic())
 
         ids = engine.render_chat(msgs[i])
-        r = await engine.run_completion(ids, GenerationConfig(temperature=0, max_new_tokens=48),
-                                        None, CancelFlag(), progress)
+        r = await engine.run_completion(
+            ids, GenerationConfig(temperature=0, max_new_tokens=48), None, CancelFlag(), progress
+        )
         ends[i] = time.monotonic()
         texts[i] = r.text
 
@@ -90,7 +91,8 @@ def converse(client, obs, history, user, key=None):
     history.append({"role": "user", "content": user})
     kw = {"extra_headers": {"x-session-id": key}} if key else {}
     raw = client.chat.completions.with_raw_response.create(
-        model="m", messages=history, max_tokens=24, temperature=0, **kw)
+        model="m", messages=history, max_tokens=24, temperature=0, **kw
+    )
     r = raw.parse()
     history.append({"role": "assistant", "content": r.choices[0].message.content})
     return generated_of(obs, raw), r
@@ -158,8 +160,9 @@ def test_reuse_never_crosses_owners(engine):
 
 
 def test_prompt_lookup_accepts_drafts_and_matches_plain_decoding():
-    text = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
-            "def mul(a, b):\n    return a * b\n")
+    text = (
+        "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+    )
     msgs = [{"role": "user", "content": "Repeat this code exactly:\n\n" + text}]
     spec = LlamaChatModel(ModelOptions(path=path(), id="spec", parallel=1, prefix_reuse=False))
     try:
@@ -178,8 +181,24 @@ def test_seeded_sampling_is_identical_with_speculation():
     spec = LlamaChatModel(ModelOptions(path=path(), id="spec2", parallel=1, prefix_reuse=False))
     try:
         kw = dict(max_new_tokens=40, seed=11)
-        a = asyncio.run(spec.run_completion(spec.render_chat(msgs), GenerationConfig(temperature=0.7, speculative=False, **kw), None, CancelFlag(), lambda p: None))
-        b = asyncio.run(spec.run_completion(spec.render_chat(msgs), GenerationConfig(temperature=0.7, speculative=True, **kw), None, CancelFlag(), lambda p: None))
+        a = asyncio.run(
+            spec.run_completion(
+                spec.render_chat(msgs),
+                GenerationConfig(temperature=0.7, speculative=False, **kw),
+                None,
+                CancelFlag(),
+                lambda p: None,
+            )
+        )
+        b = asyncio.run(
+            spec.run_completion(
+                spec.render_chat(msgs),
+                GenerationConfig(temperature=0.7, speculative=True, **kw),
+                None,
+                CancelFlag(),
+                lambda p: None,
+            )
+        )
     finally:
         spec.close()
     assert a.text == b.text
@@ -190,8 +209,14 @@ def test_full_wait_list_is_503_with_retry_after():
     model = LlamaChatModel(ModelOptions(path=path(), id="q", parallel=1, max_queue=1))
     try:
         with Server(models=[model]) as srv:
-            body = {"model": "m", "messages": [{"role": "user", "content": "Write a long story."}],
-                    "max_tokens": 300, "temperature": 0, "stream": True, "ignore_eos": True}
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": "Write a long story."}],
+                "max_tokens": 300,
+                "temperature": 0,
+                "stream": True,
+                "ignore_eos": True,
+            }
             results: list[int] = []
             with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r1:
                 lines = r1.iter_lines()
@@ -201,7 +226,13 @@ def test_full_wait_list_is_503_with_retry_after():
                     time.sleep(0.01)  # the first sequence runs (admitted between steps)
 
                 def queued():
-                    results.append(httpx.post(srv.url + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=60).status_code)
+                    results.append(
+                        httpx.post(
+                            srv.url + "/v1/chat/completions",
+                            json={**body, "stream": False, "max_tokens": 2},
+                            timeout=60,
+                        ).status_code
+                    )
 
                 t = threading.Thread(target=queued)
                 t.start()
@@ -232,8 +263,12 @@ def test_cli_refuses_an_oversized_kv_cache_with_exit_2():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "turbospark.cli", "serve", "--ctx", "1000000", "--parallel", "64"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "turbospark.cli", "serve", "--ctx", "1000000", "--parallel", "64"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "does not fit" in out.stderr
 
@@ -241,8 +276,11 @@ def test_cli_refuses_an_oversized_kv_cache_with_exit_2():
 def test_speculation_counts_reach_the_generated_event(oai, hub):
     text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
     raw = oai.chat.completions.with_raw_response.create(
-        model="m", messages=[{"role": "user", "content": f"Repeat exactly: {text}. Repeat exactly: {text}."}],
-        max_tokens=60, temperature=0)
+        model="m",
+        messages=[{"role": "user", "content": f"Repeat exactly: {text}. Repeat exactly: {text}."}],
+        max_tokens=60,
+        temperature=0,
+    )
     gen = hub.wait_kind(raw.headers["x-request-id"], "generated")
     d = gen.to_dict()
     assert d["draftedTokens"] > 0 and 0 <= d["acceptedTokens"] <= d["draftedTokens"]

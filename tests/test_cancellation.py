@@ -16,9 +16,17 @@ LONG = [{"role": "user", "content": "Write a very long and detailed story about 
 
 def start_stream(base_url: str, max_tokens: int = 3000):
     client = httpx.Client(timeout=60)
-    cm = client.stream("POST", base_url + "/v1/chat/completions", json={
-        "model": "m", "messages": LONG, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-    })
+    cm = client.stream(
+        "POST",
+        base_url + "/v1/chat/completions",
+        json={
+            "model": "m",
+            "messages": LONG,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+        },
+    )
     r = cm.__enter__()
     lines = r.iter_lines()
     first = next(lines)
@@ -66,9 +74,15 @@ def test_queued_request_whose_client_left_never_runs(single):
     client, cm, r = start_stream(base_url, max_tokens=400)
     a_id = int(r.headers["x-request-id"])
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(base_url + "/v1/chat/completions", timeout=0.5, json={
-            "model": "m", "messages": [{"role": "user", "content": "queued"}], "max_tokens": 50,
-        })
+        httpx.post(
+            base_url + "/v1/chat/completions",
+            timeout=0.5,
+            json={
+                "model": "m",
+                "messages": [{"role": "user", "content": "queued"}],
+                "max_tokens": 50,
+            },
+        )
     b_id = min(e.id for e in list(hub.events) if e.kind == "requestStarted" and e.id > a_id)
     gen_b = wait_kind(hub, b_id, "generated")
     assert gen_b.stop_reason == "cancelled" and gen_b.new_tokens == 0
@@ -92,9 +106,16 @@ def wait_kind(obs, rid, kind, timeout=10.0):
 
 def test_non_stream_client_timeout_cancels(base_url, hub):
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(base_url + "/v1/chat/completions", timeout=0.7, json={
-            "model": "m", "messages": LONG, "max_tokens": 3000, "temperature": 0,
-        })
+        httpx.post(
+            base_url + "/v1/chat/completions",
+            timeout=0.7,
+            json={
+                "model": "m",
+                "messages": LONG,
+                "max_tokens": 3000,
+                "temperature": 0,
+            },
+        )
     rid = max(e.id for e in list(hub.events) if e.kind == "requestStarted")
     gen = hub.wait_kind(rid, "generated", timeout=10)
     assert gen.stop_reason == "cancelled"

@@ -4,7 +4,6 @@ event log, and a clean Ctrl-C."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -39,7 +38,9 @@ def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
     log = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
         turbospark("serve", "--port", "0", "--event-log", str(log), "--ctx", "2048", "--alias", "house-model"),
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         lines: list[str] = []
@@ -47,8 +48,11 @@ def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
         text = "".join(lines)
         assert "loading SmolLM2-135M-Instruct.Q4_1.gguf" in text  # progress display
         assert "model smollm2-135m" in text and "context 2048" in text  # start-up summary
-        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-            "model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=60,
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        )
         assert r.status_code == 200
         assert httpx.get(url + "/health").json()["state"] == "ready"
         assert httpx.get(url + "/v1/models/house-model").json()["id"] == "smollm2-135m"
@@ -70,17 +74,21 @@ def test_models_lists_catalog():
 
 
 def test_missing_model_exits_2(tmp_path):
-    out = subprocess.run(turbospark("serve", "--model", str(tmp_path / "nope.gguf")),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        turbospark("serve", "--model", str(tmp_path / "nope.gguf")), capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
     assert "nope.gguf" in out.stderr
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without an API key"),
-    (["--api-key-file", "/nonexistent/keys"], "cannot read the API key file /nonexistent/keys"),
-    (["--max-body", "lots"], "not a size"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without an API key"),
+        (["--api-key-file", "/nonexistent/keys"], "cannot read the API key file /nonexistent/keys"),
+        (["--max-body", "lots"], "not a size"),
+    ],
+)
 def test_unsafe_or_broken_security_settings_exit_2(args, message):
     out = subprocess.run(turbospark("serve", *args), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr, out.stderr
@@ -91,14 +99,21 @@ def test_sigterm_flushes_the_event_log_and_exits_0(tmp_path):
     before the event log was flushed: a request finished 0.1 s before
     SIGTERM lost half its events."""
     log = tmp_path / "events.jsonl"
-    proc = subprocess.Popen(turbospark("serve", "--port", "0", "--event-log", str(log)),
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        turbospark("serve", "--port", "0", "--event-log", str(log)),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = listening_url(proc)
         rids = []
         for stream in (False, True):
-            r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-                "model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": stream})
+            r = httpx.post(
+                url + "/v1/chat/completions",
+                timeout=60,
+                json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": stream},
+            )
             assert r.status_code == 200
             rids.append(int(r.headers["x-request-id"]))
         time.sleep(0.1)

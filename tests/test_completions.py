@@ -67,9 +67,7 @@ def test_repeated_prompt_reports_cached_tokens(oai, hub):
 def test_sdk_stream_matches_non_stream_and_usage(oai, hub):
     kw = dict(model="m", prompt=COUNTING, max_tokens=10, temperature=0)
     full = oai.completions.create(**kw).choices[0].text
-    raw = oai.completions.with_raw_response.create(
-        stream=True, stream_options={"include_usage": True}, **kw
-    )
+    raw = oai.completions.with_raw_response.create(stream=True, stream_options={"include_usage": True}, **kw)
     rid = raw.headers["x-request-id"]
     chunks = list(raw.parse())
     assert all(c.object == "text_completion" for c in chunks)
@@ -87,8 +85,13 @@ def test_sdk_stream_matches_non_stream_and_usage(oai, hub):
 
 
 def test_raw_sse_framing(base_url):
-    body = {"model": "x", "prompt": COUNTING, "max_tokens": 4, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "x",
+        "prompt": COUNTING,
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=120) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -100,8 +103,7 @@ def test_raw_sse_framing(base_url):
     assert all(p["object"] == "text_completion" for p in payloads)
     assert len({p["id"] for p in payloads}) == 1
     for p in payloads[:-2]:
-        assert p["choices"] == [{"text": p["choices"][0]["text"], "index": 0, "logprobs": None,
-                                 "finish_reason": None}]
+        assert p["choices"] == [{"text": p["choices"][0]["text"], "index": 0, "logprobs": None, "finish_reason": None}]
         assert p["usage"] is None
     assert payloads[-2]["choices"][0] == {"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}
     assert payloads[-1]["choices"] == []
@@ -129,8 +131,16 @@ def test_stop_sequence_is_honoured(oai):
 
 
 def test_seeded_sampling_is_reproducible(oai):
-    kw = dict(model="m", prompt="My favourite colour is", max_tokens=8, temperature=1.0, top_p=0.9,
-              seed=42, frequency_penalty=0.3, extra_body={"top_k": 40, "min_p": 0.05})
+    kw = dict(
+        model="m",
+        prompt="My favourite colour is",
+        max_tokens=8,
+        temperature=1.0,
+        top_p=0.9,
+        seed=42,
+        frequency_penalty=0.3,
+        extra_body={"top_k": 40, "min_p": 0.05},
+    )
     assert oai.completions.create(**kw).choices[0].text == oai.completions.create(**kw).choices[0].text
 
 
@@ -181,8 +191,9 @@ def test_malformed_bodies_are_400_in_openai_shape(base_url, body, param):
 
 
 def test_bad_json_and_empty_prompt(base_url):
-    r = httpx.post(base_url + "/v1/completions", content=b"{nope", timeout=30,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        base_url + "/v1/completions", content=b"{nope", timeout=30, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = httpx.post(base_url + "/v1/completions", json={"model": "m", "prompt": ""}, timeout=30)
     assert r.status_code == 400 and "empty" in r.json()["error"]["message"]

@@ -18,9 +18,13 @@ from turbospark.config import ConfigError, load_config
 
 
 def serve(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "turbospark.cli", "serve", *args],
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "turbospark.cli", "serve", *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def write(tmp_path, text: str) -> str:
@@ -43,8 +47,10 @@ BAD = [
     ("[defaults]\nthreads = -1\n", "defaults.threads must not be negative"),
     ("[extras]\nx = 1\n", "unknown section [extras]"),
     ("[models.a\nmodel = 1\n", "not valid TOML"),
-    ("[models.a]\nmodel = 'smollm2-135m'\n[models.b]\nmodel = 'smollm2-135m'\naliases = ['a']\n",
-     "the name 'a' of model 'b' is already used by model 'a'"),
+    (
+        "[models.a]\nmodel = 'smollm2-135m'\n[models.b]\nmodel = 'smollm2-135m'\naliases = ['a']\n",
+        "the name 'a' of model 'b' is already used by model 'a'",
+    ),
 ]
 
 
@@ -52,8 +58,9 @@ BAD = [
 def test_bad_config_exits_2_naming_key_and_file(tmp_path, text, message):
     path = write(tmp_path, text)
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "turbospark.cli", "serve", "--config", path],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "turbospark.cli", "serve", "--config", path], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2, out.stderr
     assert message in out.stderr
     if "already used" not in message:
@@ -68,7 +75,9 @@ def test_missing_config_file(tmp_path):
 
 
 def test_good_config_serves_its_models_and_flags_override(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 [server]
 host = "127.0.0.1"
 port = 0
@@ -86,7 +95,8 @@ system = "You always answer in English."
 model = "smollm2-135m"
 kind = "embedding"
 ctx = 512
-""")
+""",
+    )
     cfg = load_config(path)
     assert [m.id for m in cfg.models] == ["chat", "embed"]
     assert cfg.models[0].ctx == 1024 and cfg.models[1].ctx == 512 and cfg.models[1].kind == "embedding"
@@ -109,13 +119,19 @@ ctx = 512
         assert "model chat:" in text and "model embed:" in text and "context 2048" in text
         ids = [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]
         assert ids == ["chat", "embed"]
-        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-            "model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=60,
+            json={"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3},
+        )
         assert r.status_code == 200
         e = httpx.post(url + "/v1/embeddings", timeout=60, json={"model": "embed", "input": "hi"})
         assert e.status_code == 200
-        other = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-            "model": "embed", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+        other = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=60,
+            json={"model": "embed", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3},
+        )
         # the embedding model takes no chat: the only chat model serves it (rule 2)
         assert other.status_code == 200
         other_id = int(other.headers["x-request-id"])
@@ -131,12 +147,15 @@ ctx = 512
 def test_server_section_sets_views_and_guardrails_and_flags_win(tmp_path):
     from turbospark.cli import _model_options, parser
 
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 [server]
 guardrails = false
 metrics_auth = false
 otlp_endpoint = "http://127.0.0.1:4318"
-""")
+""",
+    )
     args = parser().parse_args(["serve", "--config", path])
     _model_options(args)
     assert (args.guardrails, args.metrics_auth, args.otlp_endpoint) == ("off", "off", "http://127.0.0.1:4318")
@@ -150,8 +169,9 @@ otlp_endpoint = "http://127.0.0.1:4318"
 
 def test_catalog_listing_loads_nothing(tmp_path):
     env = {**os.environ, "TURBOSPARK_CACHE": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-m", "turbospark.cli", "models"], capture_output=True, text=True,
-                         timeout=60, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "turbospark.cli", "models"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert out.returncode == 0
     assert re.search(r"smollm2-135m\s+(installed|not installed)", out.stdout)
     for name in ("qwen2.5-coder-0.5b", "gemma3-270m"):
@@ -162,16 +182,18 @@ def test_catalog_listing_loads_nothing(tmp_path):
 def test_server_section_takes_the_security_settings_and_flags_add_to_them(tmp_path):
     from turbospark.cli import _model_options, parser
 
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 [server]
 allowed_hosts = ["llm.internal"]
 cors_origins = ["http://localhost:3000"]
 max_body = 1048576
 models_dirs = ["/srv/models"]
 api_key_file = "keys.txt"
-""")
-    args = parser().parse_args(["serve", "--config", path, "--cors-origin", "http://a.test",
-                                "--max-body", "2M"])
+""",
+    )
+    args = parser().parse_args(["serve", "--config", path, "--cors-origin", "http://a.test", "--max-body", "2M"])
     _model_options(args)
     assert args.allowed_host == ["llm.internal"]
     assert args.cors_origin == ["http://a.test", "http://localhost:3000"]

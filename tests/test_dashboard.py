@@ -113,8 +113,10 @@ def test_dashboard_updates_live_without_feeding_on_itself(dashed):
         # details pane and the errors-only filter
         page.js(f"document.querySelector('#rows tr[data-id=\"{rid}\"]').click()")
         assert f'"id": {rid}' in page.js("document.getElementById('details').textContent")
-        toggle = ("(() => { const b = document.getElementById('errorsOnly'); b.checked = !b.checked;"
-                  " b.dispatchEvent(new Event('change')); })()")
+        toggle = (
+            "(() => { const b = document.getElementById('errorsOnly'); b.checked = !b.checked;"
+            " b.dispatchEvent(new Event('change')); })()"
+        )
         page.js(toggle)
         assert page.js("document.querySelectorAll('#rows tr').length") == 1
         page.js(toggle)

@@ -27,7 +27,8 @@ def test_server_without_observer_serves(server):
     with Server(models=[model]) as srv:
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         raw = c.chat.completions.with_raw_response.create(
-            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+        )
         assert raw.parse().choices[0].message.content is not None
         assert raw.headers["x-request-id"]
 
@@ -66,5 +67,7 @@ def test_observer_raising_directly_is_contained(server):
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
         assert r.usage.completion_tokens >= 1
-        s = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True)
+        s = c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True
+        )
         assert list(s)

@@ -381,8 +381,12 @@ def test_embedding_completes_while_a_long_chat_stream_runs(oai):
     def chat() -> None:
         try:
             s = oai.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "Tell me a long story."}],
-                max_tokens=300, temperature=0, stream=True, extra_body={"ignore_eos": True},
+                model="m",
+                messages=[{"role": "user", "content": "Tell me a long story."}],
+                max_tokens=300,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
             )
             for chunk in s:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -437,7 +441,9 @@ def test_routes_to_the_capable_model_off_the_event_loop():
         result: dict[str, Any] = {}
 
         def call() -> None:
-            result["r"] = httpx.post(srv.url + "/v1/embeddings", json={"model": "gpt-x", "input": "one two"}, timeout=30)
+            result["r"] = httpx.post(
+                srv.url + "/v1/embeddings", json={"model": "gpt-x", "input": "one two"}, timeout=30
+            )
 
         t = threading.Thread(target=call)
         t.start()

@@ -28,17 +28,22 @@ def _bodies(n: int, long: set[int]) -> list[tuple[str, dict[str, Any]]]:
     """Streams in every dialect, of different lengths (``long``: 400 tokens)."""
     msg = [{"role": "user", "content": STORY}]
     shapes = [
-        ("/v1/chat/completions", lambda k: {"model": "m", "messages": msg, "max_tokens": k, "stream": True,
-                                            "ignore_eos": True}),
-        ("/v1/completions", lambda k: {"model": "m", "prompt": "Once upon a time", "max_tokens": k,
-                                       "stream": True, "ignore_eos": True}),
+        (
+            "/v1/chat/completions",
+            lambda k: {"model": "m", "messages": msg, "max_tokens": k, "stream": True, "ignore_eos": True},
+        ),
+        (
+            "/v1/completions",
+            lambda k: {"model": "m", "prompt": "Once upon a time", "max_tokens": k, "stream": True, "ignore_eos": True},
+        ),
         ("/v1/responses", lambda k: {"model": "m", "input": STORY, "max_output_tokens": k, "stream": True}),
         ("/v1/messages", lambda k: {"model": "m", "messages": msg, "max_tokens": k, "stream": True}),
         ("/api/chat", lambda k: {"model": "m", "messages": msg, "options": {"num_predict": k}}),
         ("/api/generate", lambda k: {"model": "m", "prompt": STORY, "options": {"num_predict": k}}),
     ]
-    return [(shapes[i % len(shapes)][0], shapes[i % len(shapes)][1](400 if i in long else 16 + 12 * i))
-            for i in range(n)]
+    return [
+        (shapes[i % len(shapes)][0], shapes[i % len(shapes)][1](400 if i in long else 16 + 12 * i)) for i in range(n)
+    ]
 
 
 def test_eight_mixed_streams_two_cut_each_end_once_after_their_generated(server, hub):
@@ -97,11 +102,17 @@ def test_a_failed_stream_carries_its_error_frames_message(failing):
     assert evs[-1].status == 200 and evs[-1].error == frame["error"]["message"]
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/api/chat", {"model": "x", "messages": [{"role": "user", "content": "hi"}]}),
-    ("/v1/messages", {"model": "x", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}),
-    ("/v1/responses", {"model": "x", "input": "hi", "stream": True}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/api/chat", {"model": "x", "messages": [{"role": "user", "content": "hi"}]}),
+        (
+            "/v1/messages",
+            {"model": "x", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+        ("/v1/responses", {"model": "x", "input": "hi", "stream": True}),
+    ],
+)
 def test_a_failed_stream_is_an_error_in_every_dialect_and_sink(path, body):
     model = ScriptedModel(scripts=[Script(["one", " two", " three"], fail_after=2)])
     obs = ListObserver()
@@ -126,8 +137,13 @@ def test_ttft_from_arrival_is_the_clients_first_token(server):
     name = "turbospark_time_to_first_token_from_arrival_seconds_sum"
     model = server.registry.models()[0].model_id
     before = value(parse(sink.exposition()[0].decode()), name, model=model)
-    body = {"model": "m", "messages": [{"role": "user", "content": STORY}], "max_tokens": 40,
-            "stream": True, "ignore_eos": True}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": STORY}],
+        "max_tokens": 40,
+        "stream": True,
+        "ignore_eos": True,
+    }
     sent = time.perf_counter()
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as r:
         first = None
@@ -153,12 +169,22 @@ def test_a_served_tools_request_is_rendered_by_the_templates_own_tool_section(qw
     srv, events = qwen_server
     model = srv.registry.models()[0]
     assert template_knows_tools(model.template.source)
-    tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": "Get the weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Get the weather for a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    r = httpx.post(srv.url + "/v1/chat/completions", timeout=120,
-                   json={"model": "qwen", "messages": messages, "tools": tools, "max_tokens": 4})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=120,
+        json={"model": "qwen", "messages": messages, "tools": tools, "max_tokens": 4},
+    )
     assert r.status_code == 200
     gen = events.wait_kind(r.headers["x-request-id"], "generated")
     own = render(model, ChatRequest(messages=messages, tools=tools))
@@ -169,8 +195,11 @@ def test_a_served_tools_request_is_rendered_by_the_templates_own_tool_section(qw
 
 
 def test_stats_show_each_requests_overhead(server):
-    r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-        "model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=120,
+        json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    )
     rid = int(r.headers["x-request-id"])
     deadline = time.monotonic() + 10
     while True:
@@ -192,10 +221,23 @@ def test_after_a_reask_every_rate_is_summed_tokens_over_summed_times():
     from turbospark.engine.types import RawDecodeResult, StopReason
     from turbospark.generation import Final
 
-    first = RawDecodeResult(prompt_tokens=100, new_tokens=10, prefill_seconds=1.0, decode_seconds=1.0,
-                            reason=StopReason.END_OF_TURN, queue_seconds=0.5)
-    second = RawDecodeResult(prompt_tokens=150, new_tokens=30, prefill_seconds=0.5, decode_seconds=1.0,
-                             reason=StopReason.END_OF_TURN, reused_prefix_tokens=100, queue_seconds=0.25)
+    first = RawDecodeResult(
+        prompt_tokens=100,
+        new_tokens=10,
+        prefill_seconds=1.0,
+        decode_seconds=1.0,
+        reason=StopReason.END_OF_TURN,
+        queue_seconds=0.5,
+    )
+    second = RawDecodeResult(
+        prompt_tokens=150,
+        new_tokens=30,
+        prefill_seconds=0.5,
+        decode_seconds=1.0,
+        reason=StopReason.END_OF_TURN,
+        reused_prefix_tokens=100,
+        queue_seconds=0.25,
+    )
     final = Final(result=second, text="", attempts=[first, second])
     t = timings(final)
     assert t["predicted_n"] == 40 and t["predicted_per_second"] == pytest.approx(40 / 2.0)

@@ -44,20 +44,19 @@ def test_stream_replays_the_ring_then_goes_live_and_resumes(watched):
             assert resp.status_code == 200
             assert resp.headers["content-type"].startswith("text/event-stream")
             reader = FrameReader(resp)
-            frames = reader.until(lambda fs: any(
-                f.get("event") == "requestFinished" and f["data"]["id"] == first for f in fs))
+            frames = reader.until(
+                lambda fs: any(f.get("event") == "requestFinished" and f["data"]["id"] == first for f in fs)
+            )
             # every event so far, in order, numbered 1, 2, 3, ... by the server
             evs = [f for f in frames if "event" in f]
             assert [f["id"] for f in evs] == list(range(1, len(evs) + 1))
             assert [f["data"] for f in evs] == [e.to_dict() for e in seen.events[: len(evs)]]
             assert all(f["event"] == f["data"]["kind"] for f in evs)
-            assert evs[0]["data"] == {"kind": "modelAttached", "atMs": evs[0]["data"]["atMs"],
-                                      "model": "smollm2-135m"}
+            assert evs[0]["data"] == {"kind": "modelAttached", "atMs": evs[0]["data"]["atMs"], "model": "smollm2-135m"}
             # live: a request sent now arrives on the open stream
             r2 = chat(srv.url, stream=True, max_tokens=4)
             second = int(r2.headers["x-request-id"])
-            more = reader.until(lambda fs: any(
-                f.get("event") == "generated" and f["data"]["id"] == second for f in fs))
+            more = reader.until(lambda fs: any(f.get("event") == "generated" and f["data"]["id"] == second for f in fs))
             live = [f for f in more if "event" in f]
             assert [f["id"] for f in live] == list(range(len(evs) + 1, len(evs) + 1 + len(live)))
     mid = evs[len(evs) // 2]["id"]

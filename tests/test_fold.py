@@ -18,9 +18,18 @@ from turbospark.sinks.live import LiveEvents
 
 
 def gen(rid, new=10, prompt=20, prefill=0.1, decode=0.5, reused=0, evicted=False, model="m", **kw):
-    return Generated(id=rid, model=model, prompt_tokens=prompt, new_tokens=new, prefill_seconds=prefill,
-                     decode_seconds=decode, stop_reason="endOfTurn", reused_prefix_tokens=reused,
-                     session_slot_evicted=evicted, **kw).to_dict()
+    return Generated(
+        id=rid,
+        model=model,
+        prompt_tokens=prompt,
+        new_tokens=new,
+        prefill_seconds=prefill,
+        decode_seconds=decode,
+        stop_reason="endOfTurn",
+        reused_prefix_tokens=reused,
+        session_slot_evicted=evicted,
+        **kw,
+    ).to_dict()
 
 
 def started(rid, path="/v1/chat/completions", at=1000):
@@ -86,8 +95,15 @@ def test_fold_requests_tokens_timings_and_queue():
 
 def test_fold_sums_a_guardrail_reask_and_hides_the_views_own_traffic():
     f = Fold()
-    f.feed_all([started(1), routed(1), gen(1, new=4, decode=0.1, queue_seconds=0.05),
-                gen(1, new=6, decode=0.2, queue_seconds=0.01), finished(1, ms=900)])
+    f.feed_all(
+        [
+            started(1),
+            routed(1),
+            gen(1, new=4, decode=0.1, queue_seconds=0.05),
+            gen(1, new=6, decode=0.2, queue_seconds=0.01),
+            finished(1, ms=900),
+        ]
+    )
     rec = f.record(1)
     assert (rec.usage.generations, rec.usage.new_tokens) == (2, 10)
     assert rec.usage.decode_tok_per_sec == pytest.approx(10 / 0.3)  # summed over summed
@@ -123,8 +139,10 @@ def test_fold_bounds_records_counts_gaps_and_joins_mid_stream():
 
 def test_sse_parser():
     p = SSEParser()
-    frames = [p.feed(line) for line in ["retry: 1000", "", ": keep-alive", "", "id: 7", "event: generated",
-                                        'data: {"a":', "data: 1}", ""]]
+    frames = [
+        p.feed(line)
+        for line in ["retry: 1000", "", ": keep-alive", "", "id: 7", "event: generated", 'data: {"a":', "data: 1}", ""]
+    ]
     got = [f for f in frames if f is not None]
     assert len(got) == 1 and got[0].id == 7 and got[0].event == "generated" and got[0].data == '{"a":\n1}'
 
@@ -132,8 +150,18 @@ def test_sse_parser():
 def test_text_charts():
     assert sparkline([0, 1, 2, 4]) == "▁▃▅█"
     assert sparkline([]) == "" and sparkline([0, 0]) == "▁▁"
-    f = Fold().feed_all([started(1), routed(1), gen(1, model="a"), finished(1),
-                         started(2), routed(2, stream=True), finished(2), gen(2, model="b", decode=1.0)])
+    f = Fold().feed_all(
+        [
+            started(1),
+            routed(1),
+            gen(1, model="a"),
+            finished(1),
+            started(2),
+            routed(2, stream=True),
+            finished(2),
+            gen(2, model="b", decode=1.0),
+        ]
+    )
     rates = rate_chart(f.records())
     assert isinstance(rates, Text) and "a " in rates.plain and "b " in rates.plain
     times = time_chart(f.records(), width=40)

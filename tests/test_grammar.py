@@ -77,7 +77,9 @@ class Matcher:
         """A random text the grammar allows (random allowed short tokens, ending at random
         once the grammar is complete); None if it did not end within max_steps."""
         if not hasattr(self, "_cands"):
-            toks = [t for t in range(self.f.n_vocab) if 0 < len(self.f.token_text(t)) <= 2 and t not in self.f.eog_tokens]
+            toks = [
+                t for t in range(self.f.n_vocab) if 0 < len(self.f.token_text(t)) <= 2 and t not in self.f.eog_tokens
+            ]
             self._cands = (llama_cpp.llama_token_data * (len(toks) + 1))()
             for i, t in enumerate([*toks, self.f.eos]):
                 self._cands[i].id = t
@@ -212,17 +214,24 @@ ACCEPTED = {
     "type": ({"type": "boolean"}, ["true", "false"], ["1", "null", "True"]),
     "null": ({"type": "null"}, ["null"], ["None", "{}"]),
     "properties+required": (
-        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "boolean"}},
-         "required": ["b"]},
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "boolean"}},
+            "required": ["b"],
+        },
         ['{"b": 1}', '{"a": "x", "b": 2}', '{"a":"x","b":2,"c":true}', '{ "b": 1, "c": false }'],
-        ['{}', '{"a": "x"}', '{"b": 1, "a": "x"}', '{"b": 1,}', '{"b": 1, "d": 2}'],
+        ["{}", '{"a": "x"}', '{"b": 1, "a": "x"}', '{"b": 1,}', '{"b": 1, "d": 2}'],
     ),
     "all optional": (
         {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
-        ['{}', '{"a": 1}', '{"b": 2}', '{"a": 1, "b": 2}'],
+        ["{}", '{"a": 1}', '{"b": 2}', '{"a": 1, "b": 2}'],
         ['{"b": 2, "a": 1}', '{,"b": 2}', '{"a": 1 "b": 2}'],
     ),
-    "enum": ({"enum": ["red", "green", 3, None, {"k": [1]}]}, ['"red"', '"green"', "3", "null", '{"k": [1]}'], ['"blue"', "4"]),
+    "enum": (
+        {"enum": ["red", "green", 3, None, {"k": [1]}]},
+        ['"red"', '"green"', "3", "null", '{"k": [1]}'],
+        ['"blue"', "4"],
+    ),
     "const": ({"const": "fixed"}, ['"fixed"'], ['"fixe"', '"fixedd"']),
     "enum filtered by type": ({"type": "string", "enum": ["a", 1, "b"]}, ['"a"', '"b"'], ["1"]),
     "items min/max": (
@@ -253,10 +262,20 @@ ACCEPTED = {
     ),
     "oneOf disjoint types": ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, ["3", '"s"'], ["true"]),
     "oneOf discriminated": (
-        {"oneOf": [
-            {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
-            {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}}, "required": ["kind"]},
-        ]},
+        {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+                    "required": ["kind"],
+                },
+                {
+                    "type": "object",
+                    "properties": {"kind": {"const": "b"}, "y": {"type": "string"}},
+                    "required": ["kind"],
+                },
+            ]
+        },
         ['{"kind": "a", "x": 1}', '{"kind": "b", "y": "z"}', '{"kind": "a"}'],
         ['{"kind": "a", "y": "z"}', '{"kind": "c"}'],
     ),
@@ -264,23 +283,40 @@ ACCEPTED = {
     "nullable keyword": ({"type": "string", "nullable": True, "maxLength": 2}, ['"ab"'], ["null"]),
     "nullable type list": ({"type": ["string", "null"], "maxLength": 3}, ['"abc"', "null"], ['"abcd"', "0"]),
     "$defs/$ref": (
-        {"$defs": {"p": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
-         "type": "object", "properties": {"from": {"$ref": "#/$defs/p"}, "to": {"$ref": "#/$defs/p"}},
-         "required": ["from", "to"]},
+        {
+            "$defs": {"p": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+            "type": "object",
+            "properties": {"from": {"$ref": "#/$defs/p"}, "to": {"$ref": "#/$defs/p"}},
+            "required": ["from", "to"],
+        },
         ['{"from": {"x": 1}, "to": {"x": 2}}'],
         ['{"from": {"x": 1}}', '{"from": {}, "to": {"x": 2}}'],
     ),
     "recursive $ref": (
-        {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
-                                                             "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
-                            "required": ["v"]}},
-         "$ref": "#/$defs/node"},
+        {
+            "$defs": {
+                "node": {
+                    "type": "object",
+                    "properties": {
+                        "v": {"type": "integer"},
+                        "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                    },
+                    "required": ["v"],
+                }
+            },
+            "$ref": "#/$defs/node",
+        },
         ['{"v": 1}', '{"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}'],
         ['{"v": 1, "kids": [{}]}'],
     ),
     "definitions (draft 7)": (
-        {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"c": {"enum": ["x", "y"]}},
-         "type": "array", "items": {"$ref": "#/definitions/c"}, "maxItems": 2},
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {"c": {"enum": ["x", "y"]}},
+            "type": "array",
+            "items": {"$ref": "#/definitions/c"},
+            "maxItems": 2,
+        },
         ['["x", "y"]', "[]"],
         ['["z"]', '["x", "x", "x"]'],
     ),
@@ -295,8 +331,12 @@ ACCEPTED = {
         ['{"x": -1}', '{"x": 1, "y": 2, "z": 3}'],
     ),
     "allOf merged": (
-        {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                   {"properties": {"a": {"maximum": 3}, "b": {"type": "string"}}, "required": ["b"]}]},
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"a": {"maximum": 3}, "b": {"type": "string"}}, "required": ["b"]},
+            ]
+        },
         ['{"a": 3, "b": "x"}'],
         ['{"a": 4, "b": "x"}', '{"a": 1}'],
     ),
@@ -308,15 +348,23 @@ ACCEPTED = {
     "tuple": (
         {"type": "array", "prefixItems": [{"type": "string"}, {"type": "number"}], "items": False, "minItems": 1},
         ['["a"]', '["a", 1.5]'],
-        ["[]", '[1]', '["a", 1, 2]'],
+        ["[]", "[1]", '["a", 1, 2]'],
     ),
     "format date": (
         {"type": "string", "format": "date"},
         ['"2024-02-29"', '"2000-02-29"', '"2023-12-31"', '"1999-04-30"'],
         ['"2023-02-29"', '"1900-02-29"', '"2023-04-31"', '"2023-13-01"', '"23-01-01"'],
     ),
-    "format time": ({"type": "string", "format": "time"}, ['"13:45:00Z"', '"23:59:59.123+02:00"'], ['"24:00:00Z"', '"13:45:00"']),
-    "format date-time": ({"type": "string", "format": "date-time"}, ['"2024-05-01T08:30:00Z"'], ['"2024-05-01 08:30:00Z"']),
+    "format time": (
+        {"type": "string", "format": "time"},
+        ['"13:45:00Z"', '"23:59:59.123+02:00"'],
+        ['"24:00:00Z"', '"13:45:00"'],
+    ),
+    "format date-time": (
+        {"type": "string", "format": "date-time"},
+        ['"2024-05-01T08:30:00Z"'],
+        ['"2024-05-01 08:30:00Z"'],
+    ),
     "format uuid": (
         {"type": "string", "format": "uuid"},
         ['"123e4567-e89b-12d3-a456-426614174000"'],
@@ -324,13 +372,26 @@ ACCEPTED = {
     ),
     "format email": ({"type": "string", "format": "email"}, ['"ann.lee@example.com"'], ['"ann"', '"@example.com"']),
     "format ipv4": ({"type": "string", "format": "ipv4"}, ['"192.168.0.255"'], ['"256.1.1.1"', '"1.2.3"']),
-    "format ipv6": ({"type": "string", "format": "ipv6"}, ['"2001:db8:0:0:0:0:0:1"'], ['"2001:db8::1:2:3:4:5:6:7"', '"1.2.3.4"']),
-    "format hostname": ({"type": "string", "format": "hostname"}, ['"api.example.com"', '"localhost"'],
-                        ['"-bad.example"', '"a..b"']),
-    "format duration": ({"type": "string", "format": "duration"}, ['"P3D"', '"PT1H30M"', '"P1Y2M10DT2H30M"', '"P2W"'],
-                        ['"P"', '"PT"', '"P1H"', '"P1W2D"']),
-    "format uri": ({"type": "string", "format": "uri"}, ['"https://example.com/a/b.html"', '"http://x.org"'],
-                   ['"example.com"', '"https://"']),
+    "format ipv6": (
+        {"type": "string", "format": "ipv6"},
+        ['"2001:db8:0:0:0:0:0:1"'],
+        ['"2001:db8::1:2:3:4:5:6:7"', '"1.2.3.4"'],
+    ),
+    "format hostname": (
+        {"type": "string", "format": "hostname"},
+        ['"api.example.com"', '"localhost"'],
+        ['"-bad.example"', '"a..b"'],
+    ),
+    "format duration": (
+        {"type": "string", "format": "duration"},
+        ['"P3D"', '"PT1H30M"', '"P1Y2M10DT2H30M"', '"P2W"'],
+        ['"P"', '"PT"', '"P1H"', '"P1W2D"'],
+    ),
+    "format uri": (
+        {"type": "string", "format": "uri"},
+        ['"https://example.com/a/b.html"', '"http://x.org"'],
+        ['"example.com"', '"https://"'],
+    ),
     "pattern": (
         {"type": "string", "pattern": "^[A-Z]{2}-\\d{3,4}$"},
         ['"AB-123"', '"ZZ-0000"'],
@@ -343,8 +404,16 @@ ACCEPTED = {
         ['",a"', '"a,,b"', '"a\\"b"'],
     ),
     "annotations ignored": (
-        {"title": "T", "description": "d", "default": 1, "examples": [1], "x-foo": 1, "type": "integer",
-         "minimum": 1, "maximum": 1},
+        {
+            "title": "T",
+            "description": "d",
+            "default": 1,
+            "examples": [1],
+            "x-foo": 1,
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1,
+        },
         ["1"],
         ["2"],
     ),
@@ -390,8 +459,11 @@ def test_random_walks_through_grammars_are_valid(matcher):
             text = matcher.walk(g, rng)
             if text is None:
                 continue
-            body = {"hermes": lambda t: t[len("<tool_call>\n") : -len("\n</tool_call>")],
-                    "json": lambda t: t, "mistral": lambda t: t[len("[TOOL_CALLS]") :]}[syntax](text)
+            body = {
+                "hermes": lambda t: t[len("<tool_call>\n") : -len("\n</tool_call>")],
+                "json": lambda t: t,
+                "mistral": lambda t: t[len("[TOOL_CALLS]") :],
+            }[syntax](text)
             call = json.loads(body)
             call = call[0] if syntax == "mistral" else call
             validator(params[call["name"]]).validate(call["arguments"])
@@ -400,7 +472,7 @@ def test_random_walks_through_grammars_are_valid(matcher):
 def pydantic_owner():
     import enum
     import uuid
-    from typing import Annotated, Literal, Optional, Union
+    from typing import Annotated, Literal
 
     from pydantic import BaseModel, Field, conint, constr
 
@@ -418,9 +490,9 @@ def pydantic_owner():
 
     class Owner(BaseModel):
         name: constr(max_length=12)
-        age: Optional[int] = None
+        age: int | None = None
         color: Color
-        pet: Annotated[Union[Cat, Dog], Field(discriminator="kind")]
+        pet: Annotated[Cat | Dog, Field(discriminator="kind")]
         tags: list[Annotated[str, Field(max_length=8)]] = Field(max_length=3)
         scores: dict[str, float]
         point: tuple[int, str]
@@ -453,11 +525,21 @@ def test_pydantic_schema_walks_validate_in_pydantic(matcher):
 
 
 def test_xml_tool_call_walks_parse(matcher):
-    alarm = {"type": "function", "function": {"name": "set_alarm", "parameters": {
-        "type": "object", "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
-                                         "label": {"type": "string", "maxLength": 10},
-                                         "days": {"type": "array", "items": {"enum": ["mon", "tue"]}, "maxItems": 2}},
-        "required": ["hour"]}}}
+    alarm = {
+        "type": "function",
+        "function": {
+            "name": "set_alarm",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                    "label": {"type": "string", "maxLength": 10},
+                    "days": {"type": "array", "items": {"enum": ["mon", "tue"]}, "maxItems": 2},
+                },
+                "required": ["hour"],
+            },
+        },
+    }
     params = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, alarm)}
     g = tool_call_grammar([WEATHER, alarm], "xml", bound_strings=True)
     call_re = re.compile(r"<tool_call>\n<function=([^>\n]+)>\n(.*)</function>\n</tool_call>", re.S)
@@ -490,8 +572,11 @@ def test_whitespace_is_bounded(matcher):
 
 
 def test_bound_strings_caps_unbounded_strings_only(matcher):
-    schema = {"type": "object", "properties": {"s": {"type": "string"}, "t": {"type": "string", "maxLength": 300}},
-              "required": ["s", "t"]}
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string"}, "t": {"type": "string", "maxLength": 300}},
+        "required": ["s", "t"],
+    }
     bounded = json_schema_grammar(schema, bound_strings=True)
     free = json_schema_grammar(schema)
     at, over = "x" * DEFAULT_MAX_STRING, "x" * (DEFAULT_MAX_STRING + 1)
@@ -526,8 +611,13 @@ def test_numbers_exact_against_jsonschema(matcher):
         {"type": "number", "minimum": 12.3},
         {"type": "number", "exclusiveMaximum": -0.5},
         {"type": "integer", "exclusiveMinimum": -3.5, "maximum": 17},
-        {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 0, "exclusiveMinimum": True,
-         "maximum": 1},
+        {
+            "$schema": "http://json-schema.org/draft-04/schema#",
+            "type": "number",
+            "minimum": 0,
+            "exclusiveMinimum": True,
+            "maximum": 1,
+        },
     ]
     texts = {"0", "1", "0.1", "0.9", "-2.5", "3.75", "12.3", "-0.5", "-3", "17", "1e3", "-0"}
     for _ in range(200):
@@ -555,14 +645,25 @@ def test_integer_ranges_exhaustive(matcher):
         if hi is not None:
             schema["maximum"] = hi
         g = json_schema_grammar(schema)
-        wrong = [n for n in range(-300, 1100) if matcher.accepts(g, str(n)) != ((lo is None or n >= lo) and (hi is None or n <= hi))]
+        wrong = [
+            n
+            for n in range(-300, 1100)
+            if matcher.accepts(g, str(n)) != ((lo is None or n >= lo) and (hi is None or n <= hi))
+        ]
         assert not wrong, f"{schema}: {wrong[:10]}"
 
 
 def test_patterns_sound_against_python_re(matcher):
     rng = random.Random(3)
-    alphabet = "aAbz09-_. ,\"\\@"
-    for pattern in ["^[a-z]+@[a-z]+\\.(com|org)$", "^\\d{2,3}(-\\d+)?$", "^(ab|c)*$", "x.y", "^[^a-c]{2}$", "^\\w+\\s\\W$"]:
+    alphabet = 'aAbz09-_. ,"\\@'
+    for pattern in [
+        "^[a-z]+@[a-z]+\\.(com|org)$",
+        "^\\d{2,3}(-\\d+)?$",
+        "^(ab|c)*$",
+        "x.y",
+        "^[^a-c]{2}$",
+        "^\\w+\\s\\W$",
+    ]:
         g = json_schema_grammar({"type": "string", "pattern": pattern})
         for _ in range(150):
             s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
@@ -601,8 +702,11 @@ TIME = {
     "function": {
         "name": "get_time",
         "description": "Current time in a timezone",
-        "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}},
-                       "required": ["timezone"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "maxLength": 40}},
+            "required": ["timezone"],
+        },
     },
 }
 NO_PARAMS = {"type": "function", "function": {"name": "ping", "description": "Ping"}}
@@ -614,7 +718,7 @@ CALL_TEXTS = {
     "llama3": f'{{"name": "get_weather", "parameters": {ARGS}}}',
     "mistral": f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {ARGS}}}]',
     "xml": "<tool_call>\n<function=get_weather>\n<parameter=location>\nParis\n</parameter>\n"
-           "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>",
+    "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>",
 }
 
 
@@ -633,7 +737,9 @@ def test_tool_call_syntaxes(matcher, syntax):
 
 def test_tool_call_required_arguments_and_no_parameters(matcher):
     g = tool_call_grammar([WEATHER, NO_PARAMS], "hermes")
-    assert not matcher.accepts(g, '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "celsius"}}\n</tool_call>')
+    assert not matcher.accepts(
+        g, '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "celsius"}}\n</tool_call>'
+    )
     assert matcher.accepts(g, '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>')
     assert not matcher.accepts(g, '<tool_call>\n{"name": "ping", "arguments": {"x": 1}}\n</tool_call>')
     x = tool_call_grammar([WEATHER], "xml")
@@ -647,7 +753,7 @@ def test_tool_call_allow_text(matcher):
     assert matcher.accepts(g, "")
     assert matcher.accepts(g, "Let me check. " + CALL_TEXTS["hermes"])
     assert matcher.accepts(g, "a < b <tool")
-    assert not matcher.accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>")
+    assert not matcher.accepts(g, '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>')
     assert not matcher.accepts(g, "<<tool_call>oops")  # a call is either valid or not started
     j = tool_call_grammar([WEATHER], "json", allow_text=True)
     assert matcher.accepts(j, CALL_TEXTS["json"]) and matcher.accepts(j, "Hello {x}")
@@ -680,8 +786,9 @@ def test_every_produced_grammar_is_accepted_by_llama_cpp(matcher):
     for syntax in CALL_TEXTS:
         for allow_text in (False, True):
             grammars.append(tool_call_grammar([WEATHER, TIME, NO_PARAMS], syntax, allow_text=allow_text))
-            grammars.append(tool_call_grammar([WEATHER, TIME], syntax, name="get_time", allow_text=allow_text,
-                                              bound_strings=True))
+            grammars.append(
+                tool_call_grammar([WEATHER, TIME], syntax, name="get_time", allow_text=allow_text, bound_strings=True)
+            )
     for _, schema in GENERATION:
         grammars.append(json_schema_grammar(schema, bound_strings=True))
     for g in grammars:
@@ -691,93 +798,263 @@ def test_every_produced_grammar_is_accepted_by_llama_cpp(matcher):
 # ---------------------------------------------------------------- real generation (SmolLM2, greedy)
 S40 = {"type": "string", "maxLength": 40}
 GENERATION = [
-    ("Describe a person named Alice who is 30 years old.",
-     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
-                                        "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-      "required": ["name", "age"]}),
-    ("Give the postal address of a bakery in Paris.",
-     {"type": "object", "properties": {"street": S40, "city": S40, "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-                                        "country": {"enum": ["US", "UK", "FR", "DE"]}},
-      "required": ["street", "city", "zip", "country"], "additionalProperties": False}),
-    ("Describe a laptop for sale.",
-     {"type": "object", "properties": {"name": S40, "price": {"type": "number", "minimum": 0, "maximum": 10000},
-                                        "in_stock": {"type": "boolean"}},
-      "required": ["name", "price", "in_stock"]}),
-    ("Plan a birthday party event.",
-     {"type": "object", "properties": {"title": S40, "date": {"type": "string", "format": "date"},
-                                        "guests": {"type": "integer", "minimum": 1, "maximum": 50}},
-      "required": ["title", "date", "guests"]}),
-    ("Give me a short todo list for today.",
-     {"type": "object", "properties": {"todos": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
-         "type": "object", "properties": {"title": {"type": "string", "maxLength": 20}, "done": {"type": "boolean"}},
-         "required": ["title", "done"]}}}, "required": ["todos"]}),
-    ("What is the sentiment of: 'I love this phone'?",
-     {"type": "string", "enum": ["positive", "negative", "neutral"]}),
-    ("What is the temperature in Oslo in winter, in Celsius?",
-     {"type": "object", "properties": {"celsius": {"type": "number", "minimum": -50, "maximum": 60}},
-      "required": ["celsius"]}),
-    ("Write a 2x2 matrix of small digits.",
-     {"type": "array", "minItems": 1, "maxItems": 3,
-      "items": {"type": "array", "minItems": 1, "maxItems": 3, "items": {"type": "integer", "minimum": 0, "maximum": 9}}}),
-    ("Describe a user; the nickname may be unknown.",
-     {"type": "object", "properties": {"username": {"type": "string", "maxLength": 20},
-                                        "nickname": {"type": ["string", "null"], "maxLength": 20}},
-      "required": ["username", "nickname"]}),
-    ("How many legs does a spider have?",
-     {"type": "object", "properties": {"result": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 100},
-                                                             {"type": "string", "maxLength": 10}]}},
-      "required": ["result"]}),
-    ("Describe a circle or a square.",
-     {"oneOf": [
-         {"type": "object", "properties": {"kind": {"const": "circle"}, "radius": {"type": "number", "minimum": 0, "maximum": 100}},
-          "required": ["kind", "radius"], "additionalProperties": False},
-         {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "number", "minimum": 0, "maximum": 100}},
-          "required": ["kind", "side"], "additionalProperties": False}]}),
-    ("Give the start and end points of a line.",
-     {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": -100, "maximum": 100},
-                                                            "y": {"type": "integer", "minimum": -100, "maximum": 100}},
-                          "required": ["x", "y"]}},
-      "type": "object", "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
-      "required": ["start", "end"]}),
-    ("Create a record with an id and a label.",
-     {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"}, "label": {"type": "string", "maxLength": 12}},
-      "required": ["id", "label"]}),
-    ("Is water wet? Answer with your confidence.",
-     {"type": "object", "properties": {"answer": {"type": "boolean"},
-                                        "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
-      "required": ["answer", "confidence"]}),
-    ("List the ingredients of a pancake recipe.",
-     {"type": "object", "properties": {"ingredients": {"type": "array", "maxItems": 4, "items": {"type": "string", "maxLength": 20}},
-                                        "minutes": {"type": "integer", "minimum": 1, "maximum": 300}},
-      "required": ["ingredients", "minutes"]}),
-    ("Describe a famous book.",
-     {"type": "object", "properties": {"title": S40, "year": {"type": "integer", "minimum": 1000, "maximum": 2025},
-                                        "isbn": {"type": "string", "pattern": "^978-[0-9]{10}$"}},
-      "required": ["title", "year", "isbn"]}),
-    ("Give the RGB values of the color orange.",
-     {"type": "object", "properties": {c: {"type": "integer", "minimum": 0, "maximum": 255} for c in "rgb"},
-      "required": ["r", "g", "b"], "additionalProperties": False}),
-    ("Schedule a meeting for next Monday morning.",
-     {"type": "object", "properties": {"topic": {"type": "string", "maxLength": 20}, "when": {"type": "string", "format": "date-time"}},
-      "required": ["topic", "when"]}),
-    ("Give the contact details of a support team.",
-     {"type": "object", "properties": {"team": {"type": "string"}, "email": {"type": "string", "format": "email"}},
-      "required": ["team", "email"]}),
-    ("Give a city with its latitude and longitude.",
-     {"type": "array", "prefixItems": [{"type": "string", "maxLength": 20},
-                                       {"type": "number", "minimum": -90, "maximum": 90},
-                                       {"type": "number", "minimum": -180, "maximum": 180}],
-      "items": False, "minItems": 3}),
-    ("Score three students out of 100.",
-     {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 100}, "maxProperties": 3}),
+    (
+        "Describe a person named Alice who is 30 years old.",
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 30},
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            },
+            "required": ["name", "age"],
+        },
+    ),
+    (
+        "Give the postal address of a bakery in Paris.",
+        {
+            "type": "object",
+            "properties": {
+                "street": S40,
+                "city": S40,
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+                "country": {"enum": ["US", "UK", "FR", "DE"]},
+            },
+            "required": ["street", "city", "zip", "country"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "Describe a laptop for sale.",
+        {
+            "type": "object",
+            "properties": {
+                "name": S40,
+                "price": {"type": "number", "minimum": 0, "maximum": 10000},
+                "in_stock": {"type": "boolean"},
+            },
+            "required": ["name", "price", "in_stock"],
+        },
+    ),
+    (
+        "Plan a birthday party event.",
+        {
+            "type": "object",
+            "properties": {
+                "title": S40,
+                "date": {"type": "string", "format": "date"},
+                "guests": {"type": "integer", "minimum": 1, "maximum": 50},
+            },
+            "required": ["title", "date", "guests"],
+        },
+    ),
+    (
+        "Give me a short todo list for today.",
+        {
+            "type": "object",
+            "properties": {
+                "todos": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 2,
+                    "items": {
+                        "type": "object",
+                        "properties": {"title": {"type": "string", "maxLength": 20}, "done": {"type": "boolean"}},
+                        "required": ["title", "done"],
+                    },
+                }
+            },
+            "required": ["todos"],
+        },
+    ),
+    ("What is the sentiment of: 'I love this phone'?", {"type": "string", "enum": ["positive", "negative", "neutral"]}),
+    (
+        "What is the temperature in Oslo in winter, in Celsius?",
+        {
+            "type": "object",
+            "properties": {"celsius": {"type": "number", "minimum": -50, "maximum": 60}},
+            "required": ["celsius"],
+        },
+    ),
+    (
+        "Write a 2x2 matrix of small digits.",
+        {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 3,
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+        },
+    ),
+    (
+        "Describe a user; the nickname may be unknown.",
+        {
+            "type": "object",
+            "properties": {
+                "username": {"type": "string", "maxLength": 20},
+                "nickname": {"type": ["string", "null"], "maxLength": 20},
+            },
+            "required": ["username", "nickname"],
+        },
+    ),
+    (
+        "How many legs does a spider have?",
+        {
+            "type": "object",
+            "properties": {
+                "result": {
+                    "anyOf": [{"type": "integer", "minimum": 0, "maximum": 100}, {"type": "string", "maxLength": 10}]
+                }
+            },
+            "required": ["result"],
+        },
+    ),
+    (
+        "Describe a circle or a square.",
+        {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"const": "circle"},
+                        "radius": {"type": "number", "minimum": 0, "maximum": 100},
+                    },
+                    "required": ["kind", "radius"],
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"const": "square"},
+                        "side": {"type": "number", "minimum": 0, "maximum": 100},
+                    },
+                    "required": ["kind", "side"],
+                    "additionalProperties": False,
+                },
+            ]
+        },
+    ),
+    (
+        "Give the start and end points of a line.",
+        {
+            "$defs": {
+                "point": {
+                    "type": "object",
+                    "properties": {
+                        "x": {"type": "integer", "minimum": -100, "maximum": 100},
+                        "y": {"type": "integer", "minimum": -100, "maximum": 100},
+                    },
+                    "required": ["x", "y"],
+                }
+            },
+            "type": "object",
+            "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
+            "required": ["start", "end"],
+        },
+    ),
+    (
+        "Create a record with an id and a label.",
+        {
+            "type": "object",
+            "properties": {"id": {"type": "string", "format": "uuid"}, "label": {"type": "string", "maxLength": 12}},
+            "required": ["id", "label"],
+        },
+    ),
+    (
+        "Is water wet? Answer with your confidence.",
+        {
+            "type": "object",
+            "properties": {"answer": {"type": "boolean"}, "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
+            "required": ["answer", "confidence"],
+        },
+    ),
+    (
+        "List the ingredients of a pancake recipe.",
+        {
+            "type": "object",
+            "properties": {
+                "ingredients": {"type": "array", "maxItems": 4, "items": {"type": "string", "maxLength": 20}},
+                "minutes": {"type": "integer", "minimum": 1, "maximum": 300},
+            },
+            "required": ["ingredients", "minutes"],
+        },
+    ),
+    (
+        "Describe a famous book.",
+        {
+            "type": "object",
+            "properties": {
+                "title": S40,
+                "year": {"type": "integer", "minimum": 1000, "maximum": 2025},
+                "isbn": {"type": "string", "pattern": "^978-[0-9]{10}$"},
+            },
+            "required": ["title", "year", "isbn"],
+        },
+    ),
+    (
+        "Give the RGB values of the color orange.",
+        {
+            "type": "object",
+            "properties": {c: {"type": "integer", "minimum": 0, "maximum": 255} for c in "rgb"},
+            "required": ["r", "g", "b"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "Schedule a meeting for next Monday morning.",
+        {
+            "type": "object",
+            "properties": {
+                "topic": {"type": "string", "maxLength": 20},
+                "when": {"type": "string", "format": "date-time"},
+            },
+            "required": ["topic", "when"],
+        },
+    ),
+    (
+        "Give the contact details of a support team.",
+        {
+            "type": "object",
+            "properties": {"team": {"type": "string"}, "email": {"type": "string", "format": "email"}},
+            "required": ["team", "email"],
+        },
+    ),
+    (
+        "Give a city with its latitude and longitude.",
+        {
+            "type": "array",
+            "prefixItems": [
+                {"type": "string", "maxLength": 20},
+                {"type": "number", "minimum": -90, "maximum": 90},
+                {"type": "number", "minimum": -180, "maximum": 180},
+            ],
+            "items": False,
+            "minItems": 3,
+        },
+    ),
+    (
+        "Score three students out of 100.",
+        {
+            "type": "object",
+            "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 100},
+            "maxProperties": 3,
+        },
+    ),
 ]
+
+
 def generate(model, prompt: str, grammar: str, max_new: int = 160):
     ids = model.render_chat([{"role": "user", "content": prompt + " Answer in JSON."}])
     cfg = GenerationConfig(grammar=grammar, max_new_tokens=max_new, temperature=0)
     return asyncio.run(model.run_completion(ids, cfg, None, CancelFlag(), lambda p: None))
 
 
-@pytest.mark.parametrize("i", range(len(GENERATION)), ids=[p.split()[0] + str(i) for i, (p, _) in enumerate(GENERATION)])
+@pytest.mark.parametrize(
+    "i", range(len(GENERATION)), ids=[p.split()[0] + str(i) for i, (p, _) in enumerate(GENERATION)]
+)
 def test_json_schema_generation_smollm2(model, i):
     prompt, schema = GENERATION[i]
     g = json_schema_grammar(schema, bound_strings=True)

@@ -26,8 +26,7 @@ from turbospark.sinks.prometheus import EngineLoadCollector, PrometheusSink
 
 KEY = "sk-metrics-test"
 MODEL = "smollm2-135m"
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Count to five."}],
-        "max_tokens": 5, "temperature": 0}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 5, "temperature": 0}
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -90,13 +89,15 @@ def test_counters_move_by_exactly_the_generated_tokens(own):
 
     plain = httpx.post(srv.url + "/v1/chat/completions", json=CHAT, timeout=120)
     assert plain.status_code == 200
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": 7},
-                      timeout=120) as streamed:
+    with httpx.stream(
+        "POST", srv.url + "/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": 7}, timeout=120
+    ) as streamed:
         assert streamed.status_code == 200
         body = "".join(streamed.iter_text())
     assert body.rstrip().endswith("data: [DONE]")
-    legacy = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 4},
-                        timeout=120)
+    legacy = httpx.post(
+        srv.url + "/v1/completions", json={"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 4}, timeout=120
+    )
     assert legacy.status_code == 200
     missing = httpx.get(srv.url + "/v1/no/such/route/42")
     assert missing.status_code == 404
@@ -111,15 +112,19 @@ def test_counters_move_by_exactly_the_generated_tokens(own):
     assert delta(before, after, "turbospark_prompt_tokens_total", **m) == sum(g.prompt_tokens for g in gens)
     assert delta(before, after, "turbospark_generation_tokens_total", **m) == sum(g.new_tokens for g in gens)
     assert delta(before, after, "turbospark_prompt_tokens_cached_total", **m) == sum(
-        g.reused_prefix_tokens for g in gens)
+        g.reused_prefix_tokens for g in gens
+    )
     assert gens[0].new_tokens == plain.json()["usage"]["completion_tokens"] == 5
     assert gens[1].new_tokens == 7 and gens[2].new_tokens == 4
     assert delta(before, after, "turbospark_spec_decode_num_draft_tokens_total", **m) == sum(
-        g.drafted_tokens for g in gens)
+        g.drafted_tokens for g in gens
+    )
     assert delta(before, after, "turbospark_spec_decode_num_accepted_tokens_total", **m) == sum(
-        g.accepted_tokens for g in gens)
+        g.accepted_tokens for g in gens
+    )
     assert delta(before, after, "turbospark_session_slot_evictions_total", **m) == sum(
-        g.session_slot_evicted for g in gens)
+        g.session_slot_evicted for g in gens
+    )
     assert delta(before, after, "turbospark_request_success_total", model=MODEL, finished_reason="maxTokens") == 3
 
     # time to first token from arrival: one observation per generating
@@ -129,27 +134,31 @@ def test_counters_move_by_exactly_the_generated_tokens(own):
     assert ttft_sum >= sum(g.prefill_seconds for g in gens)
     assert ttft_sum < 120  # sanity only
     assert delta(before, after, "turbospark_request_prefill_time_seconds_sum", **m) == pytest.approx(
-        sum(g.prefill_seconds for g in gens))
+        sum(g.prefill_seconds for g in gens)
+    )
     assert delta(before, after, "turbospark_request_decode_time_seconds_sum", **m) == pytest.approx(
-        sum(g.decode_seconds for g in gens))
+        sum(g.decode_seconds for g in gens)
+    )
     assert delta(before, after, "turbospark_request_prefill_time_seconds_count", **m) == 3
     # e2e for the three generating requests; the engine's queue time for
     # every generation, streamed or not
     assert delta(before, after, "turbospark_e2e_request_latency_seconds_count", **m) == 3
     assert delta(before, after, "turbospark_request_queue_time_seconds_count", **m) == 3
     assert delta(before, after, "turbospark_request_queue_time_seconds_sum", **m) == pytest.approx(
-        sum(g.queue_seconds for g in gens))
+        sum(g.queue_seconds for g in gens)
+    )
 
     # requests by route TEMPLATE (no raw ids in labels), method and status
-    assert delta(before, after, "turbospark_requests_total",
-                 path="/v1/chat/completions", method="POST", status="200") == 2
-    assert delta(before, after, "turbospark_requests_total",
-                 path="/v1/completions", method="POST", status="200") == 1
+    assert (
+        delta(before, after, "turbospark_requests_total", path="/v1/chat/completions", method="POST", status="200") == 2
+    )
+    assert delta(before, after, "turbospark_requests_total", path="/v1/completions", method="POST", status="200") == 1
     assert delta(before, after, "turbospark_requests_total", path=UNMATCHED, method="GET", status="404") == 1
-    assert delta(before, after, "turbospark_requests_total",
-                 path="/v1/models/{model_id:path}", method="GET", status="200") == 1
-    assert not any("42" in dict(labels).get("path", "") or MODEL in dict(labels).get("path", "")
-                   for _, labels in after)
+    assert (
+        delta(before, after, "turbospark_requests_total", path="/v1/models/{model_id:path}", method="GET", status="200")
+        == 1
+    )
+    assert not any("42" in dict(labels).get("path", "") or MODEL in dict(labels).get("path", "") for _, labels in after)
 
     # state read at scrape time, and the models gauge from attach events
     assert exported(after, "turbospark_num_requests_running", **m) == 0
@@ -192,8 +201,17 @@ def test_serve_flags_build_the_sinks(tmp_path):
 
 # ------------------------------------------------------------------ unit
 def gen(rid: int, model: str = "m", **kw) -> Generated:
-    base = dict(id=rid, model=model, prompt_tokens=10, new_tokens=4, prefill_seconds=0.25, decode_seconds=0.5,
-                stop_reason="endOfTurn", reused_prefix_tokens=3, session_slot_evicted=False)
+    base = dict(
+        id=rid,
+        model=model,
+        prompt_tokens=10,
+        new_tokens=4,
+        prefill_seconds=0.25,
+        decode_seconds=0.5,
+        stop_reason="endOfTurn",
+        reused_prefix_tokens=3,
+        session_slot_evicted=False,
+    )
     base.update(kw)
     return Generated(**base)
 
@@ -224,8 +242,12 @@ def test_sink_streamed_request_closes_at_request_finished():
 
 def test_sink_counts_failed_streams_and_disconnects_as_errors():
     sink = PrometheusSink()
-    for rid, status, error in ((1, 200, "engine error: boom"), (2, 200, "client disconnected"),
-                               (3, 503, "the wait list is full"), (4, 200, None)):
+    for rid, status, error in (
+        (1, 200, "engine error: boom"),
+        (2, 200, "client disconnected"),
+        (3, 503, "the wait list is full"),
+        (4, 200, None),
+    ):
         sink.record(RequestStarted(id=rid, at_ms=0, method="POST", path="/v1/messages"))
         sink.record(RequestFinished(id=rid, status=status, duration_ms=5, error=error))
     s = samples_of(sink)
@@ -250,21 +272,34 @@ def test_sink_queue_time_is_the_engines_and_ttft_counts_once():
 
 def test_sink_labels_stay_bounded_and_models_gauge_from_events():
     sink = PrometheusSink()
-    for i, (method, path) in enumerate([("GET", "/v1/models/a"), ("GET", "/v1/models/b/c"), ("BREW", "/x/1"),
-                                        ("DELETE", "/v1/admin/models/q"), ("GET", "/.env")]):
+    for i, (method, path) in enumerate(
+        [
+            ("GET", "/v1/models/a"),
+            ("GET", "/v1/models/b/c"),
+            ("BREW", "/x/1"),
+            ("DELETE", "/v1/admin/models/q"),
+            ("GET", "/.env"),
+        ]
+    ):
         sink.record(RequestStarted(id=i, at_ms=0, method=method, path=path))
         sink.record(RequestFinished(id=i, status=200 if i < 2 else 404, duration_ms=1))
     sink.record(RequestFinished(id=99, status=500, duration_ms=1))  # never seen starting
     s = samples_of(sink)
     assert value(s, "turbospark_requests_total", path="/v1/models/{model_id:path}", method="GET", status="200") == 2
     assert value(s, "turbospark_requests_total", path=UNMATCHED, method="other", status="404") == 1
-    assert value(s, "turbospark_requests_total", path="/v1/admin/models/{model_id:path}", method="DELETE",
-                 status="404") == 1
+    assert (
+        value(s, "turbospark_requests_total", path="/v1/admin/models/{model_id:path}", method="DELETE", status="404")
+        == 1
+    )
     assert value(s, "turbospark_requests_total", path=UNMATCHED, method="GET", status="404") == 1
     assert value(s, "turbospark_requests_total", path=UNMATCHED, method="other", status="500") == 1
-    for ev in [ModelAttached(at_ms=0, model="a"), ModelAttached(at_ms=0, model="b"),
-               ModelDetached(at_ms=0, model="a"), ModelDetached(at_ms=0, model="a"),
-               ModelDetached(at_ms=0, model="never-loaded")]:
+    for ev in [
+        ModelAttached(at_ms=0, model="a"),
+        ModelAttached(at_ms=0, model="b"),
+        ModelDetached(at_ms=0, model="a"),
+        ModelDetached(at_ms=0, model="a"),
+        ModelDetached(at_ms=0, model="never-loaded"),
+    ]:
         sink.record(ev)
     assert value(samples_of(sink), "turbospark_models_loaded") == 1
 

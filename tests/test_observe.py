@@ -26,9 +26,17 @@ def sample_events():
     return [
         RequestStarted(id=1, at_ms=5, method="POST", path="/v1/x"),
         RequestRouted(id=1, requested=None, served="m", stream=True),
-        Generated(id=1, model="m", prompt_tokens=3, new_tokens=4, prefill_seconds=0.5,
-                  decode_seconds=0.25, stop_reason="endOfTurn", reused_prefix_tokens=2,
-                  session_slot_evicted=False),
+        Generated(
+            id=1,
+            model="m",
+            prompt_tokens=3,
+            new_tokens=4,
+            prefill_seconds=0.5,
+            decode_seconds=0.25,
+            stop_reason="endOfTurn",
+            reused_prefix_tokens=2,
+            session_slot_evicted=False,
+        ),
         RequestFinished(id=1, status=200, duration_ms=9),
         RequestFinished(id=2, status=400, duration_ms=1, error="bad"),
         ModelAttached(at_ms=1, model="m"),
@@ -41,16 +49,34 @@ def test_event_shapes_are_the_contract():
     assert keys == [
         {"kind", "id", "atMs", "method", "path"},
         {"kind", "id", "requested", "served", "stream"},
-        {"kind", "id", "model", "promptTokens", "newTokens", "prefillSeconds", "decodeSeconds",
-         "stopReason", "reusedPrefixTokens", "sessionSlotEvicted", "queueSeconds"},
+        {
+            "kind",
+            "id",
+            "model",
+            "promptTokens",
+            "newTokens",
+            "prefillSeconds",
+            "decodeSeconds",
+            "stopReason",
+            "reusedPrefixTokens",
+            "sessionSlotEvicted",
+            "queueSeconds",
+        },
         {"kind", "id", "status", "durationMs"},  # error omitted when none
         {"kind", "id", "status", "durationMs", "error"},
         {"kind", "atMs", "model"},
         {"kind", "atMs", "model"},
     ]
     kinds = [e.to_dict()["kind"] for e in sample_events()]
-    assert kinds == ["requestStarted", "requestRouted", "generated", "requestFinished",
-                     "requestFinished", "modelAttached", "modelDetached"]
+    assert kinds == [
+        "requestStarted",
+        "requestRouted",
+        "generated",
+        "requestFinished",
+        "requestFinished",
+        "modelAttached",
+        "modelDetached",
+    ]
     assert json.loads(sample_events()[1].to_json())["requested"] is None
 
 
@@ -120,14 +146,29 @@ def test_the_reporter_records_each_run_with_its_wall_timings():
     from turbospark.observe import ListObserver, Reporter
 
     obs = ListObserver()
-    result = RawDecodeResult(prompt_tokens=5, new_tokens=3, prefill_seconds=0.25, decode_seconds=0.5,
-                             reason=StopReason.MAX_TOKENS, queue_seconds=0.125)
+    result = RawDecodeResult(
+        prompt_tokens=5,
+        new_tokens=3,
+        prefill_seconds=0.25,
+        decode_seconds=0.5,
+        reason=StopReason.MAX_TOKENS,
+        queue_seconds=0.125,
+    )
     Reporter(obs, 7).generated("m", result)
     (g,) = obs.events
     assert g.to_dict() == {
-        "kind": "generated", "id": 7, "model": "m", "promptTokens": 5, "newTokens": 3,
-        "prefillSeconds": 0.25, "decodeSeconds": 0.5, "stopReason": "maxTokens", "reusedPrefixTokens": 0,
-        "sessionSlotEvicted": False, "queueSeconds": 0.125}
+        "kind": "generated",
+        "id": 7,
+        "model": "m",
+        "promptTokens": 5,
+        "newTokens": 3,
+        "prefillSeconds": 0.25,
+        "decodeSeconds": 0.5,
+        "stopReason": "maxTokens",
+        "reusedPrefixTokens": 0,
+        "sessionSlotEvicted": False,
+        "queueSeconds": 0.125,
+    }
     Reporter(None, 8).generated("m", result)  # nobody listens: nothing built
     Reporter(obs, None).generated("m", result)  # outside a request: nothing
     assert len(obs.events) == 1
@@ -166,14 +207,32 @@ def test_jsonl_sink_writes_every_event(tmp_path):
 
 
 def test_generated_carries_speculation_counts_only_when_drafting():
-    g = Generated(id=1, model="m", prompt_tokens=3, new_tokens=4, prefill_seconds=0.5,
-                  decode_seconds=0.25, stop_reason="endOfTurn", reused_prefix_tokens=2,
-                  session_slot_evicted=False, drafted_tokens=8, accepted_tokens=5)
+    g = Generated(
+        id=1,
+        model="m",
+        prompt_tokens=3,
+        new_tokens=4,
+        prefill_seconds=0.5,
+        decode_seconds=0.25,
+        stop_reason="endOfTurn",
+        reused_prefix_tokens=2,
+        session_slot_evicted=False,
+        drafted_tokens=8,
+        accepted_tokens=5,
+    )
     d = g.to_dict()
     assert d["draftedTokens"] == 8 and d["acceptedTokens"] == 5
-    plain = Generated(id=2, model="m", prompt_tokens=3, new_tokens=4, prefill_seconds=0.5,
-                      decode_seconds=0.25, stop_reason="endOfTurn", reused_prefix_tokens=2,
-                      session_slot_evicted=False).to_dict()
+    plain = Generated(
+        id=2,
+        model="m",
+        prompt_tokens=3,
+        new_tokens=4,
+        prefill_seconds=0.5,
+        decode_seconds=0.25,
+        stop_reason="endOfTurn",
+        reused_prefix_tokens=2,
+        session_slot_evicted=False,
+    ).to_dict()
     assert "draftedTokens" not in plain and "acceptedTokens" not in plain
 
 

@@ -116,23 +116,40 @@ def test_stop_option_is_honoured(client):
     r = client.chat(options={"temperature": 0, "num_predict": 40, "stop": ["4"]}, **kw)
     assert r.done_reason == "stop"
     assert "4" not in r.message.content and full.startswith(r.message.content)
-    streamed = "".join(p.message.content for p in client.chat(
-        stream=True, options={"temperature": 0, "num_predict": 40, "stop": ["4"]}, **kw))
+    streamed = "".join(
+        p.message.content
+        for p in client.chat(stream=True, options={"temperature": 0, "num_predict": 40, "stop": ["4"]}, **kw)
+    )
     assert streamed == r.message.content
 
 
 def test_seeded_sampling_and_ollama_options(client):
-    opts = {"temperature": 1.0, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "seed": 7, "num_predict": 10,
-            "repeat_penalty": 1.2, "repeat_last_n": -1, "presence_penalty": 0.1, "frequency_penalty": 0.1,
-            "num_thread": 2, "num_gpu": 0}  # load-time options are accepted and ignored
+    opts = {
+        "temperature": 1.0,
+        "top_k": 40,
+        "top_p": 0.9,
+        "min_p": 0.05,
+        "seed": 7,
+        "num_predict": 10,
+        "repeat_penalty": 1.2,
+        "repeat_last_n": -1,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.1,
+        "num_thread": 2,
+        "num_gpu": 0,
+    }  # load-time options are accepted and ignored
     a = client.chat(model="m", messages=HELLO, options=opts).message.content
     b = client.chat(model="m", messages=HELLO, options=opts).message.content
     assert a == b
 
 
 def test_system_message_and_history_reach_the_template(server, client):
-    msgs = [{"role": "system", "content": "You are terse."}, *HELLO,
-            {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Spain?"}]
+    msgs = [
+        {"role": "system", "content": "You are terse."},
+        *HELLO,
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And of Spain?"},
+    ]
     r = client.chat(model="m", messages=msgs, options={"temperature": 0, "num_predict": 4})
     model = server.registry.lookup("smollm2-135m").model
     assert r.prompt_eval_count == len(model.render_chat(msgs))
@@ -140,8 +157,11 @@ def test_system_message_and_history_reach_the_template(server, client):
 
 # -- /api/generate -------------------------------------------------------------------
 def test_generate_non_stream_and_stream_sdk(client, ids, hub):
-    kw = dict(model="smollm2-135m", prompt="Why is the sky blue? Answer briefly.",
-              options={"temperature": 0, "num_predict": 20})
+    kw = dict(
+        model="smollm2-135m",
+        prompt="Why is the sky blue? Answer briefly.",
+        options={"temperature": 0, "num_predict": 20},
+    )
     r = client.generate(**kw)
     rid = ids.last
     assert r.response.strip() and r.done is True and RFC3339_NANO.match(r.created_at)
@@ -159,8 +179,9 @@ def test_generate_non_stream_and_stream_sdk(client, ids, hub):
 def test_generate_system_and_raw_prompts(server, client):
     model = server.registry.lookup("smollm2-135m").model
     r = client.generate(model="m", prompt="Hello", system="Reply in French.", options={"num_predict": 2})
-    assert r.prompt_eval_count == len(model.render_chat(
-        [{"role": "system", "content": "Reply in French."}, {"role": "user", "content": "Hello"}]))
+    assert r.prompt_eval_count == len(
+        model.render_chat([{"role": "system", "content": "Reply in French."}, {"role": "user", "content": "Hello"}])
+    )
     r = client.generate(model="m", prompt="1, 2, 3,", raw=True, options={"num_predict": 2, "temperature": 0})
     assert r.prompt_eval_count == len(model.prompt_ids("1, 2, 3,"))  # no template
 
@@ -192,9 +213,19 @@ def test_raw_ndjson_framing_stream_defaults_to_true(base_url, hub):
         assert line["message"]["role"] == "assistant" and line["message"]["content"]
         assert RFC3339_NANO.match(line["created_at"])
     last = lines[-1]
-    assert list(last) == ["model", "created_at", "message", "done", "done_reason", "total_duration",
-                          "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
-                          "eval_duration"]
+    assert list(last) == [
+        "model",
+        "created_at",
+        "message",
+        "done",
+        "done_reason",
+        "total_duration",
+        "load_duration",
+        "prompt_eval_count",
+        "prompt_eval_duration",
+        "eval_count",
+        "eval_duration",
+    ]
     assert last["message"] == {"role": "assistant", "content": ""}
     assert last["done_reason"] == "length" and last["eval_count"] == 6
     _, gen = four_events(hub, rid, "/api/chat", stream=True)
@@ -221,8 +252,12 @@ def test_raw_generate_framing_and_stream_false(base_url, hub):
 def test_num_ctx_is_honoured_and_a_larger_one_warned(base_url, server):
     model = server.registry.lookup("smollm2-135m").model
     n = len(model.render_chat(STORY))
-    body = {"model": "m", "messages": STORY, "stream": False,
-            "options": {"num_ctx": n + 3, "num_predict": -1, "temperature": 0}}
+    body = {
+        "model": "m",
+        "messages": STORY,
+        "stream": False,
+        "options": {"num_ctx": n + 3, "num_predict": -1, "temperature": 0},
+    }
     r = httpx.post(base_url + "/api/chat", json=body, timeout=120)
     assert r.status_code == 200, r.text
     assert r.json()["eval_count"] == 3 and r.json()["done_reason"] == "length"
@@ -243,17 +278,32 @@ def test_num_ctx_is_honoured_and_a_larger_one_warned(base_url, server):
 
 
 def test_images_and_template_are_warned_format_and_think_are_honoured(base_url):
-    body = {"model": "m", "prompt": "Give me a JSON object.", "stream": False, "format": "json",
-            "images": ["aGVsbG8="], "template": "{{ .Prompt }}", "think": False, "keep_alive": "5m",
-            "options": {"num_predict": 2}}
+    body = {
+        "model": "m",
+        "prompt": "Give me a JSON object.",
+        "stream": False,
+        "format": "json",
+        "images": ["aGVsbG8="],
+        "template": "{{ .Prompt }}",
+        "think": False,
+        "keep_alive": "5m",
+        "options": {"num_predict": 2},
+    }
     r = httpx.post(base_url + "/api/generate", json=body, timeout=120)
     assert r.status_code == 200, r.text
     warning = r.headers["x-turbospark-warning"]
     assert "image" in warning and "'template'" in warning
     assert "format" not in warning and "think" not in warning  # enforced / honoured (test_tools_ollama.py)
     assert r.json()["response"].lstrip().startswith("{")  # the JSON grammar holds from the first token
-    chat = {"model": "m", "stream": False, "format": {"type": "object"}, "think": True, "keep_alive": -1,
-            "messages": [{"role": "user", "content": "hi", "images": ["aGVsbG8="]}], "options": {"num_predict": 2}}
+    chat = {
+        "model": "m",
+        "stream": False,
+        "format": {"type": "object"},
+        "think": True,
+        "keep_alive": -1,
+        "messages": [{"role": "user", "content": "hi", "images": ["aGVsbG8="]}],
+        "options": {"num_predict": 2},
+    }
     r = httpx.post(base_url + "/api/chat", json=chat, timeout=120)
     assert r.status_code == 200, r.text
     warning = r.headers["x-turbospark-warning"]
@@ -347,8 +397,9 @@ def test_unknown_model_is_404_when_several_are_loaded():
     with Server(models=[ScriptedModel("alpha"), ScriptedModel("beta")]) as srv:
         r = httpx.post(srv.url + "/api/chat", timeout=30, json={"model": "gamma", "messages": HELLO})
         assert r.status_code == 404 and "gamma" in r.json()["error"]
-        r = httpx.post(srv.url + "/api/chat", timeout=30,
-                       json={"model": "beta:latest", "messages": HELLO, "stream": False})
+        r = httpx.post(
+            srv.url + "/api/chat", timeout=30, json={"model": "beta:latest", "messages": HELLO, "stream": False}
+        )
         assert r.status_code == 200 and r.json()["message"]["content"] == "Hello world"
         r = httpx.post(srv.url + "/api/show", timeout=30, json={"model": "alpha:latest"})
         assert r.status_code == 200 and r.json()["capabilities"] == ["completion"]
@@ -392,13 +443,25 @@ def test_non_stream_failure_is_500_in_shape(failing):
 
 
 def test_tools_and_tool_turns_are_accepted(client):
-    tools = [{"type": "function", "function": {"name": "weather", "description": "Weather in a city",
-              "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                             "required": ["city"]}}}]
-    msgs = [*HELLO,
-            {"role": "assistant", "content": "",
-             "tool_calls": [{"function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
-            {"role": "tool", "content": "sunny", "tool_name": "weather"}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "weather",
+                "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    msgs = [
+        *HELLO,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "weather", "arguments": {"city": "Paris"}}}],
+        },
+        {"role": "tool", "content": "sunny", "tool_name": "weather"},
+    ]
     r = client.chat(model="m", messages=msgs, tools=tools, options={"temperature": 0, "num_predict": 4})
     assert r.done is True and r.eval_count >= 1
 

@@ -17,9 +17,7 @@ def kinds(events):
 
 
 def test_non_stream_text_usage_and_events(oai, hub):
-    raw = oai.chat.completions.with_raw_response.create(
-        model="gpt-4o", messages=HELLO, max_tokens=120, temperature=0
-    )
+    raw = oai.chat.completions.with_raw_response.create(model="gpt-4o", messages=HELLO, max_tokens=120, temperature=0)
     rid = raw.headers["x-request-id"]
     r = raw.parse()
     assert r.id.startswith("chatcmpl-")
@@ -50,8 +48,10 @@ def test_non_stream_text_usage_and_events(oai, hub):
 
 def test_finish_reason_length_when_capped(oai, hub):
     raw = oai.chat.completions.with_raw_response.create(
-        model="whatever", messages=[{"role": "user", "content": "Write a long story about a dragon."}],
-        max_tokens=5, temperature=0,
+        model="whatever",
+        messages=[{"role": "user", "content": "Write a long story about a dragon."}],
+        max_tokens=5,
+        temperature=0,
     )
     r = raw.parse()
     assert r.choices[0].finish_reason == "length"
@@ -62,15 +62,21 @@ def test_finish_reason_length_when_capped(oai, hub):
 
 def test_max_completion_tokens_is_honoured(oai):
     r = oai.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Tell me about the sea."}],
-        max_completion_tokens=3, temperature=0,
+        model="m",
+        messages=[{"role": "user", "content": "Tell me about the sea."}],
+        max_completion_tokens=3,
+        temperature=0,
     )
     assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
 
 
 def test_stream_chunks_usage_and_events(oai, hub):
     raw = oai.chat.completions.with_raw_response.create(
-        model="gpt-4o", messages=HELLO, max_tokens=120, temperature=0, stream=True,
+        model="gpt-4o",
+        messages=HELLO,
+        max_tokens=120,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
     )
     rid = raw.headers["x-request-id"]
@@ -101,9 +107,13 @@ def test_stream_is_same_text_as_non_stream(oai):
 
 
 def test_raw_sse_framing(base_url):
-    body = {"model": "x", "messages": [{"role": "user", "content": "Write a long story."}],
-            "max_tokens": 8, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "x",
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -119,8 +129,12 @@ def test_raw_sse_framing(base_url):
 
 
 def test_stop_string_is_not_leaked(oai):
-    kw = dict(model="m", messages=[{"role": "user", "content": "Count from 1 to 10 separated by commas."}],
-              max_tokens=60, temperature=0)
+    kw = dict(
+        model="m",
+        messages=[{"role": "user", "content": "Count from 1 to 10 separated by commas."}],
+        max_tokens=60,
+        temperature=0,
+    )
     full = oai.chat.completions.create(**kw).choices[0].message.content
     assert "4" in full, full
     r = oai.chat.completions.create(stop=["4"], **kw)
@@ -133,9 +147,17 @@ def test_stop_string_is_not_leaked(oai):
 
 
 def test_seeded_sampling_is_reproducible(oai):
-    kw = dict(model="m", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12,
-              temperature=1.0, top_p=0.9, seed=1234, frequency_penalty=0.5, presence_penalty=0.2,
-              extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1})
+    kw = dict(
+        model="m",
+        messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=12,
+        temperature=1.0,
+        top_p=0.9,
+        seed=1234,
+        frequency_penalty=0.5,
+        presence_penalty=0.2,
+        extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1},
+    )
     a = oai.chat.completions.create(**kw).choices[0].message.content
     b = oai.chat.completions.create(**kw).choices[0].message.content
     assert a == b
@@ -151,10 +173,18 @@ def test_models_endpoints(oai):
 
 
 def test_health_answers_during_generation(base_url):
-    with httpx.stream("POST", base_url + "/v1/chat/completions", timeout=60, json={
-        "model": "m", "messages": [{"role": "user", "content": "Write a long essay on rivers."}],
-        "max_tokens": 200, "stream": True, "temperature": 0,
-    }) as r:
+    with httpx.stream(
+        "POST",
+        base_url + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": "m",
+            "messages": [{"role": "user", "content": "Write a long essay on rivers."}],
+            "max_tokens": 200,
+            "stream": True,
+            "temperature": 0,
+        },
+    ) as r:
         it = r.iter_lines()
         next(it)  # generation is under way
         h = httpx.get(base_url + "/health", timeout=5)
@@ -165,8 +195,10 @@ def test_health_answers_during_generation(base_url):
 def test_three_concurrent_requests_all_complete(oai, hub):
     def one(i: int):
         raw = oai.chat.completions.with_raw_response.create(
-            model="m", messages=[{"role": "user", "content": f"Say the number {i}."}],
-            max_tokens=16, temperature=0,
+            model="m",
+            messages=[{"role": "user", "content": f"Say the number {i}."}],
+            max_tokens=16,
+            temperature=0,
         )
         return raw.headers["x-request-id"], raw.parse()
 

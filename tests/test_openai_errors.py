@@ -109,9 +109,21 @@ def test_server_survives_bad_input(base_url, oai):
 
 
 def test_image_parts_are_dropped_with_a_warning(base_url):
-    r = post(base_url, {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "What is this?"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-    ]}]})
+    r = post(
+        base_url,
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    ],
+                }
+            ],
+        },
+    )
     assert r.status_code == 200
     assert "image" in r.headers["x-turbospark-warning"]

@@ -10,8 +10,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
 import pytest
-
-
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
@@ -61,8 +59,11 @@ def events_of(obs: ListObserver, rid: str):
 
 def test_non_streamed_span_carries_gen_ai_attributes(traced):
     srv, obs, sink, exporter = traced
-    r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
-        "model": "gpt-4o", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=120,
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6},
+    )
     assert r.status_code == 200
     rid = r.headers["x-request-id"]
     span = span_of(sink, exporter, rid)
@@ -84,7 +85,8 @@ def test_non_streamed_span_carries_gen_ai_attributes(traced):
     assert a["turbospark.time_to_first_token_from_arrival_seconds"] >= gen.prefill_seconds - 0.001  # atMs is ms
     assert a["turbospark.queue_seconds"] == gen.queue_seconds
     assert a["turbospark.overhead_seconds"] == pytest.approx(
-        max(0.0, finished.duration_ms / 1000 - gen.queue_seconds - gen.prefill_seconds - gen.decode_seconds))
+        max(0.0, finished.duration_ms / 1000 - gen.queue_seconds - gen.prefill_seconds - gen.decode_seconds)
+    )
     assert span.start_time == started.at_ms * 1_000_000
     assert span.end_time >= span.start_time + int((gen.prefill_seconds + gen.decode_seconds) * 1e9) - 1_000_000
     assert span.status.status_code is StatusCode.UNSET
@@ -92,8 +94,12 @@ def test_non_streamed_span_carries_gen_ai_attributes(traced):
 
 def test_streamed_span_ends_at_request_finished_with_output_tokens(traced):
     srv, obs, sink, exporter = traced
-    with httpx.stream("POST", srv.url + "/v1/completions", timeout=120, json={
-            "model": MODEL, "prompt": "Once upon a time", "max_tokens": 9, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        srv.url + "/v1/completions",
+        timeout=120,
+        json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 9, "stream": True},
+    ) as r:
         assert r.status_code == 200
         rid = r.headers["x-request-id"]
         text = "".join(r.iter_text())
@@ -118,9 +124,12 @@ def test_streamed_span_ends_at_request_finished_with_output_tokens(traced):
 def test_span_joins_the_callers_trace(traced):
     srv, _, sink, exporter = traced
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, headers={
-        "traceparent": f"00-{trace_id}-{parent_id}-01", "tracestate": "vendor=x"},
-        json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=120,
+        headers={"traceparent": f"00-{trace_id}-{parent_id}-01", "tracestate": "vendor=x"},
+        json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    )
     assert r.status_code == 200
     span = span_of(sink, exporter, r.headers["x-request-id"])
     assert format(span.context.trace_id, "032x") == trace_id
@@ -233,9 +242,19 @@ def test_otlp_http_export_reaches_a_collector(monkeypatch):
         sink = OtelSink(endpoint=f"http://127.0.0.1:{httpd.server_port}")
         sink.record(RequestStarted(id=3, at_ms=10, method="POST", path="/v1/chat/completions"))
         sink.record(RequestRouted(id=3, requested="a", served="m", stream=False))
-        sink.record(Generated(id=3, model="m", prompt_tokens=11, new_tokens=5, prefill_seconds=0.1,
-                              decode_seconds=0.2, stop_reason="endOfTurn", reused_prefix_tokens=0,
-                              session_slot_evicted=False))
+        sink.record(
+            Generated(
+                id=3,
+                model="m",
+                prompt_tokens=11,
+                new_tokens=5,
+                prefill_seconds=0.1,
+                decode_seconds=0.2,
+                stop_reason="endOfTurn",
+                reused_prefix_tokens=0,
+                session_slot_evicted=False,
+            )
+        )
         sink.record(RequestFinished(id=3, status=200, duration_ms=400))
         assert sink.flush()
         sink.close()
@@ -260,8 +279,7 @@ def test_serve_flag_or_env_turns_tracing_on(monkeypatch):
     plain = parser().parse_args(["serve"])
     assert [type(s).__name__ for s in _sinks(plain)[0]] == ["PrometheusSink"]
     assert _traces_label(plain) == "off"
-    for args, env in [(["serve", "--otlp-endpoint", "http://127.0.0.1:9"], None),
-                      (["serve"], "http://127.0.0.1:9")]:
+    for args, env in [(["serve", "--otlp-endpoint", "http://127.0.0.1:9"], None), (["serve"], "http://127.0.0.1:9")]:
         if env:
             monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", env)
         ns = parser().parse_args(args)

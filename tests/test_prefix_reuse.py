@@ -23,17 +23,19 @@ def cold():
 
 def chat(client, messages, **kw):
     raw = client.chat.completions.with_raw_response.create(
-        model="m", messages=messages, max_tokens=40, temperature=0, **kw)
+        model="m", messages=messages, max_tokens=40, temperature=0, **kw
+    )
     return raw.headers["x-request-id"], raw.parse()
 
 
 def test_turn_two_reuses_turn_one_and_matches_cold(oai, hub, cold):
-    turn1 = [{"role": "system", "content": "You are a terse assistant for geography questions."},
-             {"role": "user", "content": "What is the largest ocean?"}]
+    turn1 = [
+        {"role": "system", "content": "You are a terse assistant for geography questions."},
+        {"role": "user", "content": "What is the largest ocean?"},
+    ]
     rid1, r1 = chat(oai, turn1)
     answer = r1.choices[0].message.content
-    turn2 = turn1 + [{"role": "assistant", "content": answer},
-                     {"role": "user", "content": "And the smallest?"}]
+    turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And the smallest?"}]
     rid2, r2 = chat(oai, turn2)
     gen2 = hub.wait_kind(rid2, "generated")
     assert gen2.reused_prefix_tokens >= r1.usage.prompt_tokens

@@ -47,7 +47,8 @@ def routed(obs, raw):
 
 def chat(srv, model, **kw):
     return client(srv).chat.completions.with_raw_response.create(
-        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, **kw)
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, **kw
+    )
 
 
 def test_exact_id_and_alias_routing(multi):
@@ -73,13 +74,17 @@ def test_unknown_name_with_two_chat_models_is_404_listing_both(multi):
 
 def test_suggests_the_closest_name(multi):
     srv, _ = multi
-    r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "alpah", "messages": [{"role": "user", "content": "x"}]})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions", json={"model": "alpah", "messages": [{"role": "user", "content": "x"}]}
+    )
     assert r.status_code == 404 and "Did you mean 'alpha'" in r.json()["error"]["message"]
 
 
 def test_chat_request_naming_the_embedding_model_is_not_routed_to_it(multi):
     srv, obs = multi
-    r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "embedder", "messages": [{"role": "user", "content": "x"}]})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions", json={"model": "embedder", "messages": [{"role": "user", "content": "x"}]}
+    )
     assert r.status_code == 404
     assert not [e for e in obs.of(int(r.headers["x-request-id"])) if e.kind == "requestRouted"]
 
@@ -111,10 +116,15 @@ def test_no_capable_model_is_503():
     emb = ScriptedModel(model_id="only-embeds", supports_chat=False, supports_embeddings=True)
     obs = ListObserver()
     with Server(models=[emb], observer=obs) as srv:
-        r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "x"}]})
+        r = httpx.post(
+            srv.url + "/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "x"}]}
+        )
         assert r.status_code == 503
         assert r.json()["error"]["message"] == "no model capable of this request (chat) is loaded"
-        a = httpx.post(srv.url + "/v1/messages", json={"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+        a = httpx.post(
+            srv.url + "/v1/messages",
+            json={"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        )
         assert a.status_code == 503 and a.json()["type"] == "error"
         assert [e.status for e in obs.events if e.kind == "requestFinished"] == [503, 503]
 
@@ -148,8 +158,14 @@ def test_resolution_rules_unit():
 
 def stream_in_thread(url: str, model: str, out: dict, max_tokens: int = 120):
     def run():
-        body = {"model": model, "messages": [{"role": "user", "content": "Write a long story about a ship."}],
-                "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Write a long story about a ship."}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
         chunks = []
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
             out["status"] = r.status_code
@@ -173,8 +189,11 @@ def test_attach_and_detach_while_requests_stream():
         # attach while alpha streams
         a_out: dict = {}
         ta = stream_in_thread(srv.url, "alpha", a_out)
-        r = httpx.post(srv.url + "/v1/admin/models", timeout=60, json={
-            "model": "smollm2-135m", "id": "gamma", "aliases": ["g"], "ctx": 1024, "parallel": 1})
+        r = httpx.post(
+            srv.url + "/v1/admin/models",
+            timeout=60,
+            json={"model": "smollm2-135m", "id": "gamma", "aliases": ["g"], "ctx": 1024, "parallel": 1},
+        )
         assert r.status_code == 201, r.text
         assert r.json()["id"] == "gamma" and r.json()["loaded"] is True
         ta.join(60)
@@ -194,7 +213,9 @@ def test_attach_and_detach_while_requests_stream():
         assert d.status_code == 200 and d.json()["detached"] is True and d.json()["in_flight"] == 1
         assert any(e.kind == "modelDetached" and e.model == "beta" for e in obs.events)
         # new requests no longer reach beta (two chat models remain: 404)
-        nxt = httpx.post(srv.url + "/v1/chat/completions", json={"model": "beta", "messages": [{"role": "user", "content": "x"}]})
+        nxt = httpx.post(
+            srv.url + "/v1/chat/completions", json={"model": "beta", "messages": [{"role": "user", "content": "x"}]}
+        )
         assert nxt.status_code == 404 and "alpha" in nxt.json()["error"]["message"]
         assert beta.scheduler._thread.is_alive()  # still serving the in-flight stream
         tb.join(120)

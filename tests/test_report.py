@@ -70,11 +70,19 @@ def test_report_from_a_real_event_log(server, tmp_path, capsys):
 def test_report_command_line(tmp_path):
     log = tmp_path / "empty.jsonl"
     log.write_text('{"kind":"modelAttached","atMs":1,"model":"m"}\n{"kind":"requestSta')  # torn last line
-    run = subprocess.run([sys.executable, "-m", "turbospark.cli", "report", str(log), "--out", str(tmp_path / "o")],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "turbospark.cli", "report", str(log), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert "requests                0" in run.stdout and "models attached at end  m" in run.stdout
     assert all((tmp_path / "o" / name).exists() for name in PLOTS)
-    missing = subprocess.run([sys.executable, "-m", "turbospark.cli", "report", str(tmp_path / "nope.jsonl")],
-                             capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        [sys.executable, "-m", "turbospark.cli", "report", str(tmp_path / "nope.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert missing.returncode == 2 and "no such event log" in missing.stderr

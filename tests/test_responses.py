@@ -128,13 +128,31 @@ def test_function_call_follow_up_turn_answers(oai, server, hub):
     # the prompt is exactly the template rendering of the translated turns
     expected_messages = [
         {"role": "user", "content": "What is the weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{
-            "id": "call_1", "type": "function", "name": "get_weather", "arguments": {"city": "Paris"},
-            "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "name": "get_weather",
+                    "arguments": {"city": "Paris"},
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
         {"role": "tool", "content": '{"sky": "sunny", "temp_c": 21}', "tool_call_id": "call_1", "name": "get_weather"},
     ]
-    chat_tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": WEATHER_TOOL["description"], "parameters": WEATHER_TOOL["parameters"]}}]
+    chat_tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": WEATHER_TOOL["description"],
+                "parameters": WEATHER_TOOL["parameters"],
+            },
+        }
+    ]
     # (rendered the way the generation core does: a template that does not
     # know tools gets them, and the calls, inlined as text)
     expected = render(the_model(server), ChatRequest(messages=expected_messages, tools=chat_tools))
@@ -151,11 +169,22 @@ def test_function_call_follow_up_turn_answers(oai, server, hub):
 
 def test_accepted_fields_are_echoed(oai):
     r = oai.responses.create(
-        model="m", input=[{"role": "developer", "content": "Be brief."},
-                          {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]}],
-        max_output_tokens=8, temperature=0, top_p=0.9, store=False, metadata={"k": "v"},
-        parallel_tool_calls=False, text={"format": {"type": "text"}}, reasoning={"effort": "low"},
-        prompt_cache_key="conv-1", user="u1", tool_choice="none",
+        model="m",
+        input=[
+            {"role": "developer", "content": "Be brief."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]},
+        ],
+        max_output_tokens=8,
+        temperature=0,
+        top_p=0.9,
+        store=False,
+        metadata={"k": "v"},
+        parallel_tool_calls=False,
+        text={"format": {"type": "text"}},
+        reasoning={"effort": "low"},
+        prompt_cache_key="conv-1",
+        user="u1",
+        tool_choice="none",
     )
     assert r.output_text is not None and r.usage.output_tokens >= 1
     assert r.metadata == {"k": "v"} and r.parallel_tool_calls is False
@@ -164,20 +193,34 @@ def test_accepted_fields_are_echoed(oai):
 
 
 def test_image_parts_dropped_with_warning(base_url):
-    r = httpx.post(base_url + URL, timeout=60, json={"model": "m", "max_output_tokens": 4, "input": [
-        {"role": "user", "content": [
-            {"type": "input_text", "text": "What is this?"},
-            {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"},
-        ]}]})
+    r = httpx.post(
+        base_url + URL,
+        timeout=60,
+        json={
+            "model": "m",
+            "max_output_tokens": 4,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "What is this?"},
+                        {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"},
+                    ],
+                }
+            ],
+        },
+    )
     assert r.status_code == 200, r.text
     assert "image" in r.headers["x-turbospark-warning"]
     assert r.json()["output"][0]["content"][0]["type"] == "output_text"
 
 
 def test_hosted_tools_dropped_with_warning(base_url):
-    r = httpx.post(base_url + URL, timeout=60, json={
-        "model": "m", "max_output_tokens": 4, "input": "hi",
-        "tools": [{"type": "web_search"}, WEATHER_TOOL]})
+    r = httpx.post(
+        base_url + URL,
+        timeout=60,
+        json={"model": "m", "max_output_tokens": 4, "input": "hi", "tools": [{"type": "web_search"}, WEATHER_TOOL]},
+    )
     assert r.status_code == 200, r.text
     assert "web_search" in r.headers["x-turbospark-warning"]
     assert [t["name"] for t in r.json()["tools"]] == ["get_weather"]
@@ -199,10 +242,18 @@ def test_sdk_stream_matches_non_stream(oai, hub):
     rid = raw.headers["x-request-id"]
     events = list(raw.parse())
     types = [e.type for e in events]
-    assert types[:4] == ["response.created", "response.in_progress",
-                         "response.output_item.added", "response.content_part.added"]
-    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.completed"]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert set(types[4:-4]) == {"response.output_text.delta"}
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -238,10 +289,18 @@ def test_raw_sse_frames_in_order(base_url, hub):
     for name, data in frames:
         assert data["type"] == name
     assert [d["sequence_number"] for _, d in frames] == list(range(len(frames)))
-    assert names[:4] == ["response.created", "response.in_progress",
-                         "response.output_item.added", "response.content_part.added"]
-    assert names[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.completed"]
+    assert names[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert names[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     deltas = names[4:-4]
     assert deltas and set(deltas) == {"response.output_text.delta"}
 
@@ -312,11 +371,21 @@ def post(base_url: str, body: Any) -> httpx.Response:
         ({"model": "m", "input": [{"role": "wizard", "content": "x"}]}, "input[0].role", ""),
         ({"model": "m", "input": [{"role": "user"}]}, "input[0].content", "missing"),
         ({"model": "m", "input": [{"role": "user", "content": 42}]}, "input[0].content", ""),
-        ({"model": "m", "input": [{"role": "user", "content": [{"type": "nope"}]}]}, "input[0].content[0].type", "nope"),
-        ({"model": "m", "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
-         "input[0].call_id", "missing"),
-        ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]},
-         "input[0].arguments", ""),
+        (
+            {"model": "m", "input": [{"role": "user", "content": [{"type": "nope"}]}]},
+            "input[0].content[0].type",
+            "nope",
+        ),
+        (
+            {"model": "m", "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+            "input[0].call_id",
+            "missing",
+        ),
+        (
+            {"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]},
+            "input[0].arguments",
+            "",
+        ),
         ({"model": "m", "input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output", "missing"),
         ({"model": "m", "input": "hi", "instructions": 5}, "instructions", ""),
         ({"model": "m", "input": "hi", "max_output_tokens": 0}, "max_output_tokens", ""),
@@ -328,8 +397,11 @@ def post(base_url: str, body: Any) -> httpx.Response:
         ({"model": "m", "input": "hi", "stream": "yes"}, "stream", ""),
         ({"model": 7, "input": "hi"}, "model", ""),
         ({"model": "m", "input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort", "extreme"),
-        ({"model": "m", "input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
-         "text.format.schema", "schema"),
+        (
+            {"model": "m", "input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
+            "text.format.schema",
+            "schema",
+        ),
         ({"model": "m", "input": "hi", "tools": "get_weather"}, "tools", ""),
         ({"model": "m", "input": "hi", "tools": [{"type": "function"}]}, "tools[0].name", "missing"),
         ({"model": "m", "input": "hi", "tool_choice": "sometimes"}, "tool_choice", "sometimes"),
@@ -384,9 +456,15 @@ def test_midstream_failure_is_response_failed_and_nothing_after(scripted):
     r, frames = post_stream(srv.url, {"model": "x", "input": "hi"})
     assert r.status_code == 200
     names = [n for n, _ in frames]
-    assert names == ["response.created", "response.in_progress", "response.output_item.added",
-                     "response.content_part.added", "response.output_text.delta",
-                     "response.output_text.delta", "response.failed"]
+    assert names == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.failed",
+    ]
     assert [d["sequence_number"] for _, d in frames] == list(range(len(frames)))
     failed = frames[-1][1]["response"]
     assert failed["status"] == "failed" and failed["usage"] is None
@@ -421,22 +499,37 @@ def test_non_stream_failure_is_500_in_openai_shape(scripted):
 def test_translation_to_chat_messages(scripted):
     srv, model, _ = scripted
     use(model, Script(["ok"]))
-    r = post(srv.url, body := {
-        "model": "x", "instructions": "Be kind.", "prompt_cache_key": "conv-9", "tools": [WEATHER_TOOL],
-        "input": [
-            {"role": "developer", "content": "Use tools."},
-            {"role": "user", "content": [{"type": "input_text", "text": "Weather in "},
-                                         {"type": "input_text", "text": "Paris and Rome?"}]},
-            {"type": "message", "role": "assistant", "id": "msg_0", "status": "completed",
-             "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
-            {"type": "function_call", "call_id": "a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
-            {"type": "function_call", "call_id": "b", "name": "get_weather", "arguments": '{"city": "Rome"}'},
-            {"type": "reasoning", "id": "rs_1", "summary": []},
-            {"type": "function_call_output", "call_id": "a", "output": "sunny"},
-            {"type": "function_call_output", "call_id": "b",
-             "output": [{"type": "input_text", "text": "rainy"}]},
-        ],
-    })
+    r = post(
+        srv.url,
+        body := {
+            "model": "x",
+            "instructions": "Be kind.",
+            "prompt_cache_key": "conv-9",
+            "tools": [WEATHER_TOOL],
+            "input": [
+                {"role": "developer", "content": "Use tools."},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "Weather in "},
+                        {"type": "input_text", "text": "Paris and Rome?"},
+                    ],
+                },
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": "msg_0",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "Checking.", "annotations": []}],
+                },
+                {"type": "function_call", "call_id": "a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+                {"type": "function_call", "call_id": "b", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "function_call_output", "call_id": "a", "output": "sunny"},
+                {"type": "function_call_output", "call_id": "b", "output": [{"type": "input_text", "text": "rainy"}]},
+            ],
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.json()["output"][0]["content"][0]["text"] == "ok"
     call = model.calls[-1]
@@ -449,12 +542,21 @@ def test_translation_to_chat_messages(scripted):
     assert msgs[2]["content"] == "Weather in Paris and Rome?"
     assert msgs[3]["content"] == "Checking."
     assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in msgs[3]["tool_calls"]] == [
-        ("a", "get_weather", {"city": "Paris"}), ("b", "get_weather", {"city": "Rome"})]
+        ("a", "get_weather", {"city": "Paris"}),
+        ("b", "get_weather", {"city": "Rome"}),
+    ]
     assert msgs[4] == {"role": "tool", "content": "sunny", "tool_call_id": "a", "name": "get_weather"}
     assert msgs[5] == {"role": "tool", "content": "rainy", "tool_call_id": "b", "name": "get_weather"}
-    assert req.tools == [{"type": "function", "function": {
-        "name": "get_weather", "description": WEATHER_TOOL["description"],
-        "parameters": WEATHER_TOOL["parameters"]}}]
+    assert req.tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": WEATHER_TOOL["description"],
+                "parameters": WEATHER_TOOL["parameters"],
+            },
+        }
+    ]
     assert "get_weather" in call["messages"][0]["content"]
     assert call["config"].session_key == "conv-9"
     assert call["config"].max_new_tokens >= 1
@@ -463,8 +565,10 @@ def test_translation_to_chat_messages(scripted):
 def test_user_is_the_session_key_without_prompt_cache_key(scripted):
     srv, model, _ = scripted
     use(model, Script(["ok"]))
-    r = post(srv.url, {"model": "x", "input": "hi", "user": "alice", "max_output_tokens": 3,
-                       "temperature": 0.5, "top_p": 0.5})
+    r = post(
+        srv.url,
+        {"model": "x", "input": "hi", "user": "alice", "max_output_tokens": 3, "temperature": 0.5, "top_p": 0.5},
+    )
     assert r.status_code == 200
     config = model.calls[-1]["config"]
     assert config.session_key == "alice" and config.max_new_tokens == 3

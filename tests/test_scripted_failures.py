@@ -33,8 +33,11 @@ def test_openai_midstream_failure_is_one_error_frame_without_done(failing):
 
 def test_openai_non_stream_failure_is_500_in_shape(failing):
     srv, _, obs = failing
-    r = httpx.post(srv.url + "/v1/chat/completions", timeout=30,
-                   json={"model": "x", "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=30,
+        json={"model": "x", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 500
     assert r.json()["error"]["message"].startswith("engine error")
     fin = [e for e in obs.events if e.kind == "requestFinished"][-1]
@@ -45,7 +48,10 @@ def test_openai_non_stream_failure_is_500_in_shape(failing):
 def test_scripted_stop_reason_maps_to_finish_reason():
     model = ScriptedModel(scripts=[Script(["a", "b"], reason=StopReason.MAX_TOKENS)])
     with Server(models=[model]) as srv:
-        r = httpx.post(srv.url + "/v1/chat/completions", timeout=30,
-                       json={"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9})
+        r = httpx.post(
+            srv.url + "/v1/chat/completions",
+            timeout=30,
+            json={"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9},
+        )
     assert r.json()["choices"][0]["finish_reason"] == "length"
     assert r.json()["choices"][0]["message"]["content"] == "ab"

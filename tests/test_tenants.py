@@ -42,9 +42,17 @@ def request(rid: int, new: int = 1) -> list:
     return [
         RequestStarted(id=rid, at_ms=rid, method="POST", path="/v1/chat/completions"),
         RequestRouted(id=rid, requested="m", served="m", stream=False),
-        Generated(id=rid, model="m", prompt_tokens=3, new_tokens=new, prefill_seconds=0.1,
-                  decode_seconds=0.1, stop_reason="maxTokens", reused_prefix_tokens=0,
-                  session_slot_evicted=False),
+        Generated(
+            id=rid,
+            model="m",
+            prompt_tokens=3,
+            new_tokens=new,
+            prefill_seconds=0.1,
+            decode_seconds=0.1,
+            stop_reason="maxTokens",
+            reused_prefix_tokens=0,
+            session_slot_evicted=False,
+        ),
         RequestFinished(id=rid, status=200, duration_ms=300),
     ]
 
@@ -169,8 +177,13 @@ def as_a(srv, **extra) -> int:
     """A chat request as tenant A, through the OpenAI SDK; its request id."""
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY_A, max_retries=0, timeout=120)
     raw = client.chat.completions.with_raw_response.create(
-        model="gpt-4o", messages=[{"role": "user", "content": "Say hello."}], max_tokens=2,
-        temperature=0, extra_headers={"x-session-id": SESSION_A}, **extra)
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=2,
+        temperature=0,
+        extra_headers={"x-session-id": SESSION_A},
+        **extra,
+    )
     raw.parse()
     MADE["a"].append(int(raw.headers["x-request-id"]))
     return MADE["a"][-1]
@@ -222,8 +235,9 @@ def test_event_replay_and_live_stream_carry_only_the_tenants_requests(tenants):
         with client.stream("GET", tenants.url + "/v1/events", params={"since": 0}) as resp:
             assert resp.status_code == 200
             reader = FrameReader(resp)
-            frames = reader.until(lambda fs: any(
-                f.get("event") == "requestFinished" and f["data"]["id"] == a2 for f in fs))
+            frames = reader.until(
+                lambda fs: any(f.get("event") == "requestFinished" and f["data"]["id"] == a2 for f in fs)
+            )
             evs = [f for f in frames if "event" in f]
             assert not [f for f in evs if f["event"] == "gap"]
             assert [f["data"]["model"] for f in evs if f["event"] == "modelAttached"] == ["smollm2-135m"]
@@ -233,8 +247,9 @@ def test_event_replay_and_live_stream_carry_only_the_tenants_requests(tenants):
             # live: B's request, then A's, come in that order; only A's shows
             b2 = as_b(tenants)
             a3 = as_a(tenants)
-            more = reader.until(lambda fs: any(
-                f.get("event") == "requestFinished" and f["data"]["id"] == a3 for f in fs))
+            more = reader.until(
+                lambda fs: any(f.get("event") == "requestFinished" and f["data"]["id"] == a3 for f in fs)
+            )
             live_ids = {f["data"].get("id") for f in more if "event" in f}
             assert a3 in live_ids and b2 not in live_ids and not live_ids & set(MADE["b"])
             assert not [f for f in more if f.get("event") == "gap"]
@@ -244,8 +259,9 @@ def test_event_replay_and_live_stream_carry_only_the_tenants_requests(tenants):
     a4 = as_a(tenants)
     with httpx.Client(timeout=TIMEOUT, headers={"x-api-key": KEY_A, "last-event-id": str(last)}) as client:
         with client.stream("GET", tenants.url + "/v1/events") as resp:
-            frames = FrameReader(resp).until(lambda fs: any(
-                f.get("event") == "requestFinished" and f["data"]["id"] == a4 for f in fs))
+            frames = FrameReader(resp).until(
+                lambda fs: any(f.get("event") == "requestFinished" and f["data"]["id"] == a4 for f in fs)
+            )
     evs = [f for f in frames if "event" in f]
     resumed = {f["data"].get("id") for f in evs}
     assert a4 in resumed and b3 not in resumed and not [f for f in evs if f["event"] == "gap"]
@@ -253,8 +269,9 @@ def test_event_replay_and_live_stream_carry_only_the_tenants_requests(tenants):
     # the admin sees every tenant's events
     with httpx.Client(timeout=TIMEOUT, headers={"x-api-key": ADMIN}) as client:
         with client.stream("GET", tenants.url + "/v1/events", params={"since": 0}) as resp:
-            frames = FrameReader(resp).until(lambda fs: any(
-                f.get("event") == "requestFinished" and f["data"]["id"] == a4 for f in fs))
+            frames = FrameReader(resp).until(
+                lambda fs: any(f.get("event") == "requestFinished" and f["data"]["id"] == a4 for f in fs)
+            )
     admin_ids = {f["data"].get("id") for f in frames if "event" in f}
     assert {a1, b1, a2, b2, a3, b3, a4} <= admin_ids
 

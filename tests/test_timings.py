@@ -11,8 +11,17 @@ import httpx
 import pytest
 
 MODEL = "smollm2-135m"
-TIMING_KEYS = {"prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
-               "predicted_ms", "predicted_per_token_ms", "predicted_per_second", "cache_n"}
+TIMING_KEYS = {
+    "prompt_n",
+    "prompt_ms",
+    "prompt_per_token_ms",
+    "prompt_per_second",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "predicted_per_second",
+    "cache_n",
+}
 
 
 def check_timings(t: dict, gen) -> None:
@@ -30,20 +39,25 @@ def check_timings(t: dict, gen) -> None:
 
 
 def sse_payloads(text: str) -> list[dict]:
-    return [json.loads(line[6:]) for line in text.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"]
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name three colours."}]}),
-    ("/v1/completions", {"prompt": "Three colours are red,"}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name three colours."}]}),
+        ("/v1/completions", {"prompt": "Three colours are red,"}),
+    ],
+)
 def test_timings_non_stream_equal_generated_and_count_the_cache(base_url, hub, path, body):
     key = uuid.uuid4().hex  # one session slot: the second turn reuses the first's prefix
     cached = []
     for _ in range(2):
-        r = httpx.post(base_url + path, timeout=120, json={
-            "model": MODEL, **body, "max_tokens": 6, "temperature": 0, "timings": True, "prompt_cache_key": key})
+        r = httpx.post(
+            base_url + path,
+            timeout=120,
+            json={"model": MODEL, **body, "max_tokens": 6, "temperature": 0, "timings": True, "prompt_cache_key": key},
+        )
         assert r.status_code == 200, r.text
         gen = hub.wait_kind(r.headers["x-request-id"], "generated")
         t = r.json()["timings"]
@@ -53,14 +67,27 @@ def test_timings_non_stream_equal_generated_and_count_the_cache(base_url, hub, p
     assert cached[1] > 0  # the repeated prompt came from the slot's KV
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}]}),
-    ("/v1/completions", {"prompt": "Hello, my name is"}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}]}),
+        ("/v1/completions", {"prompt": "Hello, my name is"}),
+    ],
+)
 def test_timings_on_the_final_stream_chunk(base_url, hub, path, body):
-    with httpx.stream("POST", base_url + path, timeout=120, json={
-            "model": MODEL, **body, "max_tokens": 5, "stream": True, "timings": True,
-            "stream_options": {"include_usage": True}}) as r:
+    with httpx.stream(
+        "POST",
+        base_url + path,
+        timeout=120,
+        json={
+            "model": MODEL,
+            **body,
+            "max_tokens": 5,
+            "stream": True,
+            "timings": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         assert r.status_code == 200
         rid = r.headers["x-request-id"]
         payloads = sse_payloads("".join(r.iter_text()))
@@ -78,8 +105,9 @@ def test_timings_are_opt_in(base_url, path):
     body = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
     r = httpx.post(base_url + path, timeout=120, json={"model": MODEL, **body, "max_tokens": 2})
     assert r.status_code == 200 and "timings" not in r.json()
-    with httpx.stream("POST", base_url + path, timeout=120,
-                      json={"model": MODEL, **body, "max_tokens": 2, "stream": True}) as s:
+    with httpx.stream(
+        "POST", base_url + path, timeout=120, json={"model": MODEL, **body, "max_tokens": 2, "stream": True}
+    ) as s:
         assert not any("timings" in p for p in sse_payloads("".join(s.iter_text())))
 
 
@@ -92,17 +120,22 @@ def check_ollama(done: dict, gen) -> None:
     assert done["load_duration"] == 0
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/api/chat", {"messages": [{"role": "user", "content": "Hi there"}]}),
-    ("/api/generate", {"prompt": "Why is the sky blue?"}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/api/chat", {"messages": [{"role": "user", "content": "Hi there"}]}),
+        ("/api/generate", {"prompt": "Why is the sky blue?"}),
+    ],
+)
 def test_ollama_nanosecond_fields_equal_generated(base_url, hub, path, body):
-    r = httpx.post(base_url + path, timeout=120,
-                   json={"model": MODEL, **body, "stream": False, "options": {"num_predict": 4}})
+    r = httpx.post(
+        base_url + path, timeout=120, json={"model": MODEL, **body, "stream": False, "options": {"num_predict": 4}}
+    )
     assert r.status_code == 200, r.text
     check_ollama(r.json(), hub.wait_kind(r.headers["x-request-id"], "generated"))
-    with httpx.stream("POST", base_url + path, timeout=120,
-                      json={"model": MODEL, **body, "options": {"num_predict": 4}}) as s:  # streams by default
+    with httpx.stream(
+        "POST", base_url + path, timeout=120, json={"model": MODEL, **body, "options": {"num_predict": 4}}
+    ) as s:  # streams by default
         rid = s.headers["x-request-id"]
         lines = [json.loads(line) for line in s.iter_lines() if line.strip()]
     assert lines[-1]["done"] is True

@@ -29,7 +29,9 @@ def calls_of(p: Parsed) -> list[tuple[str, dict]]:
     return [(c.name, json.loads(c.arguments)) for c in p.calls]
 
 
-def check(text: str, syntax: str, calls: list[tuple[str, dict]], content: str = "", problems: list[str] | None = None) -> Parsed:
+def check(
+    text: str, syntax: str, calls: list[tuple[str, dict]], content: str = "", problems: list[str] | None = None
+) -> Parsed:
     p = parse_tool_calls(text, OFFERED)
     assert calls_of(p) == calls, p
     assert p.syntax == syntax, p
@@ -40,8 +42,11 @@ def check(text: str, syntax: str, calls: list[tuple[str, dict]], content: str = 
 
 # ------------------------------------------------------------------ hermes
 def test_hermes_single_several_and_surrounding_text():
-    check('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', "hermes",
-          [("get_weather", WEATHER)])
+    check(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        "hermes",
+        [("get_weather", WEATHER)],
+    )
     check(
         'Sure, checking both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
         '<tool_call>{"name": "search", "arguments": {"q": "Zürich"}}</tool_call>\nOne moment.',
@@ -53,16 +58,38 @@ def test_hermes_single_several_and_surrounding_text():
 
 def test_hermes_variants():
     # a list body, "parameters", no closing tag at the end, blank lines
-    check('<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "search", "parameters": {}}]</tool_call>',
-          "hermes", [("get_weather", WEATHER), ("search", {})])
-    check('<tool_call>\n\n  {"name": "get_weather",\n "parameters": {"city": "Paris"}}\n\n', "hermes", [("get_weather", WEATHER)])
-    check('Text <tool_call>{"name": "search", "arguments": {"q": 1}}<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}',
-          "hermes", [("search", {"q": 1}), ("get_weather", WEATHER)], "Text")
+    check(
+        '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "search", "parameters": {}}]</tool_call>',  # noqa: E501
+        "hermes",
+        [("get_weather", WEATHER), ("search", {})],
+    )
+    check(
+        '<tool_call>\n\n  {"name": "get_weather",\n "parameters": {"city": "Paris"}}\n\n',
+        "hermes",
+        [("get_weather", WEATHER)],
+    )
+    check(
+        'Text <tool_call>{"name": "search", "arguments": {"q": 1}}<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}',  # noqa: E501
+        "hermes",
+        [("search", {"q": 1}), ("get_weather", WEATHER)],
+        "Text",
+    )
     # arguments as a JSON string holding an object; a missing last brace; a fence inside the block
-    check('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}</tool_call>', "hermes", [("get_weather", WEATHER)])
-    check('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}\n</tool_call>', "hermes", [("get_weather", WEATHER)])
-    check('<tool_call>\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n</tool_call>', "hermes",
-          [("get_weather", WEATHER)])
+    check(
+        '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}</tool_call>',
+        "hermes",
+        [("get_weather", WEATHER)],
+    )
+    check(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}\n</tool_call>',
+        "hermes",
+        [("get_weather", WEATHER)],
+    )
+    check(
+        '<tool_call>\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n</tool_call>',
+        "hermes",
+        [("get_weather", WEATHER)],
+    )
     # no arguments at all inside a marker means none
     check('<tool_call>{"name": "search"}</tool_call>', "hermes", [("search", {})])
 
@@ -77,35 +104,78 @@ def test_call_ids_are_unique_and_well_formed():
 
 # ------------------------------------------------------------------ llama3
 def test_llama3():
-    check('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "llama3", [("get_weather", WEATHER)])
+    check(
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "llama3", [("get_weather", WEATHER)]
+    )
     check('{"name": "get_weather", "parameters": {"city": "Paris"}}', "llama3", [("get_weather", WEATHER)])
     several = [("get_weather", WEATHER), ("search", {"q": "x"})]
-    check('{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "search", "parameters": {"q": "x"}}', "llama3", several)
-    check('{"name": "get_weather", "parameters": {"city": "Paris"}}\n{"name": "search", "arguments": {"q": "x"}}', "llama3", several)
-    check('Let me look.<|python_tag|>{"name": "get_weather", "arguments": {"city": "Paris"}};\n{"name": "search", "parameters": {"q": "x"}}',
-          "llama3", several, "Let me look.")
+    check(
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "search", "parameters": {"q": "x"}}',
+        "llama3",
+        several,
+    )
+    check(
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}\n{"name": "search", "arguments": {"q": "x"}}',
+        "llama3",
+        several,
+    )
+    check(
+        'Let me look.<|python_tag|>{"name": "get_weather", "arguments": {"city": "Paris"}};\n{"name": "search", "parameters": {"q": "x"}}',  # noqa: E501
+        "llama3",
+        several,
+        "Let me look.",
+    )
 
 
 # ----------------------------------------------------------------- mistral
 def test_mistral():
-    check('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', "mistral", [("get_weather", WEATHER)])
-    check('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123XYZ"}, '
-          '{"name": "search", "arguments": "{}"}]', "mistral", [("get_weather", WEATHER), ("search", {})])
-    check('I will check. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "mistral", [("get_weather", WEATHER)], "I will check.")
-    check('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]search[CALL_ID]a1b2c3d4e[ARGS]{"q": "x"}', "mistral",
-          [("get_weather", WEATHER), ("search", {"q": "x"})])
+    check(
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', "mistral", [("get_weather", WEATHER)]
+    )
+    check(
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123XYZ"}, '
+        '{"name": "search", "arguments": "{}"}]',
+        "mistral",
+        [("get_weather", WEATHER), ("search", {})],
+    )
+    check(
+        'I will check. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+        "mistral",
+        [("get_weather", WEATHER)],
+        "I will check.",
+    )
+    check(
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]search[CALL_ID]a1b2c3d4e[ARGS]{"q": "x"}',
+        "mistral",
+        [("get_weather", WEATHER), ("search", {"q": "x"})],
+    )
 
 
 # -------------------------------------------------------------------- json
 def test_bare_json_anywhere():
     check('{"name": "get_weather", "arguments": {"city": "Paris"}}', "json", [("get_weather", WEATHER)])
-    check('I will call {"name": "get_weather", "arguments": {"city": "Paris"}} now.', "json", [("get_weather", WEATHER)],
-          "I will call  now.")
-    check('Checking.\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\nDone.', "json",
-          [("get_weather", WEATHER)], "Checking.\n\nDone.")
-    check('```json\n[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "search", "arguments": {"q": "x"}}]\n```',
-          "json", [("get_weather", WEATHER), ("search", {"q": "x"})])
-    check('{"type": "function", "function": {"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}}', "json", [("search", {"q": "x"})])
+    check(
+        'I will call {"name": "get_weather", "arguments": {"city": "Paris"}} now.',
+        "json",
+        [("get_weather", WEATHER)],
+        "I will call  now.",
+    )
+    check(
+        'Checking.\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\nDone.',
+        "json",
+        [("get_weather", WEATHER)],
+        "Checking.\n\nDone.",
+    )
+    check(
+        '```json\n[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "search", "arguments": {"q": "x"}}]\n```',  # noqa: E501
+        "json",
+        [("get_weather", WEATHER), ("search", {"q": "x"})],
+    )
+    check(
+        '{"type": "function", "function": {"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}}',
+        "json",
+        [("search", {"q": "x"})],
+    )
     # a JSON answer that is not call-shaped is content, and so is a code block
     check('{"city": "Paris", "temp": 21}', None, [], '{"city": "Paris", "temp": 21}')
     code = "```python\nprint({'name': 1})\n```\n```\nplain\n```"
@@ -114,12 +184,18 @@ def test_bare_json_anywhere():
 
 # --------------------------------------------------------------------- xml
 def test_xml():
-    qwen3 = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-             "<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"metric\": true}\n</parameter>\n</function>\n</tool_call>")
+    qwen3 = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        '<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{"metric": true}\n</parameter>\n</function>\n</tool_call>'
+    )
     check(qwen3, "xml", [("get_weather", {"city": "Paris", "days": 3, "opts": {"metric": True}})])
-    check("Looking.\n<function=search><parameter=q>two words</parameter></function>\n"
-          "<function=get_weather><parameter=city>Paris</parameter></function> ok", "xml",
-          [("search", {"q": "two words"}), ("get_weather", WEATHER)], "Looking.\n ok")
+    check(
+        "Looking.\n<function=search><parameter=q>two words</parameter></function>\n"
+        "<function=get_weather><parameter=city>Paris</parameter></function> ok",
+        "xml",
+        [("search", {"q": "two words"}), ("get_weather", WEATHER)],
+        "Looking.\n ok",
+    )
     # no closing tags at the end of the output; a multi-line string stays a string
     check("<function=search>\n<parameter=q>\nline one\n  line two", "xml", [("search", {"q": "line one\n  line two"})])
 
@@ -129,9 +205,14 @@ def test_unknown_names_are_rejected_with_a_problem():
     text = '<tool_call>{"name": "delete_files", "arguments": {}}</tool_call>'
     check(text, None, [], text, ["unknown name 'delete_files' (offered: get_weather, search)"])
     # one good, one bad: the good one is kept, the bad one stays in the text
-    p = check('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n'
-              '<tool_call>{"name": "rm", "arguments": {}}</tool_call>', "hermes", [("get_weather", WEATHER)],
-              '<tool_call>{"name": "rm", "arguments": {}}</tool_call>', ["unknown name 'rm' (offered: get_weather, search)"])
+    p = check(
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n'
+        '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
+        "hermes",
+        [("get_weather", WEATHER)],
+        '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
+        ["unknown name 'rm' (offered: get_weather, search)"],
+    )
     assert len(p.calls) == 1
     for syntax in SYNTAXES:
         p = parse_tool_calls(render_call(syntax, "launch", {"x": 1}), OFFERED)
@@ -162,7 +243,7 @@ def test_malformed_json_and_bad_arguments_are_reported():
     assert p.problems == ["a <tool_call> block does not hold a call object (got str)"]
     p = parse_tool_calls('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": }}]', OFFERED)
     assert p.calls == [] and p.problems[0].startswith("bad JSON after [TOOL_CALLS]")
-    p = parse_tool_calls('[TOOL_CALLS]get_weather[ARGS]{city: 1}', OFFERED)
+    p = parse_tool_calls("[TOOL_CALLS]get_weather[ARGS]{city: 1}", OFFERED)
     assert p.calls == [] and p.problems[0].startswith("bad JSON arguments after [TOOL_CALLS]get_weather[ARGS]")
     p = parse_tool_calls("<|python_tag|>brave_search.call(query='x')", OFFERED)
     assert p.calls == [] and p.problems[0].startswith("bad JSON after <|python_tag|>")
@@ -172,8 +253,15 @@ def test_malformed_json_and_bad_arguments_are_reported():
 
 
 # -------------------------------------------------------------- round trip
-ARGS = {"city": "Zürich", "days": 3, "opts": {"metric": True, "hours": [1, 2]}, "note": "42", "empty": "", "none": None,
-        "text": "two\nlines"}
+ARGS = {
+    "city": "Zürich",
+    "days": 3,
+    "opts": {"metric": True, "hours": [1, 2]},
+    "note": "42",
+    "empty": "",
+    "none": None,
+    "text": "two\nlines",
+}
 
 
 @pytest.mark.parametrize("syntax", SYNTAXES)
@@ -210,7 +298,7 @@ def test_syntax_for_template():
 STREAMED = [
     ("Let me check the weather.\n", render_call("hermes", "get_weather", WEATHER)),
     ("Checking. ", render_call("mistral", "get_weather", WEATHER)),
-    ("Checking. ", "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}"),
+    ("Checking. ", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
     ("", render_call("llama3", "get_weather", WEATHER)),
     ("Sure thing. ", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'),
     ("", render_call("json", "get_weather", WEATHER)),
@@ -248,7 +336,7 @@ def test_call_start_never_fires_on_prose(text):
 def test_call_start_releases_what_turns_out_to_be_prose():
     assert call_start("if a <") == 5 and call_start("if a < b then") is None
     assert call_start("see [") == 4 and call_start("see [1] and [2]") is None
-    assert call_start("Use a dict like {\"name\": 1} here.") is None  # not at a line start
+    assert call_start('Use a dict like {"name": 1} here.') is None  # not at a line start
     assert call_start('{"city": "Paris"}') is None
     assert call_start("{") == 0 and call_start('{\n  "na') == 0 and call_start('{"type": 1}') is None
     code = "```python\nprint(1)\n```\nDone."
@@ -260,8 +348,11 @@ def test_call_start_releases_what_turns_out_to_be_prose():
 
 # ------------------------------------------------------------- reasoning
 REASONING_SAMPLES = [
-    ("<think>\nThe user greets me.\nI should greet back.\n</think>\n\nHello! How can I help?", False,
-     ("The user greets me.\nI should greet back.", "Hello! How can I help?")),
+    (
+        "<think>\nThe user greets me.\nI should greet back.\n</think>\n\nHello! How can I help?",
+        False,
+        ("The user greets me.\nI should greet back.", "Hello! How can I help?"),
+    ),
     ("\n<think>short</think>Answer.", False, ("short", "Answer.")),
     ("Okay, 2 + 2 is 4.\n</think>\n\nThe answer is 4.", True, ("Okay, 2 + 2 is 4.", "The answer is 4.")),
     ("<think>\n\n</think>\n\nNo thinking needed.", False, ("", "No thinking needed.")),
@@ -321,7 +412,9 @@ def qwen():
     from turbospark.catalog import resolve_model
     from turbospark.engine.model import LlamaChatModel, ModelOptions
 
-    model = LlamaChatModel(ModelOptions(path=resolve_model("qwen2.5-coder-0.5b")[0], id="qwen-tools", parallel=1, ctx=2048))
+    model = LlamaChatModel(
+        ModelOptions(path=resolve_model("qwen2.5-coder-0.5b")[0], id="qwen-tools", parallel=1, ctx=2048)
+    )
     yield model
     model.close()
 
@@ -336,9 +429,16 @@ def test_qwen_template_tokenizer_and_output(qwen):
     assert qwen.file.token_text(ids[0]) == "<tool_call>"
     assert calls_of(parse_tool_calls(qwen.detokenize(ids), ["get_weather"])) == [("get_weather", WEATHER)]
     # real output for a weather question, streamed: the call is held back from its first piece on
-    tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": "Get the current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Get the current weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     ids = qwen.render_chat([{"role": "user", "content": "What is the weather in Paris right now?"}], tools=tools)
     pieces: list[str] = []
     config = GenerationConfig(temperature=0, max_new_tokens=60)
@@ -356,9 +456,12 @@ def test_the_engines_tool_calls_ending_stands_only_with_a_valid_call():
     from turbospark.generation import Final
     from turbospark.tools.calls import ToolCall
 
-    raw = RawDecodeResult(prompt_tokens=5, new_tokens=9, prefill_seconds=0.1, decode_seconds=0.2,
-                          reason=StopReason.TOOL_CALLS)
-    final = Final(result=raw, text="", reasoning="", tool_calls=[], attempts=[raw], reasoning_tokens=0, problems=["bad"])
+    raw = RawDecodeResult(
+        prompt_tokens=5, new_tokens=9, prefill_seconds=0.1, decode_seconds=0.2, reason=StopReason.TOOL_CALLS
+    )
+    final = Final(
+        result=raw, text="", reasoning="", tool_calls=[], attempts=[raw], reasoning_tokens=0, problems=["bad"]
+    )
     assert final.reason is StopReason.END_OF_TURN  # the call failed its schema: no call
     call = ToolCall(id="call_" + "0" * 24, name="get_weather", arguments='{"city": "Paris"}')
     final = Final(result=raw, text="", reasoning="", tool_calls=[call], attempts=[raw], reasoning_tokens=0, problems=[])

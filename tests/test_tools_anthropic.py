@@ -14,8 +14,20 @@ import pytest
 from pydantic import BaseModel
 
 from .fakes import Script
-from .support import ASK, BAD_CALL, GOOD_CALL, SCHEMAS, THINKING, TIME_FUNCTION, WEATHER_FUNCTION
-from .support import anthropic_tool, assert_anthropic_error, generated, scripted, sse_frames
+from .support import (
+    ASK,
+    BAD_CALL,
+    GOOD_CALL,
+    SCHEMAS,
+    THINKING,
+    TIME_FUNCTION,
+    WEATHER_FUNCTION,
+    anthropic_tool,
+    assert_anthropic_error,
+    generated,
+    scripted,
+    sse_frames,
+)
 
 GREEDY = {"temperature": 0}  # this SDK version has no temperature argument
 WEATHER = anthropic_tool(WEATHER_FUNCTION)
@@ -68,7 +80,8 @@ def blocks_of(frames: list[tuple[str, dict]]) -> list[dict]:
 def test_qwen_calls_the_weather_tool_and_answers_the_follow_up(qwen_server):
     srv, events = qwen_server
     raw = client(srv).messages.with_raw_response.create(
-        model="qwen", max_tokens=120, messages=ASK, tools=[WEATHER], extra_body=GREEDY)
+        model="qwen", max_tokens=120, messages=ASK, tools=[WEATHER], extra_body=GREEDY
+    )
     m = raw.parse()
     assert m.stop_reason == "tool_use"
     uses = [b for b in m.content if b.type == "tool_use"]
@@ -76,15 +89,23 @@ def test_qwen_calls_the_weather_tool_and_answers_the_follow_up(qwen_server):
     jsonschema.validate(uses[0].input, WEATHER["input_schema"])
     assert uses[0].input["city"].lower().startswith("paris")
     assert all(b.text for b in m.content if b.type == "text")  # no empty text block beside the call
-    assert [b.type for b in m.content][-len(uses):] == ["tool_use"] * len(uses)
+    assert [b.type for b in m.content][-len(uses) :] == ["tool_use"] * len(uses)
     gens = generated(events, raw.headers["x-request-id"])
     assert gens[-1].stop_reason == "toolCalls"
     assert m.usage.output_tokens == sum(g.new_tokens for g in gens)
 
     follow = ASK + [
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
-                                      "content": json.dumps({"temperature_c": 18, "sky": "sunny"})}]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": uses[0].id,
+                    "content": json.dumps({"temperature_c": 18, "sky": "sunny"}),
+                }
+            ],
+        },
     ]
     m2 = client(srv).messages.create(model="qwen", max_tokens=80, messages=follow, tools=[WEATHER], extra_body=GREEDY)
     assert m2.stop_reason == "end_turn"
@@ -100,8 +121,11 @@ def test_qwen_streams_the_call_as_a_tool_use_block(qwen_server):
     uses = [b for b in blocks if b["type"] == "tool_use"]
     assert uses and uses[0]["name"] == "get_weather" and uses[0]["id"].startswith("toolu_")
     assert uses[0]["input"] == {}  # the input comes in input_json_delta pieces
-    pieces = [d["delta"]["partial_json"] for n, d in frames
-              if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta"]
+    pieces = [
+        d["delta"]["partial_json"]
+        for n, d in frames
+        if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta"
+    ]
     assert len(pieces) > 1
     args = json.loads(uses[0]["_json"])
     jsonschema.validate(args, WEATHER["input_schema"])
@@ -115,20 +139,23 @@ def test_qwen_streams_the_call_as_a_tool_use_block(qwen_server):
     assert delta["usage"]["output_tokens"] == sum(g.new_tokens for g in generated(events, rid))
 
     # the SDK's stream helper rebuilds the same call from the pieces
-    with client(srv).messages.stream(model="qwen", max_tokens=120, messages=ASK, tools=[WEATHER],
-                                     extra_body=GREEDY) as s:
+    with client(srv).messages.stream(
+        model="qwen", max_tokens=120, messages=ASK, tools=[WEATHER], extra_body=GREEDY
+    ) as s:
         final = s.get_final_message()
     sdk_uses = [b for b in final.content if b.type == "tool_use"]
     assert final.stop_reason == "tool_use" and sdk_uses[0].input == args
 
 
 # ------------------------------------------------- SmolLM2 with a grammar
-@pytest.mark.parametrize("choice", [{"type": "any", "disable_parallel_tool_use": True},
-                                    {"type": "tool", "name": "get_time"}])
+@pytest.mark.parametrize(
+    "choice", [{"type": "any", "disable_parallel_tool_use": True}, {"type": "tool", "name": "get_time"}]
+)
 def test_forced_tool_use_is_a_valid_call(server, hub, choice):
     ant = client(server)
-    raw = ant.messages.with_raw_response.create(model="m", max_tokens=120, messages=ASK, tools=[WEATHER, TIME],
-                                                tool_choice=choice, extra_body=GREEDY)
+    raw = ant.messages.with_raw_response.create(
+        model="m", max_tokens=120, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, extra_body=GREEDY
+    )
     m = raw.parse()
     assert m.stop_reason == "tool_use"
     uses = [b for b in m.content if b.type == "tool_use"]
@@ -144,24 +171,43 @@ def test_forced_tool_use_is_a_valid_call(server, hub, choice):
 
 
 def test_output_config_json_schema_is_enforced(server):
-    schema = {"type": "object", "additionalProperties": False, "required": ["city", "population"],
-              "properties": {"city": {"type": "string", "maxLength": 30},
-                             "population": {"type": "integer", "minimum": 0}}}
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["city", "population"],
+        "properties": {"city": {"type": "string", "maxLength": 30}, "population": {"type": "integer", "minimum": 0}},
+    }
     m = client(server).messages.create(
-        model="m", max_tokens=120, messages=[{"role": "user", "content": "Name a big city and its population."}],
-        output_config={"format": {"type": "json_schema", "schema": schema}}, extra_body=GREEDY)
+        model="m",
+        max_tokens=120,
+        messages=[{"role": "user", "content": "Name a big city and its population."}],
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+        extra_body=GREEDY,
+    )
     jsonschema.validate(json.loads(m.content[0].text), schema)
 
 
-@pytest.mark.parametrize("body, needle", [
-    ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, "nope"),
-    ({"tool_choice": {"type": "any"}}, "no tools"),
-    ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
-    ({"output_config": {"format": {"type": "yaml", "schema": {}}}}, "output_config.format.type"),
-    ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
-    ({"output_config": {"format": {"type": "json_schema", "schema": {
-        "type": "object", "patternProperties": {"^a": {"type": "string"}}}}}}, "patternProperties"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, "nope"),
+        ({"tool_choice": {"type": "any"}}, "no tools"),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+        ({"output_config": {"format": {"type": "yaml", "schema": {}}}}, "output_config.format.type"),
+        ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
+        (
+            {
+                "output_config": {
+                    "format": {
+                        "type": "json_schema",
+                        "schema": {"type": "object", "patternProperties": {"^a": {"type": "string"}}},
+                    }
+                }
+            },
+            "patternProperties",
+        ),
+    ],
+)
 def test_bad_tool_and_format_bodies_are_400_in_anthropic_shape(base_url, body, needle):
     r = httpx.post(base_url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": ASK, **body}, timeout=60)
     err = assert_anthropic_error(r, 400)
@@ -200,8 +246,15 @@ def test_thinking_lands_only_in_the_thinking_block_before_the_text():
     # thinking deltas, then the signature, then the block ends; only then the text
     kinds = [d["delta"]["type"] if n == "content_block_delta" else n for n, d in frames[2:-2]]
     runs = [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
-    assert runs == ["content_block_start", "thinking_delta", "signature_delta", "content_block_stop",
-                    "content_block_start", "text_delta", "content_block_stop"]
+    assert runs == [
+        "content_block_start",
+        "thinking_delta",
+        "signature_delta",
+        "content_block_stop",
+        "content_block_start",
+        "text_delta",
+        "content_block_stop",
+    ]
     assert [b.type for b in sdk.content] == ["thinking", "text"]
     assert sdk.content[0].thinking == "The user wants the weather." and sdk.content[1].text == "Let me check."
 
@@ -222,8 +275,14 @@ def test_invalid_call_is_reasked_once_and_the_second_answer_returned():
 
 
 def test_text_then_call_streams_a_text_block_then_a_tool_use_block():
-    pieces = ["Let me check. ", "<tool_", "call>\n", '{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}',
-              "\n</tool_call>"]
+    pieces = [
+        "Let me check. ",
+        "<tool_",
+        "call>\n",
+        '{"name": "get_weather", ',
+        '"arguments": {"city": "Oslo"}}',
+        "\n</tool_call>",
+    ]
     srv, _, _ = scripted(Script(pieces))
     with srv:
         _, frames = stream_frames(srv.url, {"model": "x", "max_tokens": 50, "messages": ASK, "tools": [WEATHER]})
@@ -239,8 +298,9 @@ def test_text_then_call_streams_a_text_block_then_a_tool_use_block():
 def test_tool_choice_none_never_parses_calls():
     srv, model, _ = scripted(Script([GOOD_CALL]))
     with srv:
-        m = client(srv).messages.create(model="x", max_tokens=50, messages=ASK, tools=[WEATHER],
-                                        tool_choice={"type": "none"})
+        m = client(srv).messages.create(
+            model="x", max_tokens=50, messages=ASK, tools=[WEATHER], tool_choice={"type": "none"}
+        )
     assert m.stop_reason == "end_turn" and [b.type for b in m.content] == ["text"]
     assert "<tool_call>" in m.content[0].text
     assert model.calls[-1]["tools"] is None  # and the template never saw them
@@ -265,8 +325,15 @@ def test_beta_output_format_spelling_reaches_the_grammar():
     srv, model, _ = scripted(Script(['{"a": 1}']))
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     with srv:
-        r = httpx.post(srv.url + "/v1/messages", json={"model": "x", "max_tokens": 20, "messages": ASK,
-                                                     "output_format": {"type": "json_schema", "schema": schema}})
+        r = httpx.post(
+            srv.url + "/v1/messages",
+            json={
+                "model": "x",
+                "max_tokens": 20,
+                "messages": ASK,
+                "output_format": {"type": "json_schema", "schema": schema},
+            },
+        )
     assert r.status_code == 200 and r.json()["content"][0]["text"] == '{"a": 1}'
     assert model.calls[-1]["config"].grammar  # the schema became a grammar
 
@@ -288,13 +355,30 @@ def test_sdk_parse_and_beta_output_format_on_the_real_model(server):
         name: str
         country: str
 
-    m = client(server).messages.parse(model="m", max_tokens=80, output_format=City, extra_body=GREEDY,
-                                      messages=[{"role": "user", "content": "Name a famous city."}])
+    m = client(server).messages.parse(
+        model="m",
+        max_tokens=80,
+        output_format=City,
+        extra_body=GREEDY,
+        messages=[{"role": "user", "content": "Name a famous city."}],
+    )
     assert isinstance(m.parsed_output, City)
-    schema = {"type": "object", "additionalProperties": False, "required": ["a"],
-              "properties": {"a": {"type": "integer"}}}
-    r = httpx.post(server.url + "/v1/messages", timeout=120, json={
-        "model": "m", "max_tokens": 40, "temperature": 0, "messages": ASK,
-        "output_format": {"type": "json_schema", "schema": schema}})
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["a"],
+        "properties": {"a": {"type": "integer"}},
+    }
+    r = httpx.post(
+        server.url + "/v1/messages",
+        timeout=120,
+        json={
+            "model": "m",
+            "max_tokens": 40,
+            "temperature": 0,
+            "messages": ASK,
+            "output_format": {"type": "json_schema", "schema": schema},
+        },
+    )
     assert r.status_code == 200, r.text
     jsonschema.validate(json.loads(r.json()["content"][0]["text"]), schema)

@@ -15,8 +15,18 @@ import pytest
 from turbospark.dialects import ollama as ol
 
 from .fakes import Script
-from .support import ASK, BAD_CALL, GOOD_CALL, PERSON, THINKING, WEATHER_FUNCTION, assert_ollama_error
-from .support import chat_tool, generated, scripted
+from .support import (
+    ASK,
+    BAD_CALL,
+    GOOD_CALL,
+    PERSON,
+    THINKING,
+    WEATHER_FUNCTION,
+    assert_ollama_error,
+    chat_tool,
+    generated,
+    scripted,
+)
 
 WEATHER = chat_tool(WEATHER_FUNCTION)
 GREEDY = {"temperature": 0, "num_predict": 120}
@@ -100,36 +110,66 @@ def test_qwen_streams_the_calls_in_one_piece_before_the_done_line(qwen_server):
 def test_format_schema_is_enforced_through_the_sdk(server):
     c = client(server)
     for prompt in ["Invent a person.", "A student who likes chess."]:
-        r = c.chat(model="m", messages=[{"role": "user", "content": prompt}], format=PERSON,
-                   options={"temperature": 0, "num_predict": 200})
+        r = c.chat(
+            model="m",
+            messages=[{"role": "user", "content": prompt}],
+            format=PERSON,
+            options={"temperature": 0, "num_predict": 200},
+        )
         jsonschema.validate(json.loads(r.message.content), PERSON)
-    g = c.generate(model="m", prompt="Describe a retired sailor.", format=PERSON,
-                   options={"temperature": 0, "num_predict": 200})
+    g = c.generate(
+        model="m", prompt="Describe a retired sailor.", format=PERSON, options={"temperature": 0, "num_predict": 200}
+    )
     jsonschema.validate(json.loads(g.response), PERSON)
 
 
 def test_format_json_and_a_streamed_schema(base_url):
-    r = httpx.post(base_url + "/api/chat", timeout=120, json={
-        "model": "m", "stream": False, "format": "json", "options": {"temperature": 0, "num_predict": 400},
-        "messages": [{"role": "user", "content": "Describe a dog as a JSON object with a name and an age."}]})
+    r = httpx.post(
+        base_url + "/api/chat",
+        timeout=120,
+        json={
+            "model": "m",
+            "stream": False,
+            "format": "json",
+            "options": {"temperature": 0, "num_predict": 400},
+            "messages": [{"role": "user", "content": "Describe a dog as a JSON object with a name and an age."}],
+        },
+    )
     assert r.status_code == 200, r.text
     assert isinstance(json.loads(r.json()["message"]["content"]), dict)
     assert "x-turbospark-warning" not in r.headers
-    _, lines = ndjson_lines(base_url, "/api/generate", {
-        "model": "m", "prompt": "Invent a person.", "format": PERSON, "options": {"temperature": 0, "num_predict": 200}})
+    _, lines = ndjson_lines(
+        base_url,
+        "/api/generate",
+        {
+            "model": "m",
+            "prompt": "Invent a person.",
+            "format": PERSON,
+            "options": {"temperature": 0, "num_predict": 200},
+        },
+    )
     jsonschema.validate(json.loads("".join(line["response"] for line in lines)), PERSON)
 
 
-@pytest.mark.parametrize("path, body, needle", [
-    ("/api/chat", {"think": "extreme"}, "think"),
-    ("/api/generate", {"think": "extreme"}, "think"),
-    ("/api/chat", {"tools": [{"type": "retrieval"}]}, "tools[0].type"),
-    ("/api/chat", {"tools": [{"type": "function", "function": {"description": "no name"}}]}, "name"),
-    ("/api/chat", {"format": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}},
-     "patternProperties"),
-    ("/api/generate", {"format": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}},
-     "patternProperties"),
-])
+@pytest.mark.parametrize(
+    "path, body, needle",
+    [
+        ("/api/chat", {"think": "extreme"}, "think"),
+        ("/api/generate", {"think": "extreme"}, "think"),
+        ("/api/chat", {"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ("/api/chat", {"tools": [{"type": "function", "function": {"description": "no name"}}]}, "name"),
+        (
+            "/api/chat",
+            {"format": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}},
+            "patternProperties",
+        ),
+        (
+            "/api/generate",
+            {"format": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}},
+            "patternProperties",
+        ),
+    ],
+)
 def test_bad_think_tools_and_format_are_400_in_ollama_shape(base_url, path, body, needle):
     base = {"model": "m", "stream": False, "options": {"num_predict": 2}}
     base.update({"messages": ASK} if path == "/api/chat" else {"prompt": "hi"})
@@ -138,11 +178,20 @@ def test_bad_think_tools_and_format_are_400_in_ollama_shape(base_url, path, body
 
 
 def test_tool_name_on_tool_messages_becomes_the_tool_messages_name():
-    body = {"model": "m", "messages": [
-        *ASK,
-        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather",
-                                                                          "arguments": {"city": "Paris"}}}]},
-        {"role": "tool", "content": "sunny", "tool_name": "get_weather"}], "tools": [WEATHER], "think": "low"}
+    body = {
+        "model": "m",
+        "messages": [
+            *ASK,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+            },
+            {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+        ],
+        "tools": [WEATHER],
+        "think": "low",
+    }
     tr = ol.chat_request(ol.ChatBody.model_validate(body))
     assert tr.request is not None and tr.request.reasoning == "low"
     tool = tr.request.messages[-1]
@@ -161,8 +210,10 @@ def test_thinking_lands_only_in_the_thinking_fields_in_order():
         _, glines = ndjson_lines(srv.url, "/api/generate", {"model": "x", "prompt": "hi"})
     assert r.message.thinking == "The user wants the weather." and r.message.content == "Let me check."
     assert r.eval_count == len(THINKING)
-    order = [("t", line["message"]["thinking"]) if line["message"].get("thinking") else ("c", line["message"]["content"])
-             for line in lines[:-1]]
+    order = [
+        ("t", line["message"]["thinking"]) if line["message"].get("thinking") else ("c", line["message"]["content"])
+        for line in lines[:-1]
+    ]
     assert "".join(t for k, t in order if k == "t") == "The user wants the weather."
     assert "".join(t for k, t in order if k == "c") == "Let me check."
     kinds = [k for k, _ in order]

@@ -12,8 +12,18 @@ import openai
 import pytest
 
 from .fakes import Script
-from .support import ASK, BAD_CALL, GOOD_CALL, PERSON, TIME_FUNCTION, WEATHER_FUNCTION, assert_openai_error
-from .support import chat_tool, generated, scripted
+from .support import (
+    ASK,
+    BAD_CALL,
+    GOOD_CALL,
+    PERSON,
+    TIME_FUNCTION,
+    WEATHER_FUNCTION,
+    assert_openai_error,
+    chat_tool,
+    generated,
+    scripted,
+)
 from .support import openai_client as client
 
 WEATHER = chat_tool(WEATHER_FUNCTION)
@@ -35,7 +45,8 @@ def qwen(qwen_server):
 def test_qwen_calls_the_weather_tool_and_answers_the_follow_up(qwen):
     srv, obs = qwen
     raw = client(srv).chat.completions.with_raw_response.create(
-        model="qwen", messages=ASK, tools=[WEATHER], temperature=0, max_tokens=120)
+        model="qwen", messages=ASK, tools=[WEATHER], temperature=0, max_tokens=120
+    )
     r = raw.parse()
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -48,7 +59,9 @@ def test_qwen_calls_the_weather_tool_and_answers_the_follow_up(qwen):
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 18, "sky": "sunny"})},
     ]
-    r2 = client(srv).chat.completions.create(model="qwen", messages=follow, tools=[WEATHER], temperature=0, max_tokens=80)
+    r2 = client(srv).chat.completions.create(
+        model="qwen", messages=follow, tools=[WEATHER], temperature=0, max_tokens=80
+    )
     assert r2.choices[0].finish_reason == "stop"
     answer = r2.choices[0].message.content
     assert answer and ("18" in answer or "sunny" in answer.lower()), answer
@@ -56,8 +69,11 @@ def test_qwen_calls_the_weather_tool_and_answers_the_follow_up(qwen):
 
 def test_qwen_streams_the_call_as_tool_call_deltas(qwen):
     srv, _ = qwen
-    chunks = list(client(srv).chat.completions.create(
-        model="qwen", messages=ASK, tools=[WEATHER], temperature=0, max_tokens=120, stream=True))
+    chunks = list(
+        client(srv).chat.completions.create(
+            model="qwen", messages=ASK, tools=[WEATHER], temperature=0, max_tokens=120, stream=True
+        )
+    )
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert calls and calls[0].function.name == "get_weather" and calls[0].index == 0
     args = json.loads("".join(tc.function.arguments or "" for tc in calls if tc.index == 0))
@@ -68,7 +84,8 @@ def test_qwen_streams_the_call_as_tool_call_deltas(qwen):
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_smollm2_makes_a_valid_call_when_one_is_required(oai, hub, choice):
     raw = oai.chat.completions.with_raw_response.create(
-        model="m", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, temperature=0, max_tokens=120)
+        model="m", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, temperature=0, max_tokens=120
+    )
     r = raw.parse()
     assert r.choices[0].finish_reason == "tool_calls"
     call = r.choices[0].message.tool_calls[0]
@@ -84,34 +101,57 @@ def test_smollm2_makes_a_valid_call_when_one_is_required(oai, hub, choice):
 def test_json_schema_output_parses_and_validates(oai):
     for prompt in ["Invent a person.", "Describe a retired sailor as JSON.", "A student who likes chess."]:
         r = oai.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=200,
-            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+            model="m",
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            max_tokens=200,
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+        )
         jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
 
 
 def test_json_object_output_parses(oai):
-    r = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Describe a dog as a JSON object with a name and an age."}],
-                                    temperature=0, max_tokens=400, response_format={"type": "json_object"})
+    r = oai.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Describe a dog as a JSON object with a name and an age."}],
+        temperature=0,
+        max_tokens=400,
+        response_format={"type": "json_object"},
+    )
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
 def test_unsupported_schema_feature_is_400_naming_it(oai):
     with pytest.raises(openai.BadRequestError) as exc:
         oai.chat.completions.create(
-            model="m", messages=ASK, max_tokens=5,
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
-                "type": "object", "patternProperties": {"^a": {"type": "string"}}}}})
+            model="m",
+            messages=ASK,
+            max_tokens=5,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "patternProperties": {"^a": {"type": "string"}}},
+                },
+            },
+        )
     assert "patternProperties" in exc.value.body["message"]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"tool_choice": "sometimes"}, "tool_choice"),
-    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [WEATHER]}, "tool_choice"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
-    ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [WEATHER]}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
 def test_bad_tool_bodies_are_400(base_url, body, param):
     r = httpx.post(base_url + "/v1/chat/completions", json={"model": "m", "messages": ASK, "max_tokens": 5, **body})
     assert_openai_error(r, 400, param)
@@ -121,7 +161,9 @@ def test_bad_tool_bodies_are_400(base_url, body, param):
 def test_invalid_call_is_reasked_once_and_the_second_answer_returned():
     srv, model, obs = scripted(Script([BAD_CALL]), Script([GOOD_CALL]))
     with srv:
-        raw = client(srv).chat.completions.with_raw_response.create(model="m", messages=ASK, tools=[WEATHER], max_tokens=50)
+        raw = client(srv).chat.completions.with_raw_response.create(
+            model="m", messages=ASK, tools=[WEATHER], max_tokens=50
+        )
     r = raw.parse()
     gens = generated(obs, raw.headers["x-request-id"])
     assert len(gens) == 2
@@ -134,7 +176,9 @@ def test_invalid_call_is_reasked_once_and_the_second_answer_returned():
 def test_still_invalid_after_the_reask_returns_the_last_answer_as_is():
     srv, _, obs = scripted(Script([BAD_CALL]), Script(["I cannot do that."]))
     with srv:
-        raw = client(srv).chat.completions.with_raw_response.create(model="m", messages=ASK, tools=[WEATHER], max_tokens=50)
+        raw = client(srv).chat.completions.with_raw_response.create(
+            model="m", messages=ASK, tools=[WEATHER], max_tokens=50
+        )
     r = raw.parse()
     assert raw.status_code == 200
     assert len(generated(obs, raw.headers["x-request-id"])) == 2
@@ -144,14 +188,29 @@ def test_still_invalid_after_the_reask_returns_the_last_answer_as_is():
 def test_guardrails_off_means_one_attempt():
     srv, _, obs = scripted(Script([BAD_CALL]), Script([GOOD_CALL]), guardrails=False)
     with srv:
-        raw = client(srv).chat.completions.with_raw_response.create(model="m", messages=ASK, tools=[WEATHER], max_tokens=50)
+        raw = client(srv).chat.completions.with_raw_response.create(
+            model="m", messages=ASK, tools=[WEATHER], max_tokens=50
+        )
     assert len(generated(obs, raw.headers["x-request-id"])) == 1
 
 
 def test_text_before_a_call_streams_and_the_call_follows():
-    srv, _, _ = scripted(Script(["Let me check. ", "<tool_", "call>\n", '{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}', "\n</tool_call>"]))
+    srv, _, _ = scripted(
+        Script(
+            [
+                "Let me check. ",
+                "<tool_",
+                "call>\n",
+                '{"name": "get_weather", ',
+                '"arguments": {"city": "Oslo"}}',
+                "\n</tool_call>",
+            ]
+        )
+    )
     with srv:
-        chunks = list(client(srv).chat.completions.create(model="m", messages=ASK, tools=[WEATHER], max_tokens=50, stream=True))
+        chunks = list(
+            client(srv).chat.completions.create(model="m", messages=ASK, tools=[WEATHER], max_tokens=50, stream=True)
+        )
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == "Let me check. "
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
@@ -161,7 +220,9 @@ def test_text_before_a_call_streams_and_the_call_follows():
 def test_tool_choice_none_never_parses_calls():
     srv, _, _ = scripted(Script([GOOD_CALL]))
     with srv:
-        r = client(srv).chat.completions.create(model="m", messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=50)
+        r = client(srv).chat.completions.create(
+            model="m", messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=50
+        )
     assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
 
 
@@ -170,14 +231,22 @@ def test_think_text_lands_only_in_reasoning_content():
     srv, _, _ = scripted(Script(pieces))
     with srv:
         r = client(srv).chat.completions.create(model="m", messages=ASK, max_tokens=50)
-        chunks = list(client(srv).chat.completions.create(model="m", messages=ASK, max_tokens=50, stream=True,
-                                                          stream_options={"include_usage": True}))
+        chunks = list(
+            client(srv).chat.completions.create(
+                model="m", messages=ASK, max_tokens=50, stream=True, stream_options={"include_usage": True}
+            )
+        )
     msg = r.choices[0].message
     assert msg.content == "Hello there!"
     assert msg.model_extra["reasoning_content"] == "The user wants a greeting."
     assert r.usage.completion_tokens_details.reasoning_tokens > 0
-    order = [("r", c.choices[0].delta.model_extra.get("reasoning_content")) if c.choices[0].delta.model_extra.get("reasoning_content")
-             else ("c", c.choices[0].delta.content) for c in chunks if c.choices and (c.choices[0].delta.content or c.choices[0].delta.model_extra.get("reasoning_content"))]
+    order = [
+        ("r", c.choices[0].delta.model_extra.get("reasoning_content"))
+        if c.choices[0].delta.model_extra.get("reasoning_content")
+        else ("c", c.choices[0].delta.content)
+        for c in chunks
+        if c.choices and (c.choices[0].delta.content or c.choices[0].delta.model_extra.get("reasoning_content"))
+    ]
     assert "".join(t for k, t in order if k == "r") == "The user wants a greeting."
     assert "".join(t for k, t in order if k == "c") == "Hello there!"
     kinds = [k for k, _ in order]
@@ -197,8 +266,9 @@ def test_qwen_with_tool_choice_none_answers_in_text(qwen):
     srv, _ = qwen
     c = client(srv)
     msgs = [{"role": "user", "content": "What's the weather like in Paris today?"}]
-    r = c.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER], tool_choice="none",
-                                  max_tokens=60, temperature=0)
+    r = c.chat.completions.create(
+        model="qwen", messages=msgs, tools=[WEATHER], tool_choice="none", max_tokens=60, temperature=0
+    )
     plain = c.chat.completions.create(model="qwen", messages=msgs, max_tokens=60, temperature=0)
     assert r.choices[0].finish_reason in ("stop", "length") and not r.choices[0].message.tool_calls
     # with tool_choice none the tools never reach the prompt
@@ -210,15 +280,29 @@ def test_reasoning_switches_reach_the_real_templates(server, qwen, effort):
     """Both real templates render with the switch set, in every dialect."""
     for srv in (server, qwen[0]):
         url = srv.url
-        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
-            "model": "m", "messages": ASK, "max_tokens": 4, "reasoning_effort": effort})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=120,
+            json={"model": "m", "messages": ASK, "max_tokens": 4, "reasoning_effort": effort},
+        )
         assert r.status_code == 200, r.text
         thinking = {"type": "disabled"} if effort == "none" else {"type": "enabled", "budget_tokens": 1024}
-        r = httpx.post(url + "/v1/messages", timeout=120, json={
-            "model": "m", "messages": ASK, "max_tokens": 4, "thinking": thinking})
+        r = httpx.post(
+            url + "/v1/messages",
+            timeout=120,
+            json={"model": "m", "messages": ASK, "max_tokens": 4, "thinking": thinking},
+        )
         assert r.status_code == 200, r.text
-        r = httpx.post(url + "/api/chat", timeout=120, json={
-            "model": "m", "messages": ASK, "stream": False, "think": effort != "none",
-            "options": {"num_predict": 4}})
+        r = httpx.post(
+            url + "/api/chat",
+            timeout=120,
+            json={
+                "model": "m",
+                "messages": ASK,
+                "stream": False,
+                "think": effort != "none",
+                "options": {"num_predict": 4},
+            },
+        )
         assert r.status_code == 200, r.text
         assert r.json()["done"] is True

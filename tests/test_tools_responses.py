@@ -13,9 +13,21 @@ import pytest
 from pydantic import BaseModel
 
 from .fakes import Script
-from .support import BAD_CALL, GOOD_CALL, PERSON, SCHEMAS, THINKING, TIME_FUNCTION, WEATHER_FUNCTION
-from .support import assert_openai_error, generated, responses_tool, scripted, sse_frames
 from .support import ASK_TEXT as ASK
+from .support import (
+    BAD_CALL,
+    GOOD_CALL,
+    PERSON,
+    SCHEMAS,
+    THINKING,
+    TIME_FUNCTION,
+    WEATHER_FUNCTION,
+    assert_openai_error,
+    generated,
+    responses_tool,
+    scripted,
+    sse_frames,
+)
 from .support import openai_client as client
 
 WEATHER = responses_tool(WEATHER_FUNCTION)
@@ -76,7 +88,8 @@ def calls_of(response) -> list:
 def test_qwen_calls_the_weather_tool_and_answers_the_follow_up(qwen_server):
     srv, events = qwen_server
     raw = client(srv).responses.with_raw_response.create(
-        model="qwen", input=ASK, tools=[WEATHER], temperature=0, max_output_tokens=120)
+        model="qwen", input=ASK, tools=[WEATHER], temperature=0, max_output_tokens=120
+    )
     r = raw.parse()
     assert r.status == "completed"
     calls = calls_of(r)
@@ -94,8 +107,11 @@ def test_qwen_calls_the_weather_tool_and_answers_the_follow_up(qwen_server):
     follow = [
         {"role": "user", "content": ASK},
         {"type": "function_call", "call_id": calls[0].call_id, "name": calls[0].name, "arguments": calls[0].arguments},
-        {"type": "function_call_output", "call_id": calls[0].call_id,
-         "output": json.dumps({"temperature_c": 18, "sky": "sunny"})},
+        {
+            "type": "function_call_output",
+            "call_id": calls[0].call_id,
+            "output": json.dumps({"temperature_c": 18, "sky": "sunny"}),
+        },
     ]
     r2 = client(srv).responses.create(model="qwen", input=follow, tools=[WEATHER], temperature=0, max_output_tokens=80)
     assert r2.status == "completed" and not calls_of(r2)
@@ -124,8 +140,9 @@ def test_qwen_streams_the_call_as_a_function_call_item(qwen_server):
     assert final["usage"]["output_tokens"] == sum(g.new_tokens for g in generated(events, rid))
 
     # the SDK's stream helper rebuilds the same call
-    with client(srv).responses.stream(model="qwen", input=ASK, tools=[WEATHER], temperature=0,
-                                      max_output_tokens=120) as s:
+    with client(srv).responses.stream(
+        model="qwen", input=ASK, tools=[WEATHER], temperature=0, max_output_tokens=120
+    ) as s:
         done = s.get_final_response()
     assert calls_of(done)[0].arguments == calls[0]["_args"]
 
@@ -133,8 +150,15 @@ def test_qwen_streams_the_call_as_a_function_call_item(qwen_server):
 # ------------------------------------------------- SmolLM2 with a grammar
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_time"}])
 def test_forced_call_is_valid(oai, hub, choice):
-    raw = oai.responses.with_raw_response.create(model="m", input=ASK, tools=[WEATHER, TIME], tool_choice=choice,
-                                                 parallel_tool_calls=False, temperature=0, max_output_tokens=120)
+    raw = oai.responses.with_raw_response.create(
+        model="m",
+        input=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        temperature=0,
+        max_output_tokens=120,
+    )
     r = raw.parse()
     calls = calls_of(r)
     assert len(calls) == 1  # parallel_tool_calls=False
@@ -148,9 +172,13 @@ def test_forced_call_is_valid(oai, hub, choice):
 
 def test_json_schema_format_parses_and_validates(oai):
     for prompt in ["Invent a person.", "A student who likes chess."]:
-        r = oai.responses.create(model="m", input=prompt, temperature=0, max_output_tokens=200,
-                                 text={"format": {"type": "json_schema", "name": "person", "schema": PERSON,
-                                                  "strict": True}})
+        r = oai.responses.create(
+            model="m",
+            input=prompt,
+            temperature=0,
+            max_output_tokens=200,
+            text={"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}},
+        )
         assert r.text.format.type == "json_schema" and r.text.format.name == "person"
         jsonschema.validate(json.loads(r.output_text), PERSON)
 
@@ -160,38 +188,68 @@ def test_sdk_parse_with_a_pydantic_text_format(oai):
         name: str
         country: str
 
-    r = oai.responses.parse(model="m", input="Name a famous city.", temperature=0, max_output_tokens=120,
-                            text_format=City)
+    r = oai.responses.parse(
+        model="m", input="Name a famous city.", temperature=0, max_output_tokens=120, text_format=City
+    )
     assert isinstance(r.output_parsed, City)
 
 
 def test_json_object_format_and_streamed_json_schema(base_url):
-    r = httpx.post(base_url + "/v1/responses", timeout=120, json={
-        "model": "m", "input": "Describe a dog as a JSON object with a name and an age.", "temperature": 0,
-        "max_output_tokens": 400,
-        "text": {"format": {"type": "json_object"}}})
+    r = httpx.post(
+        base_url + "/v1/responses",
+        timeout=120,
+        json={
+            "model": "m",
+            "input": "Describe a dog as a JSON object with a name and an age.",
+            "temperature": 0,
+            "max_output_tokens": 400,
+            "text": {"format": {"type": "json_object"}},
+        },
+    )
     assert r.status_code == 200, r.text
     text = r.json()["output"][0]["content"][0]["text"]
     assert isinstance(json.loads(text), dict)
-    _, frames = stream_frames(base_url, {"model": "m", "input": "Invent a person.", "temperature": 0,
-                                         "max_output_tokens": 200,
-                                         "text": {"format": {"type": "json_schema", "name": "p", "schema": PERSON}}})
+    _, frames = stream_frames(
+        base_url,
+        {
+            "model": "m",
+            "input": "Invent a person.",
+            "temperature": 0,
+            "max_output_tokens": 200,
+            "text": {"format": {"type": "json_schema", "name": "p", "schema": PERSON}},
+        },
+    )
     jsonschema.validate(json.loads(items_of(frames)[0]["_text"]), PERSON)
 
 
-@pytest.mark.parametrize("body, param, needle", [
-    ({"tool_choice": {"type": "function"}, "tools": [WEATHER]}, "tool_choice.name", "name"),
-    ({"tool_choice": {"type": "file_search"}}, "tool_choice.type", "file_search"),
-    ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice", "nope"),
-    ({"tool_choice": "required"}, "tool_choice", "no tools"),
-    ({"text": {"format": {"type": "yaml"}}}, "text.format.type", "yaml"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": "{}"}}}, "text.format.schema", "schema"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {
-        "type": "object", "patternProperties": {"^a": {"type": "string"}}}}}}, "text.format", "patternProperties"),
-])
+@pytest.mark.parametrize(
+    "body, param, needle",
+    [
+        ({"tool_choice": {"type": "function"}, "tools": [WEATHER]}, "tool_choice.name", "name"),
+        ({"tool_choice": {"type": "file_search"}}, "tool_choice.type", "file_search"),
+        ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice", "nope"),
+        ({"tool_choice": "required"}, "tool_choice", "no tools"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format.type", "yaml"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": "{}"}}}, "text.format.schema", "schema"),
+        (
+            {
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "x",
+                        "schema": {"type": "object", "patternProperties": {"^a": {"type": "string"}}},
+                    }
+                }
+            },
+            "text.format",
+            "patternProperties",
+        ),
+    ],
+)
 def test_bad_tool_and_format_bodies_are_400(base_url, body, param, needle):
-    r = httpx.post(base_url + "/v1/responses", json={"model": "m", "input": ASK, "max_output_tokens": 5, **body},
-                   timeout=60)
+    r = httpx.post(
+        base_url + "/v1/responses", json={"model": "m", "input": ASK, "max_output_tokens": 5, **body}, timeout=60
+    )
     err = assert_openai_error(r, 400, param)
     assert needle in err["message"] and err["type"] == "invalid_request_error"
 

@@ -48,9 +48,15 @@ class Stream:
     chunk that carries content with the client's clock."""
 
     def __init__(self, client: httpx.Client, content: str, max_tokens: int) -> None:
-        self.body = {"model": "m", "messages": [{"role": "user", "content": content}],
-                     "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
-                     "stream_options": {"include_usage": True}}
+        self.body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
         self.client = client
         self.stamps: list[float] = []  # perf_counter at each content chunk
         self.usage: dict | None = None
@@ -59,7 +65,7 @@ class Stream:
         self.first = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self, barrier: threading.Barrier | None = None) -> "Stream":
+    def start(self, barrier: threading.Barrier | None = None) -> Stream:
         self.barrier = barrier
         self.thread.start()
         return self
@@ -101,11 +107,15 @@ def test_batched_decode_rate_is_the_rate_the_client_saw():
     srv, obs = serve(parallel=2)
     with srv, httpx.Client(base_url=srv.url, timeout=120) as client:
         # warm the model and the connection pool (first-use costs are no timing)
-        client.post("/v1/chat/completions", json={
-            "model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        client.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+        )
         barrier = threading.Barrier(2)
-        streams = [Stream(client, "Write a long story about a lighthouse keeper.", 120).start(barrier),
-                   Stream(client, "Describe a sunrise over the mountains.", 50).start(barrier)]
+        streams = [
+            Stream(client, "Write a long story about a lighthouse keeper.", 120).start(barrier),
+            Stream(client, "Describe a sunrise over the mountains.", 50).start(barrier),
+        ]
         for s in streams:
             s.join()
         gens = [generated(obs, s.rid) for s in streams]
@@ -118,7 +128,9 @@ def test_batched_decode_rate_is_the_rate_the_client_saw():
             client_rate = (g.new_tokens - 1) / (s.stamps[-1] - s.stamps[0])
             engine_rate = g.new_tokens / g.decode_seconds
             assert engine_rate == pytest.approx(client_rate, rel=0.15), (
-                f"engine {engine_rate:.1f} tok/s, client {client_rate:.1f} tok/s", g)
+                f"engine {engine_rate:.1f} tok/s, client {client_rate:.1f} tok/s",
+                g,
+            )
             assert g.queue_seconds >= 0 and g.prefill_seconds > 0
         # the wall-clock intervals of batched requests overlap: together
         # they exceed the wall time both took (shares of the steps could not)
@@ -130,8 +142,11 @@ def test_queue_seconds_is_the_wait_behind_the_running_request():
     """parallel=1: a request sent while another streams waits until that one
     ends; its queueSeconds is that wait as the client saw it."""
     srv, obs = serve(parallel=1)
-    with srv, httpx.Client(base_url=srv.url, timeout=120) as long_client, \
-            httpx.Client(base_url=srv.url, timeout=120) as client:
+    with (
+        srv,
+        httpx.Client(base_url=srv.url, timeout=120) as long_client,
+        httpx.Client(base_url=srv.url, timeout=120) as client,
+    ):
         warm = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
         long_client.post("/v1/chat/completions", json=warm)
         first = client.post("/v1/chat/completions", json=warm)  # an open connection for the second
@@ -140,9 +155,15 @@ def test_queue_seconds_is_the_wait_behind_the_running_request():
         assert long.first.wait(60) and long.stamps, long.error  # it holds the only sequence
         time.sleep(0.1)
         sent = time.perf_counter()
-        r = client.post("/v1/chat/completions", json={
-            "model": "m", "messages": [{"role": "user", "content": "Name three colours."}],
-            "max_tokens": 4, "temperature": 0})
+        r = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "m",
+                "messages": [{"role": "user", "content": "Name three colours."}],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+        )
         assert r.status_code == 200, r.text
         long.join()
         g = generated(obs, r.headers["x-request-id"])
@@ -155,8 +176,11 @@ def test_queue_seconds_is_the_wait_behind_the_running_request():
 
 def chat(client: httpx.Client, obs: ListObserver, messages: list[dict], key: str | None = None):
     headers = {"x-session-id": key} if key else {}
-    r = client.post("/v1/chat/completions", headers=headers, json={
-        "model": "m", "messages": messages, "max_tokens": 24, "temperature": 0})
+    r = client.post(
+        "/v1/chat/completions",
+        headers=headers,
+        json={"model": "m", "messages": messages, "max_tokens": 24, "temperature": 0},
+    )
     assert r.status_code == 200, r.text
     return generated(obs, r.headers["x-request-id"]), r.json()["choices"][0]["message"]["content"]
 
@@ -179,8 +203,10 @@ def test_an_unrelated_conversation_evicts_the_only_slot():
         # still came from the slot's KV
         assert 0 < g2.reused_prefix_tokens < g1.prompt_tokens
 
-        turn2 = fruits + [{"role": "assistant", "content": answer},
-                          {"role": "user", "content": "Which of them is the sweetest?"}]
+        turn2 = fruits + [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Which of them is the sweetest?"},
+        ]
         g3, _ = chat(client, obs, turn2)
         assert g3.session_slot_evicted is False
         assert g3.reused_prefix_tokens >= g2.prompt_tokens

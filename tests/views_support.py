@@ -5,7 +5,8 @@ SSE reader."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -23,10 +24,22 @@ def fresh_server(shared: Server, **kw: Any) -> Iterator[Server]:
         srv.stop()
 
 
-def chat(url: str, *, model: str = "gpt-4o", stream: bool = False, max_tokens: int = 8,
-         content: str = "Say hello.", headers: dict[str, str] | None = None) -> httpx.Response:
-    body = {"model": model, "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+def chat(
+    url: str,
+    *,
+    model: str = "gpt-4o",
+    stream: bool = False,
+    max_tokens: int = 8,
+    content: str = "Say hello.",
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
     return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=120)
 
 

@@ -3,7 +3,8 @@ for requests no handler takes (unknown routes, wrong methods)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -12,8 +13,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from . import __version__
-from .dialects.errors import shape_for_path
 from .auth import Auth
+from .dialects.errors import shape_for_path
 from .guard import BrowserPolicy
 from .loading import default_model_folders
 from .middleware import ERROR_KEY, AuthMiddleware, GuardMiddleware, LeaseMiddleware, ObserveMiddleware
@@ -88,7 +89,11 @@ def build_app(
         live = LiveEvents()
         observer = registry.observer = combine([observer, live])
     state = ServerState(
-        registry=registry, observer=observer, version=__version__, metrics=metrics, live=live,
+        registry=registry,
+        observer=observer,
+        version=__version__,
+        metrics=metrics,
+        live=live,
         guardrails=guardrails,
         model_folders=tuple(model_folders) if model_folders is not None else default_model_folders(registry),
     )

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 ADMIN_PREFIX = "/v1/admin/"
 #: Where the auth middleware puts the caller's tenant in the ASGI scope state.
@@ -51,8 +51,13 @@ class Decision:
 
 #: Routes an admin key opens besides the admin routes: what the server holds
 #: and did (an admin sees every tenant there), never inference.
-VIEW_ROUTES = {("GET", "/v1/events"), ("GET", "/v1/stats"), ("GET", "/v1/slots"),
-               ("GET", "/metrics"), ("HEAD", "/metrics")}
+VIEW_ROUTES = {
+    ("GET", "/v1/events"),
+    ("GET", "/v1/stats"),
+    ("GET", "/v1/slots"),
+    ("GET", "/metrics"),
+    ("HEAD", "/metrics"),
+}
 MISSING_KEY = "invalid or missing API key"
 NOT_ADMIN = "this route needs an admin key (--admin-key); an inference key never administers"
 
@@ -184,7 +189,10 @@ class OpenBind(ValueError):
 
 
 def from_config(
-    api_keys: Iterable[str], admin_keys: Iterable[str], env: Mapping[str, str], metrics_auth: bool = True,
+    api_keys: Iterable[str],
+    admin_keys: Iterable[str],
+    env: Mapping[str, str],
+    metrics_auth: bool = True,
     key_files: Iterable[str] = (),
 ) -> Auth:
     keys = [k for k in api_keys if k]

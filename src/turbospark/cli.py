@@ -12,7 +12,6 @@ from typing import Any
 from . import __version__
 from .catalog import CATALOG, DEFAULT_MODEL, ModelNotFound
 
-
 DEFAULT_PARALLEL = 4
 
 
@@ -37,8 +36,13 @@ def _progress_printer(label: str):
 #: serve flags that map onto model options; None on the command line means
 #: "not given", so a config file value is kept
 MODEL_FLAGS = {
-    "ctx": "ctx", "threads": "threads", "parallel": "parallel", "session_slots": "session_slots",
-    "draft_max": "draft_max", "max_queue": "max_queue", "keep_alive": "keep_alive",
+    "ctx": "ctx",
+    "threads": "threads",
+    "parallel": "parallel",
+    "session_slots": "session_slots",
+    "draft_max": "draft_max",
+    "max_queue": "max_queue",
+    "keep_alive": "keep_alive",
 }
 FLAG_DEFAULTS = {"ctx": 4096, "parallel": DEFAULT_PARALLEL}
 
@@ -105,10 +109,12 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
             setattr(args, key, "off" if server.get(key) is False else "on")
     args.api_key = list(args.api_key or []) + list(server.get("api_keys", []))
     args.admin_key = list(args.admin_key or []) + list(server.get("admin_keys", []))
-    args.api_key_file = list(args.api_key_file or []) + (
-        [server["api_key_file"]] if "api_key_file" in server else [])
-    for key, flag in (("allowed_hosts", "allowed_host"), ("cors_origins", "cors_origin"),
-                      ("models_dirs", "models_dir")):
+    args.api_key_file = list(args.api_key_file or []) + ([server["api_key_file"]] if "api_key_file" in server else [])
+    for key, flag in (
+        ("allowed_hosts", "allowed_host"),
+        ("cors_origins", "cors_origin"),
+        ("models_dirs", "models_dir"),
+    ):
         setattr(args, flag, list(getattr(args, flag) or []) + list(server.get(key, [])))
     if args.max_body is None:
         args.max_body = server.get("max_body")
@@ -118,9 +124,9 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
 def _serve(args: argparse.Namespace) -> int:
     from .app import build_app
     from .auth import KeyFileError, OpenBind, check_bind, from_config
-    from .guard import policy_from
     from .config import ConfigError
     from .engine.memory import MemoryRefused
+    from .guard import policy_from
     from .loading import load_spec, populate
     from .observe import combine
     from .registry import Registry, RegistryError
@@ -135,8 +141,13 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, ModelNotFound) as exc:
         return _fail(str(exc))
     try:
-        auth = from_config(args.api_key, args.admin_key, os.environ, metrics_auth=args.metrics_auth != "off",
-                           key_files=args.api_key_file)
+        auth = from_config(
+            args.api_key,
+            args.admin_key,
+            os.environ,
+            metrics_auth=args.metrics_auth != "off",
+            key_files=args.api_key_file,
+        )
         check_bind(args.host, auth)
         policy = policy_from(args.host, args.allowed_host, args.cors_origin, args.max_body)
     except (KeyFileError, OpenBind, ValueError) as exc:
@@ -161,8 +172,11 @@ def _serve(args: argparse.Namespace) -> int:
         info = model.info()
         took = time.perf_counter() - started[0]
         if not model.supports_chat:
-            print(f"  model {model.model_id}: {info['description']}, embeddings only, "
-                  f"threads {info['threads']}, loaded in {took:.1f}s", file=sys.stderr)
+            print(
+                f"  model {model.model_id}: {info['description']}, embeddings only, "
+                f"threads {info['threads']}, loaded in {took:.1f}s",
+                file=sys.stderr,
+            )
             return
         print(
             f"  model {model.model_id}: {info['description']}, context {model.max_context}, "
@@ -170,8 +184,7 @@ def _serve(args: argparse.Namespace) -> int:
             f"threads {info['threads']}, loaded in {took:.1f}s",
             file=sys.stderr,
         )
-        print(f"    {info['kv_cache']}; speculative: {'ngram' if info['speculative'] else 'off'}",
-              file=sys.stderr)
+        print(f"    {info['kv_cache']}; speculative: {'ngram' if info['speculative'] else 'off'}", file=sys.stderr)
 
     try:
         models = populate(registry, options, progress_for=progress_for, on_loaded=loaded)
@@ -184,8 +197,16 @@ def _serve(args: argparse.Namespace) -> int:
         if entry.model is None:
             print(f"  model {entry.id}: configured, loads on first use", file=sys.stderr)
 
-    app = build_app(registry, observer, auth, metrics, guardrails=args.guardrails == "on", live=live,
-                    policy=policy, model_folders=args.models_dir or None)
+    app = build_app(
+        registry,
+        observer,
+        auth,
+        metrics,
+        guardrails=args.guardrails == "on",
+        live=live,
+        policy=policy,
+        model_folders=args.models_dir or None,
+    )
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
@@ -194,10 +215,17 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"turbospark {__version__} listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
     address = f"http://{host}:{sock.getsockname()[1]}"
     print(f"  dashboard: {address}/dashboard   console: turbospark console --url {address}", file=sys.stderr)
-    print("  auth: " + ("API key required" if auth.api_keys else "off (loopback only)")
-          + "   browsers: " + (", ".join(policy.cors_origins) or "own pages only")
-          + "   events: " + (args.event_log or "(no --event-log)")
-          + "   traces: " + _traces_label(args), file=sys.stderr)
+    print(
+        "  auth: "
+        + ("API key required" if auth.api_keys else "off (loopback only)")
+        + "   browsers: "
+        + (", ".join(policy.cors_origins) or "own pages only")
+        + "   events: "
+        + (args.event_log or "(no --event-log)")
+        + "   traces: "
+        + _traces_label(args),
+        file=sys.stderr,
+    )
     server = LiveUvicorn(uvicorn_config(app), live)
     try:
         server.run(sockets=[sock])
@@ -274,50 +302,112 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve models over HTTP")
     s.add_argument("--model", "-m", action="append", help="GGUF path or packaged model name (repeatable)")
     s.add_argument("--config", metavar="FILE", help="turbospark.toml with server settings and models")
-    s.add_argument("--alias", action="append", metavar="[MODEL_ID=]NAME",
-                   help="another name a model answers to (repeatable)")
+    s.add_argument(
+        "--alias", action="append", metavar="[MODEL_ID=]NAME", help="another name a model answers to (repeatable)"
+    )
     s.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="port (default 8080; 0 = any free port)")
-    s.add_argument("--ctx", type=int, default=None, help="context per request in tokens (default 4096; 0 = the model's)")
+    s.add_argument(
+        "--ctx", type=int, default=None, help="context per request in tokens (default 4096; 0 = the model's)"
+    )
     s.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    s.add_argument("--parallel", type=int, default=None,
-                   help=f"sequences decoded together in one batch (default {DEFAULT_PARALLEL})")
-    s.add_argument("--session-slots", type=int, default=None,
-                   help="conversations whose KV stays resident (>= parallel; default = parallel)")
+    s.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help=f"sequences decoded together in one batch (default {DEFAULT_PARALLEL})",
+    )
+    s.add_argument(
+        "--session-slots",
+        type=int,
+        default=None,
+        help="conversations whose KV stays resident (>= parallel; default = parallel)",
+    )
     s.add_argument("--prefix-reuse", choices=["on", "off"], default=None, help="reuse KV prefixes (default on)")
-    s.add_argument("--speculative", choices=["ngram", "off"], default=None,
-                   help="prompt-lookup speculative decoding, exact (default ngram)")
-    s.add_argument("--draft-max", type=int, default=None, help="most tokens drafted per step (default 16; fewer are verified when this machine's step costs say so)")
-    s.add_argument("--max-queue", type=int, default=None,
-                   help="most requests waiting for a sequence (0 = unbounded); full -> 503")
-    s.add_argument("--keep-alive", type=float, default=None, metavar="SECONDS",
-                   help="unload a model after this long idle; it reloads on the next request")
-    s.add_argument("--max-resident", type=int, default=None,
-                   help="most models in memory at once; least recently used is unloaded (0 = no cap)")
+    s.add_argument(
+        "--speculative",
+        choices=["ngram", "off"],
+        default=None,
+        help="prompt-lookup speculative decoding, exact (default ngram)",
+    )
+    s.add_argument(
+        "--draft-max",
+        type=int,
+        default=None,
+        help="most tokens drafted per step (default 16; fewer are verified when this machine's step costs say so)",
+    )
+    s.add_argument(
+        "--max-queue", type=int, default=None, help="most requests waiting for a sequence (0 = unbounded); full -> 503"
+    )
+    s.add_argument(
+        "--keep-alive",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="unload a model after this long idle; it reloads on the next request",
+    )
+    s.add_argument(
+        "--max-resident",
+        type=int,
+        default=None,
+        help="most models in memory at once; least recently used is unloaded (0 = no cap)",
+    )
     s.add_argument("--api-key", action="append", help="require this API key (repeatable; or TURBOSPARK_API_KEY)")
-    s.add_argument("--admin-key", action="append",
-                   help="a separate key for /v1/admin routes (or TURBOSPARK_ADMIN_KEY)")
-    s.add_argument("--api-key-file", action="append", metavar="FILE",
-                   help="read API keys from FILE, one a line (keeps them out of the process list)")
-    s.add_argument("--allowed-host", action="append", metavar="NAME",
-                   help="a Host name to answer besides loopback names and the bound address "
-                        "(repeatable; '*' = any; guards against DNS rebinding)")
-    s.add_argument("--cors-origin", action="append", metavar="ORIGIN",
-                   help="a web origin whose pages may call the API, e.g. http://localhost:3000 "
-                        "(repeatable; '*' = any; default: only the server's own pages)")
-    s.add_argument("--max-body", type=_size, default=None, metavar="BYTES",
-                   help="largest request body, e.g. 32M (default 32 MiB); larger ones get 413")
-    s.add_argument("--models-dir", action="append", metavar="DIR",
-                   help="a folder admin attach may load GGUF files from (repeatable; default: "
-                        "the model cache and the folders of the models given at start)")
-    s.add_argument("--guardrails", choices=["on", "off"], default=None,
-                   help="validate tool calls against their schemas and re-ask once (default on)")
+    s.add_argument("--admin-key", action="append", help="a separate key for /v1/admin routes (or TURBOSPARK_ADMIN_KEY)")
+    s.add_argument(
+        "--api-key-file",
+        action="append",
+        metavar="FILE",
+        help="read API keys from FILE, one a line (keeps them out of the process list)",
+    )
+    s.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name to answer besides loopback names and the bound address "
+        "(repeatable; '*' = any; guards against DNS rebinding)",
+    )
+    s.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="a web origin whose pages may call the API, e.g. http://localhost:3000 "
+        "(repeatable; '*' = any; default: only the server's own pages)",
+    )
+    s.add_argument(
+        "--max-body",
+        type=_size,
+        default=None,
+        metavar="BYTES",
+        help="largest request body, e.g. 32M (default 32 MiB); larger ones get 413",
+    )
+    s.add_argument(
+        "--models-dir",
+        action="append",
+        metavar="DIR",
+        help="a folder admin attach may load GGUF files from (repeatable; default: "
+        "the model cache and the folders of the models given at start)",
+    )
+    s.add_argument(
+        "--guardrails",
+        choices=["on", "off"],
+        default=None,
+        help="validate tool calls against their schemas and re-ask once (default on)",
+    )
     s.add_argument("--event-log", metavar="FILE", default=None, help="append every event to FILE as JSON lines")
-    s.add_argument("--metrics-auth", choices=["on", "off"], default=None,
-                   help="GET /metrics needs the API key when keys are set (default on)")
-    s.add_argument("--otlp-endpoint", metavar="URL", default=None,
-                   help="export one OpenTelemetry span per request over OTLP/HTTP to URL "
-                        "(or set OTEL_EXPORTER_OTLP_ENDPOINT; needs turbospark[otel])")
+    s.add_argument(
+        "--metrics-auth",
+        choices=["on", "off"],
+        default=None,
+        help="GET /metrics needs the API key when keys are set (default on)",
+    )
+    s.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        default=None,
+        help="export one OpenTelemetry span per request over OTLP/HTTP to URL "
+        "(or set OTEL_EXPORTER_OTLP_ENDPOINT; needs turbospark[otel])",
+    )
     s.add_argument("--verbose", "-v", action="store_true")
     s.set_defaults(func=_serve)
 
@@ -331,8 +421,9 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="summary and PNG plots of an --event-log file")
     r.add_argument("events", metavar="EVENTS.jsonl", help="a file written by serve --event-log")
-    r.add_argument("--out", default="turbospark-report", metavar="DIR",
-                   help="where the PNG plots go (default ./turbospark-report)")
+    r.add_argument(
+        "--out", default="turbospark-report", metavar="DIR", help="where the PNG plots go (default ./turbospark-report)"
+    )
     r.set_defaults(func=_report)
     return p
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .usage import Usage
 
@@ -151,7 +152,7 @@ class Fold:
     usage: Usage = field(default_factory=Usage)
     models: list[str] = field(default_factory=list)
     per_model: dict[str, ModelTotals] = field(default_factory=dict)
-    _records: "OrderedDict[int, RequestRecord]" = field(default_factory=OrderedDict)
+    _records: OrderedDict[int, RequestRecord] = field(default_factory=OrderedDict)
     _open: set[int] = field(default_factory=set)
     _hidden: set[int] = field(default_factory=set)
     _prefill_ms: deque[float] = field(init=False)
@@ -164,7 +165,7 @@ class Fold:
         self._overhead_ms = deque(maxlen=self.samples)
 
     # -- feeding ---------------------------------------------------------
-    def feed_all(self, events: Iterable[Mapping[str, Any]]) -> "Fold":
+    def feed_all(self, events: Iterable[Mapping[str, Any]]) -> Fold:
         for e in events:
             self.feed(e)
         return self

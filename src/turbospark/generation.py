@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from .engine.types import (
     AdmissionError,
@@ -230,7 +231,9 @@ def prepare(model: Any, req: ChatRequest) -> Prepared:
     """Render and tokenize the prompt, pick tools/grammar, and admit it."""
     if req.tool_choice == "named":
         if req.tool_name not in tool_names(req.tools):
-            raise AdmissionError(f"tool_choice names {req.tool_name!r}, which is not among the offered tools", "tool_choice")
+            raise AdmissionError(
+                f"tool_choice names {req.tool_name!r}, which is not among the offered tools", "tool_choice"
+            )
     if req.tool_choice in ("required", "named") and not tool_names(req.tools):
         raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
     ids, syntax, think = _render(model, req)
@@ -243,7 +246,8 @@ def prepare(model: Any, req: ChatRequest) -> Prepared:
     for token in config.logit_bias:  # refused now, not after a stream's headers
         if not 0 <= token < model.vocab_size:
             raise AdmissionError(
-                f"logit_bias names token {token}, but the vocabulary has {model.vocab_size} tokens", "logit_bias")
+                f"logit_bias names token {token}, but the vocabulary has {model.vocab_size} tokens", "logit_bias"
+            )
     grammar = _grammar(req, syntax)
     if grammar is not None:
         config.grammar = grammar
@@ -256,16 +260,14 @@ def prepare(model: Any, req: ChatRequest) -> Prepared:
         # a template whose generation prompt opens <think> itself: the
         # output starts inside the reasoning
         opener = model.tokenize("<think>", False, True)
-        think_open = bool(opener) and (ids[-len(opener):] == opener or ids[-len(opener) - 1 : -1] == opener)
+        think_open = bool(opener) and (ids[-len(opener) :] == opener or ids[-len(opener) - 1 : -1] == opener)
     # thinking is split off whenever the model writes it (the effort only
     # flips the template's switch); raw prompts are left alone
     return Prepared(ids, config, req, syntax, offered, req.prompt is None, think_open)
 
 
 # --------------------------------------------------------------- generating
-async def complete(
-    model: Any, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER
-) -> Final:
+async def complete(model: Any, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER) -> Final:
     """Run the turn to its end (the same path as :func:`stream`)."""
     final: Final | None = None
     async for item in stream(model, prepared, cancel, reporter):
@@ -288,7 +290,7 @@ async def _run(
     )
     model_id = model.model_id
 
-    def report(done: "asyncio.Future[RawDecodeResult]") -> None:
+    def report(done: asyncio.Future[RawDecodeResult]) -> None:
         if not done.cancelled() and done.exception() is None:
             reporter.generated(model_id, done.result())
 
@@ -307,8 +309,8 @@ async def _run(
             cancel.cancel("the client went away")
 
 
-def _end_of(queue: "asyncio.Queue[Progress | None]") -> Any:
-    def done(task: "asyncio.Future[Any]") -> None:
+def _end_of(queue: asyncio.Queue[Progress | None]) -> Any:
+    def done(task: asyncio.Future[Any]) -> None:
         queue.put_nowait(None)
         if not task.cancelled():
             task.exception()  # retrieved here so an abandoned task logs nothing
@@ -459,7 +461,11 @@ def _calls_of(text: str, prepared: Prepared) -> tuple[list[toolcalls.ToolCall], 
     problems = list(parsed.problems)
     req = prepared.request
     problems += validate_calls(parsed.calls, req.tools if req else None)
-    valid = parsed.calls if not problems else [c for c in parsed.calls if not validate_calls([c], req.tools if req else None)]
+    valid = (
+        parsed.calls
+        if not problems
+        else [c for c in parsed.calls if not validate_calls([c], req.tools if req else None)]
+    )
     return valid, problems, parsed.content
 
 

@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 DEFAULT_MAX_BODY = 32 * 1024 * 1024
 #: request headers a browser page may send on an allowed origin's requests
 CORS_HEADERS = (
-    "authorization", "x-api-key", "content-type", "anthropic-version", "anthropic-beta",
-    "x-session-id", "x-request-id", "anthropic-dangerous-direct-browser-access",
+    "authorization",
+    "x-api-key",
+    "content-type",
+    "anthropic-version",
+    "anthropic-beta",
+    "x-session-id",
+    "x-request-id",
+    "anthropic-dangerous-direct-browser-access",
 )
 #: header families the official SDKs send from a browser
 CORS_HEADER_PREFIXES = ("openai-", "x-stainless-", "anthropic-")
@@ -36,7 +42,7 @@ def split_host(value: str) -> str:
     """``Host`` header → the host name or address, lower case, no port."""
     value = value.strip().lower()
     if value.startswith("["):  # [::1]:8080
-        return value[1:value.find("]")] if "]" in value else value[1:]
+        return value[1 : value.find("]")] if "]" in value else value[1:]
     if value.count(":") == 1:
         value = value.split(":", 1)[0]
     return value.rstrip(".")
@@ -111,8 +117,10 @@ class BrowserPolicy:
         origin = origin.strip().rstrip("/").lower()
         if "*" in self._origins or origin in self._origins:
             return True
-        if host_header and origin in (f"http://{host_header.strip().lower()}",
-                                      f"https://{host_header.strip().lower()}"):
+        if host_header and origin in (
+            f"http://{host_header.strip().lower()}",
+            f"https://{host_header.strip().lower()}",
+        ):
             return True
         return False
 
@@ -126,8 +134,11 @@ class BrowserPolicy:
 
 
 def policy_from(
-    bound_host: str, allowed_hosts: Iterable[str] = (), cors_origins: Iterable[str] = (),
+    bound_host: str,
+    allowed_hosts: Iterable[str] = (),
+    cors_origins: Iterable[str] = (),
     max_body: int | None = None,
 ) -> BrowserPolicy:
-    return BrowserPolicy(bound_host, tuple(allowed_hosts), tuple(cors_origins),
-                         max_body if max_body else DEFAULT_MAX_BODY)
+    return BrowserPolicy(
+        bound_host, tuple(allowed_hosts), tuple(cors_origins), max_body if max_body else DEFAULT_MAX_BODY
+    )

@@ -4,10 +4,10 @@ attach request into the registry: options, specs, and the loader."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable
-
 import os
 import stat
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .catalog import CATALOG, GGUF_MAGIC, cache_dir, resolve_model
 from .engine.model import LlamaChatModel, ModelOptions, derive_id
@@ -77,8 +77,12 @@ def attachable(arg: str, folders: Iterable[str]) -> tuple[str, str | None]:
 def spec_for(opts: ModelOptions) -> ModelSpec:
     model_id = opts.id or derive_id(opts.path)
     return ModelSpec(
-        id=model_id, aliases=tuple(opts.aliases), kind=opts.kind,  # type: ignore[arg-type]
-        options=dataclasses.replace(opts, id=model_id), keep_alive=opts.keep_alive, path=opts.path,
+        id=model_id,
+        aliases=tuple(opts.aliases),
+        kind=opts.kind,  # type: ignore[arg-type]
+        options=dataclasses.replace(opts, id=model_id),
+        keep_alive=opts.keep_alive,
+        path=opts.path,
     )
 
 
@@ -123,5 +127,3 @@ def populate(
         else:
             registry.attach(arg)  # a model object the caller owns
     return loaded
-
-

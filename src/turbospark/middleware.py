@@ -17,7 +17,8 @@ for a status ≥ 400: nothing is parsed back out of a body.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import orjson
 
@@ -86,8 +87,9 @@ class ObserveMiddleware:
         method, path = scope.get("method", ""), scope.get("path", "")
         record(observer, lambda: RequestStarted(id=rid, at_ms=now_ms(), method=method, path=path))
         if getattr(observer, "trace_context", None) is not None:
-            carrier = {k.decode("latin-1"): v.decode("latin-1")
-                       for k, v in scope.get("headers", []) if k in TRACE_HEADERS}
+            carrier = {
+                k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", []) if k in TRACE_HEADERS
+            }
             if carrier:
                 trace_context(observer, rid, carrier)
         status = 0
@@ -149,21 +151,30 @@ class ObserveMiddleware:
         finish(outcome())
 
 
-async def refuse(scope: Scope, send: Any, status: int, message: str, *,
-                 type: str | None = None, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+async def refuse(
+    scope: Scope,
+    send: Any,
+    status: int,
+    message: str,
+    *,
+    type: str | None = None,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
     """An error in the path's dialect shape, sent without reading the body."""
     scope.setdefault("state", {})[ERROR_KEY] = message
     shape = shape_for_path(scope.get("path", ""))
     body = orjson.dumps(shape(status, message, type=type, param=None, code=None))
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *headers,
-        ],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -173,7 +184,8 @@ class BodyTooLarge(BadRequest):
     def __init__(self, limit: int) -> None:
         super().__init__(
             f"the request body is larger than this server's limit of {limit} bytes (--max-body)",
-            status=413, code="request_too_large",
+            status=413,
+            code="request_too_large",
         )
 
 
@@ -203,26 +215,43 @@ class GuardMiddleware:
         policy = self.policy
         host = _header(scope, b"host")
         if not policy.host_allowed(host):
-            await refuse(scope, send, 403, f"host {host!r} is not allowed: this server answers to "
-                         "loopback names, its own address and --allowed-host names", type="permission_error")
+            await refuse(
+                scope,
+                send,
+                403,
+                f"host {host!r} is not allowed: this server answers to "
+                "loopback names, its own address and --allowed-host names",
+                type="permission_error",
+            )
             return
         origin = _header(scope, b"origin")
         if origin is not None:
             if not policy.origin_allowed(origin, host):
-                await refuse(scope, send, 403, f"origin {origin!r} is not allowed to call this server "
-                             "(--cors-origin)", type="permission_error")
+                await refuse(
+                    scope,
+                    send,
+                    403,
+                    f"origin {origin!r} is not allowed to call this server (--cors-origin)",
+                    type="permission_error",
+                )
                 return
             cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
             requested = _header(scope, b"access-control-request-method")
             if scope.get("method") == "OPTIONS" and requested is not None:
                 asked = _header(scope, b"access-control-request-headers") or ""
-                await send({"type": "http.response.start", "status": 204, "headers": [
-                    *cors,
-                    (b"access-control-allow-methods", CORS_METHODS.encode()),
-                    (b"access-control-allow-headers", policy.allowed_request_headers(asked).encode()),
-                    (b"access-control-max-age", CORS_MAX_AGE.encode()),
-                    (b"content-length", b"0"),
-                ]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 204,
+                        "headers": [
+                            *cors,
+                            (b"access-control-allow-methods", CORS_METHODS.encode()),
+                            (b"access-control-allow-headers", policy.allowed_request_headers(asked).encode()),
+                            (b"access-control-max-age", CORS_MAX_AGE.encode()),
+                            (b"content-length", b"0"),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": b""})
                 return
             send = _with_headers(send, [*cors, (b"access-control-expose-headers", CORS_EXPOSE.encode())])
@@ -292,8 +321,14 @@ class AuthMiddleware:
         decision = self.auth.check(scope.get("method", ""), scope.get("path", ""), headers)
         if not decision.allowed:
             if decision.status == 401:
-                await refuse(scope, send, 401, decision.reason, type="authentication_error",
-                             headers=[(b"www-authenticate", b'Bearer realm="turbospark"')])
+                await refuse(
+                    scope,
+                    send,
+                    401,
+                    decision.reason,
+                    type="authentication_error",
+                    headers=[(b"www-authenticate", b'Bearer realm="turbospark"')],
+                )
             else:
                 await refuse(scope, send, decision.status, decision.reason, type="permission_error")
             return

@@ -25,8 +25,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 from .observe import ModelAttached, ModelDetached, Observer, now_ms, record
 
@@ -76,7 +77,7 @@ class Entry:
     last_used: float = field(default_factory=time.monotonic)
     detached: bool = False
     info: dict[str, Any] = field(default_factory=dict)
-    _loading: "asyncio.Future[Any] | None" = None
+    _loading: asyncio.Future[Any] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -172,8 +173,12 @@ class Registry:
         with self._lock:
             self.check_names(spec.id, spec.aliases)
             entry = Entry(spec.id, spec.aliases, spec.kind, spec=spec)
-            entry.info = {"id": spec.id, "aliases": list(spec.aliases), "path": spec.path,
-                          "size_bytes": _file_size(spec.path)}
+            entry.info = {
+                "id": spec.id,
+                "aliases": list(spec.aliases),
+                "path": spec.path,
+                "size_bytes": _file_size(spec.path),
+            }
             self._entries[entry.id] = entry
         return entry
 
@@ -240,20 +245,20 @@ class Registry:
                 return Route(capable[0], requested, capable[0].id)
             if not capable:
                 what = "chat" if capability == "chat" else "embeddings"
-                raise RoutingError(
-                    503, f"no model capable of this request ({what}) is loaded", "model_not_available"
-                )
+                raise RoutingError(503, f"no model capable of this request ({what}) is loaded", "model_not_available")
             ids = sorted(e.id for e in capable)
             if not requested:
                 raise RoutingError(
-                    400, f"several models are loaded; name one in 'model': {', '.join(ids)}",
+                    400,
+                    f"several models are loaded; name one in 'model': {', '.join(ids)}",
                     "model_required",
                 )
             names = [n for e in capable for n in e.names]
             close = difflib.get_close_matches(requested, names, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise RoutingError(
-                404, f"model {requested!r} not found; available models: {', '.join(ids)}.{hint}",
+                404,
+                f"model {requested!r} not found; available models: {', '.join(ids)}.{hint}",
                 "model_not_found",
             )
 

@@ -9,7 +9,8 @@ with the Agg backend, so ``serve`` never needs it.
 from __future__ import annotations
 
 import os
-from typing import IO, Any, Iterator
+from collections.abc import Iterator
+from typing import IO, Any
 
 import orjson
 

@@ -1,10 +1,10 @@
 """Embedding API: run a turbospark server inside your own process.
 
-    ring = RingObserver()
-    server = Server(models=["smollm2-135m"], observer=ring).start()
-    ...  # talk to server.url with any client
-    events = ring.drain().events
-    server.stop()
+ring = RingObserver()
+server = Server(models=["smollm2-135m"], observer=ring).start()
+...  # talk to server.url with any client
+events = ring.drain().events
+server.stop()
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ import os
 import signal
 import socket
 import threading
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import uvicorn
 from uvicorn.server import HANDLED_SIGNALS
 
 from .app import build_app
 from .auth import Auth, check_bind, read_key_file
-from .guard import policy_from
 from .catalog import DEFAULT_MODEL
+from .guard import policy_from
 from .loading import ModelArg, load_spec, populate
 from .observe import Observer, combine
 from .registry import Registry
@@ -32,6 +33,7 @@ from .sinks.live import LiveEvents
 from .sinks.prometheus import PrometheusSink
 
 log = logging.getLogger("turbospark.server")
+
 
 class Server:
     """A server on a background thread, with the models loaded in-process."""
@@ -70,7 +72,12 @@ class Server:
         chosen = list(models) if models is not None else [DEFAULT_MODEL]
         self._owned = populate(self.registry, chosen, model_defaults)
         self.app = build_app(
-            self.registry, self.observer, self.auth, self.metrics, live=self.live, guardrails=guardrails,
+            self.registry,
+            self.observer,
+            self.auth,
+            self.metrics,
+            live=self.live,
+            guardrails=guardrails,
             policy=policy_from(host, allowed_hosts, cors_origins, max_body),
             model_folders=tuple(models_dirs) if models_dirs is not None else None,
         )
@@ -84,7 +91,7 @@ class Server:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "Server":
+    def start(self, timeout: float = 30.0) -> Server:
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn_config(self.app, self._log_level)
@@ -127,7 +134,7 @@ class Server:
                     entry.model = None
         self._owned.clear()
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -212,8 +219,13 @@ def uvicorn_config(app: Any, log_level: str = "warning") -> uvicorn.Config:
     """The HTTP server's settings, for ``Server`` and ``turbospark serve`` alike."""
     protocol = _bounded_protocol()
     return uvicorn.Config(
-        app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-        http=protocol if protocol is not None else "h11", h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        http=protocol if protocol is not None else "h11",
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
 
 

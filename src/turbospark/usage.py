@@ -6,8 +6,9 @@ sink use it, so every view derives rates and overhead the same way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 
 def ratio(num: float, den: float) -> float | None:

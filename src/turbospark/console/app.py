@@ -22,11 +22,21 @@ from .charts import rate_chart, time_chart
 from .client import EventSource
 
 COLUMNS = (
-    ("id", "id"), ("status", "status"), ("method", "method"), ("path", "path"),
-    ("requested → served", "route"), ("stream", "stream"), ("prompt", "prompt"), ("new", "new"),
-    ("prefill ms", "prefill"), ("decode ms", "decode"), ("queued ms", "queued"), ("overhead ms", "overhead"),
+    ("id", "id"),
+    ("status", "status"),
+    ("method", "method"),
+    ("path", "path"),
+    ("requested → served", "route"),
+    ("stream", "stream"),
+    ("prompt", "prompt"),
+    ("new", "new"),
+    ("prefill ms", "prefill"),
+    ("decode ms", "decode"),
+    ("queued ms", "queued"),
+    ("overhead ms", "overhead"),
     ("tok/s", "rate"),
-    ("reused", "reused"), ("evicted", "evicted"),
+    ("reused", "reused"),
+    ("evicted", "evicted"),
 )
 MAX_ROWS = 1000
 

@@ -4,7 +4,7 @@ records, so they are tested without a terminal."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from rich.text import Text
 
@@ -55,8 +55,18 @@ def time_chart(records: Sequence[RequestRecord], width: int = 50, rows: int = 8)
     done = [r for r in records if r.usage.generations > 0][-rows:]
     if not done:
         return Text("no generations yet", style="dim")
-    parts = [(r, (r.queued_ms or 0.0, r.usage.prefill_seconds * 1000.0, r.usage.decode_seconds * 1000.0,
-                  r.overhead_ms or 0.0)) for r in done]
+    parts = [
+        (
+            r,
+            (
+                r.queued_ms or 0.0,
+                r.usage.prefill_seconds * 1000.0,
+                r.usage.decode_seconds * 1000.0,
+                r.overhead_ms or 0.0,
+            ),
+        )
+        for r in done
+    ]
     top = max(sum(ms) for _, ms in parts) or 1.0
     out = Text()
     for name, color in PARTS:

@@ -6,8 +6,9 @@ counts as log gaps)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import orjson

@@ -299,9 +299,7 @@ def _turn(m: InputMessage, i: int, tr: _Translation) -> None:
         elif kind == "search_result" and m.role == "user":
             texts.append(_text_blocks(part.get("content"), f"{at}.content", tr))
         else:
-            raise BadRequest(
-                f"unsupported content block type {kind!r} in a {m.role} message at '{at}'", f"{at}.type"
-            )
+            raise BadRequest(f"unsupported content block type {kind!r} in a {m.role} message at '{at}'", f"{at}.type")
     has_tool_results = any(isinstance(p, dict) and p.get("type") == "tool_result" for p in m.content)
     if texts or calls or not has_tool_results:
         msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts)}
@@ -404,8 +402,11 @@ def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]
     messages, warnings = to_messages(body)
     tools, tool_warnings = to_tools(body.tools)
     check_tool_schemas(
-        [(f"tools[{i}].input_schema", t.get("name"), t.get("input_schema"))
-         for i, t in enumerate(body.tools or ()) if t.get("type") in (None, "custom")],
+        [
+            (f"tools[{i}].input_schema", t.get("name"), t.get("input_schema"))
+            for i, t in enumerate(body.tools or ())
+            if t.get("type") in (None, "custom")
+        ],
         choice,
         name,
     )
@@ -508,8 +509,12 @@ class MessageRenderer:
     def _message(self, content: list[dict[str, Any]], final: Final | None, prompt_tokens: int) -> dict[str, Any]:
         if final is None:
             reason, sequence = None, None
-            use = {"input_tokens": prompt_tokens, "output_tokens": 0,
-                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+            use = {
+                "input_tokens": prompt_tokens,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            }
         else:
             reason, sequence = stop_reason(final, self.stops, self.clipped)
             use = usage(final)
@@ -543,10 +548,9 @@ class MessageRenderer:
         """``message_start`` (usage from the rendered prompt: the cached part
         is not known until the engine answers, so the real split comes in
         ``message_delta``) and ``ping``; blocks open as content arrives."""
-        return (
-            sse_event("message_start", {"type": "message_start", "message": self._message([], None, prompt_tokens)})
-            + sse_event("ping", {"type": "ping"})
-        )
+        return sse_event(
+            "message_start", {"type": "message_start", "message": self._message([], None, prompt_tokens)}
+        ) + sse_event("ping", {"type": "ping"})
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return sse_event("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})

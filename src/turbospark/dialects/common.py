@@ -209,8 +209,6 @@ def text_of(content: Any, *, images: list[Any] | None = None, where: str = "cont
                 if images is not None:
                     images.append(part)
             else:
-                raise BadRequest(
-                    f"unsupported content part type {kind!r} in '{where}[{i}]'", f"{where}[{i}].type"
-                )
+                raise BadRequest(f"unsupported content part type {kind!r} in '{where}[{i}]'", f"{where}[{i}].type")
         return "".join(out)
     raise BadRequest(f"'{where}' must be a string or a list of content parts", where)

@@ -39,9 +39,7 @@ def openai_error(
 
 def anthropic_error(status: int, message: str, type: str | None = None, **_: Any) -> dict[str, Any]:
     """``{"type": "error", "error": {"type", "message"}}``"""
-    if type is None or type not in _ANTHROPIC_TYPES.values() or (
-        type == "invalid_request_error" and status != 400
-    ):
+    if type is None or type not in _ANTHROPIC_TYPES.values() or (type == "invalid_request_error" and status != 400):
         type = _ANTHROPIC_TYPES.get(status, "api_error")
     return {"type": "error", "error": {"type": type, "message": message}}
 

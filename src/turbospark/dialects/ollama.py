@@ -50,12 +50,40 @@ _UNSUPPORTED_SAMPLING = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 
 #: llama.cpp's ``llama_ftype`` numbers (GGUF ``general.file_type``).
 FILE_TYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
-    10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
-    16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S",
-    22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M",
-    28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
-    37: "TQ2_0", 38: "MXFP4", 39: "NVFP4",
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
+    25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
+    30: "IQ4_XS",
+    31: "IQ1_M",
+    32: "BF16",
+    36: "TQ1_0",
+    37: "TQ2_0",
+    38: "MXFP4",
+    39: "NVFP4",
 }
 
 
@@ -186,8 +214,9 @@ def _config(body: _Common, warnings: list[str]) -> tuple[GenerationConfig, int |
         if name in extra and extra[name] not in (None, off):
             warnings.append(f"options.{name} is not supported and was ignored")
     if o.num_predict == 0:
-        raise BadRequest("options.num_predict must be positive, or -1 / -2 for 'until the context is full'",
-                         "options.num_predict")
+        raise BadRequest(
+            "options.num_predict must be positive, or -1 / -2 for 'until the context is full'", "options.num_predict"
+        )
     budget = o.num_predict if o.num_predict is not None and o.num_predict > 0 else None
     if budget is not None:
         config.max_new_tokens = budget
@@ -196,10 +225,11 @@ def _config(body: _Common, warnings: list[str]) -> tuple[GenerationConfig, int |
 
 def _common_checks(body: _Common, warnings: list[str]) -> None:
     if isinstance(body.format, str) and body.format not in ("", "json"):
-        raise BadRequest(f"invalid format {body.format!r}: expected \"json\" or a JSON schema", "format")
+        raise BadRequest(f'invalid format {body.format!r}: expected "json" or a JSON schema', "format")
     if isinstance(body.think, str) and body.think not in THINK_LEVELS:
-        raise BadRequest(f"invalid think value {body.think!r}: expected true, false or one of: "
-                         f"{', '.join(THINK_LEVELS)}", "think")
+        raise BadRequest(
+            f"invalid think value {body.think!r}: expected true, false or one of: {', '.join(THINK_LEVELS)}", "think"
+        )
     if body.logprobs or body.top_logprobs:
         raise BadRequest("logprobs are not supported by this server", "logprobs")
 

@@ -201,8 +201,7 @@ def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]
     warnings: list[str] = []
     if body.reasoning_effort is not None and body.reasoning_effort not in REASONING_EFFORTS:
         raise BadRequest(
-            f"unknown reasoning_effort {body.reasoning_effort!r}; "
-            f"expected one of: {', '.join(REASONING_EFFORTS)}",
+            f"unknown reasoning_effort {body.reasoning_effort!r}; expected one of: {', '.join(REASONING_EFFORTS)}",
             "reasoning_effort",
         )
     images: list[Any] = []
@@ -223,8 +222,10 @@ def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]
     )
     req.tool_choice, req.tool_name = tool_choice(body.tool_choice)
     check_tool_schemas(
-        [(f"tools[{i}].function.parameters", t["function"]["name"], t["function"]["parameters"])
-         for i, t in enumerate(req.tools or ())],
+        [
+            (f"tools[{i}].function.parameters", t["function"]["name"], t["function"]["parameters"])
+            for i, t in enumerate(req.tools or ())
+        ],
         req.tool_choice,
         req.tool_name,
     )
@@ -248,7 +249,9 @@ def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
             raise BadRequest(f"tools[{i}].function.name must be a non-empty string", f"tools[{i}].function.name")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}].function.parameters")
+            raise BadRequest(
+                f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}].function.parameters"
+            )
         if fn.get("description") is not None and not isinstance(fn["description"], str):
             raise BadRequest(f"tools[{i}].function.description must be a string", f"tools[{i}].function.description")
         out.append({"type": "function", "function": {**fn, "parameters": params}})
@@ -265,7 +268,7 @@ def tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
         if choice.get("type") == "function" and isinstance(fn, dict) and isinstance(fn.get("name"), str):
             return "named", fn["name"]
     raise BadRequest(
-        "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+        'tool_choice must be \'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": ...}}',
         "tool_choice",
     )
 
@@ -277,8 +280,9 @@ def structured_output(fmt: ResponseFormat, req: ChatRequest) -> None:
         spec = fmt.json_schema
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise BadRequest("response_format.json_schema.schema must be a JSON schema object",
-                             "response_format.json_schema.schema")
+            raise BadRequest(
+                "response_format.json_schema.schema must be a JSON schema object", "response_format.json_schema.schema"
+            )
         req.json_schema = check_json_schema(schema, "response_format.json_schema.schema")
 
 

@@ -87,9 +87,7 @@ def prompt_text(prompt: str | list[Any]) -> str:
                 "prompt",
             )
         return prompt[0]
-    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt) or all(
-        isinstance(p, list) for p in prompt
-    ):
+    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt) or all(isinstance(p, list) for p in prompt):
         raise BadRequest("token-id prompts are not supported; send 'prompt' as a string", "prompt")
     raise BadRequest("'prompt' must be a string or a list with one string", "prompt")
 

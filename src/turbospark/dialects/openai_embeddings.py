@@ -97,9 +97,7 @@ def fit_dimensions(vector: list[float], dimensions: int | None, param: str = "di
     if dimensions < 1:
         raise BadRequest(f"'{param}' must be at least 1", param)
     if dimensions > v.shape[0]:
-        raise BadRequest(
-            f"'{param}' is {dimensions}, but this model's embeddings have {v.shape[0]} dimensions", param
-        )
+        raise BadRequest(f"'{param}' is {dimensions}, but this model's embeddings have {v.shape[0]} dimensions", param)
     v = v[:dimensions]
     norm = float(np.linalg.norm(v))
     return v / norm if norm > 0 else v

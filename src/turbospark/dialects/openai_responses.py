@@ -174,8 +174,11 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
         elif kind == "function_call":
             call = _check(FunctionCallItem, raw, where)
             call_names[call.call_id] = call.name
-            wire = {"id": call.call_id, "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments}}
+            wire = {
+                "id": call.call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
             last = out[-1] if out else None
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": ""}
@@ -207,7 +210,9 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
     return out
 
 
-def to_tools(tools: list[dict[str, Any]] | None, warnings: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def to_tools(
+    tools: list[dict[str, Any]] | None, warnings: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Flat function tools to the chat-style list the template expects.
     Returns (chat tools, tools echoed in the response); hosted tool types
     (web search, file search ...) do not exist here and are dropped with a
@@ -230,8 +235,15 @@ def to_tools(tools: list[dict[str, Any]] | None, warnings: list[str]) -> tuple[l
         if tool.strict is not None:
             fn["strict"] = tool.strict
         chat.append({"type": "function", "function": fn})
-        echo.append({"type": "function", "name": tool.name, "description": tool.description,
-                     "parameters": tool.parameters, "strict": tool.strict})
+        echo.append(
+            {
+                "type": "function",
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+                "strict": tool.strict,
+            }
+        )
     if dropped:
         warnings.append(f"tool type(s) {', '.join(sorted(set(dropped)))} ignored: only function tools are supported")
     return chat, echo
@@ -252,8 +264,9 @@ def tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
     if not isinstance(kind, str):
         raise BadRequest("'tool_choice.type' must be a string", "tool_choice.type")
     if kind != "function":
-        raise BadRequest(f"tool_choice type {kind!r} is not supported; only function tools exist here",
-                         "tool_choice.type")
+        raise BadRequest(
+            f"tool_choice type {kind!r} is not supported; only function tools exist here", "tool_choice.type"
+        )
     name = choice.get("name")
     if not isinstance(name, str) or not name:
         raise BadRequest("'tool_choice.name' must be a non-empty string", "tool_choice.name")
@@ -269,8 +282,9 @@ def structured_output(fmt: dict[str, Any] | None, req: ChatRequest) -> None:
     if not isinstance(kind, str):
         raise BadRequest("'text.format.type' must be a string", "text.format.type")
     if kind not in TEXT_FORMATS:
-        raise BadRequest(f"unknown text.format type {kind!r}; expected one of: {', '.join(TEXT_FORMATS)}",
-                         "text.format.type")
+        raise BadRequest(
+            f"unknown text.format type {kind!r}; expected one of: {', '.join(TEXT_FORMATS)}", "text.format.type"
+        )
     if kind == "json_object":
         req.json_object = True
     elif kind == "json_schema":
@@ -317,8 +331,11 @@ def to_chat_request(body: ResponsesRequest) -> tuple[ChatRequest, list[str], lis
         warnings.append(f"{len(images)} image part(s) ignored: this model has no vision support")
     tools, echo_tools = to_tools(body.tools, warnings)
     check_tool_schemas(
-        [(f"tools[{i}].parameters", t.get("name"), t.get("parameters") or {"type": "object", "properties": {}})
-         for i, t in enumerate(body.tools or ()) if t.get("type") == "function"],
+        [
+            (f"tools[{i}].parameters", t.get("name"), t.get("parameters") or {"type": "object", "properties": {}})
+            for i, t in enumerate(body.tools or ())
+            if t.get("type") == "function"
+        ],
         choice,
         name,
     )
@@ -370,8 +387,14 @@ def status_of(reason: StopReason) -> str:
 
 
 def function_call_item(call: ToolCall, item_id: str, status: str = "completed") -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments if status == "completed" else "", "status": status}
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments if status == "completed" else "",
+        "status": status,
+    }
 
 
 class ResponsesRenderer:
@@ -407,12 +430,13 @@ class ResponsesRenderer:
             "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
             "previous_response_id": None,
             "prompt_cache_key": body.prompt_cache_key,
-            "reasoning": {"effort": reasoning.effort if reasoning else None,
-                          "summary": reasoning.summary if reasoning else None},
+            "reasoning": {
+                "effort": reasoning.effort if reasoning else None,
+                "summary": reasoning.summary if reasoning else None,
+            },
             "store": False,
             "temperature": config.temperature,
-            "text": {"format": fmt,
-                     "verbosity": (body.text.verbosity if body.text else None) or "medium"},
+            "text": {"format": fmt, "verbosity": (body.text.verbosity if body.text else None) or "medium"},
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
             "tools": tools,
             "top_p": config.top_p,
@@ -446,14 +470,24 @@ class ResponsesRenderer:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
     def _message(self, status: str, content: list[dict[str, Any]], item_id: str | None = None) -> dict[str, Any]:
-        return {"id": item_id or self.msg_id, "type": "message", "status": status, "role": "assistant",
-                "content": content}
+        return {
+            "id": item_id or self.msg_id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
 
     def _reasoning(self, status: str, text: str | None, item_id: str | None = None) -> dict[str, Any]:
         """The thinking, as ``reasoning_text`` content (no summary is made)."""
         content = [] if text is None else [{"type": "reasoning_text", "text": text}]
-        return {"id": item_id or self.reasoning_id, "type": "reasoning", "summary": [], "content": content,
-                "status": status}
+        return {
+            "id": item_id or self.reasoning_id,
+            "type": "reasoning",
+            "summary": [],
+            "content": content,
+            "status": status,
+        }
 
     def output(self, final: Final) -> list[dict[str, Any]]:
         """Reasoning, the message (left out when empty and there are calls),
@@ -484,9 +518,8 @@ class ResponsesRenderer:
         """``response.created`` and ``response.in_progress`` (sent before
         generation); items follow as their content arrives."""
         snapshot = self._response("in_progress", [])
-        return (
-            self._event("response.created", {"response": snapshot})
-            + self._event("response.in_progress", {"response": snapshot})
+        return self._event("response.created", {"response": snapshot}) + self._event(
+            "response.in_progress", {"response": snapshot}
         )
 
     def _start(self, kind: str) -> bytes:
@@ -530,8 +563,9 @@ class ResponsesRenderer:
         out = b"" if self._open and self._open[0] == "message" else self._start("message")
         assert self._open is not None
         self._open[2].append(text)
-        return out + self._event("response.output_text.delta",
-                                 {**self._where(self._open[1]), "delta": text, "logprobs": []})
+        return out + self._event(
+            "response.output_text.delta", {**self._where(self._open[1]), "delta": text, "logprobs": []}
+        )
 
     def reasoning_frame(self, text: str) -> bytes:
         out = b"" if self._open and self._open[0] == "reasoning" else self._start("reasoning")
@@ -546,12 +580,15 @@ class ResponsesRenderer:
         item_id = "fc_" + call.id.removeprefix("call_")
         index = len(self._done)
         where = {"item_id": item_id, "output_index": index}
-        out += self._event("response.output_item.added",
-                           {"output_index": index, "item": function_call_item(call, item_id, "in_progress")})
+        out += self._event(
+            "response.output_item.added",
+            {"output_index": index, "item": function_call_item(call, item_id, "in_progress")},
+        )
         for piece in argument_pieces(call.arguments):
             out += self._event("response.function_call_arguments.delta", {**where, "delta": piece})
-        out += self._event("response.function_call_arguments.done",
-                           {**where, "name": call.name, "arguments": call.arguments})
+        out += self._event(
+            "response.function_call_arguments.done", {**where, "name": call.name, "arguments": call.arguments}
+        )
         item = function_call_item(call, item_id)
         out += self._event("response.output_item.done", {"output_index": index, "item": item})
         self._done.append(item)
@@ -578,7 +615,10 @@ class ResponsesRenderer:
         if self._open is not None:
             kind, item_id, pieces = self._open
             text = "".join(pieces)
-            output.append(self._message("incomplete", [self._part(text)], item_id) if kind == "message"
-                          else self._reasoning("incomplete", text, item_id))
+            output.append(
+                self._message("incomplete", [self._part(text)], item_id)
+                if kind == "message"
+                else self._reasoning("incomplete", text, item_id)
+            )
         body = self._response("failed", output, error={"code": code, "message": message})
         return self._event("response.failed", {"response": body})

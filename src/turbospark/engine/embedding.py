@@ -97,9 +97,7 @@ class Embedder:
         )
         self.max_seqs = n_seq_max
         # a tokenizer that appends EOS / SEP keeps it when an input is cut
-        self.appends_end = bool(L.llama_vocab_get_add_eos(file.vocab)) or bool(
-            L.llama_vocab_get_add_sep(file.vocab)
-        )
+        self.appends_end = bool(L.llama_vocab_get_add_eos(file.vocab)) or bool(L.llama_vocab_get_add_sep(file.vocab))
         self.dim = file.n_embd
         self._batch = Batch(self.max_tokens)
         self._lock = threading.Lock()
@@ -124,8 +122,7 @@ class Embedder:
                 toks = toks[:keep] + (toks[-1:] if self.appends_end else [])
             if len(toks) > self.max_tokens:
                 raise AdmissionError(
-                    f"input[{i}] is {len(toks)} tokens, but the embedding context is "
-                    f"{self.max_tokens} tokens",
+                    f"input[{i}] is {len(toks)} tokens, but the embedding context is {self.max_tokens} tokens",
                     "input",
                 )
             out.append(toks)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .channel import Channel
 from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
@@ -78,9 +79,7 @@ class LlamaChatModel:
     vision = None
     default_reasoning = None
 
-    def __init__(
-        self, opts: ModelOptions, progress: Callable[[float], None] | None = None
-    ) -> None:
+    def __init__(self, opts: ModelOptions, progress: Callable[[float], None] | None = None) -> None:
         self.opts = opts
         if opts.kind not in ("chat", "embedding"):
             raise ValueError(f"model kind must be 'chat' or 'embedding', not {opts.kind!r}")
@@ -144,7 +143,7 @@ class LlamaChatModel:
 
     # ------------------------------------------------------------ interface
     @property
-    def tokenizer(self) -> "LlamaChatModel":
+    def tokenizer(self) -> LlamaChatModel:
         return self
 
     @property
@@ -239,7 +238,8 @@ class LlamaChatModel:
         if at_least > self.max_context:
             raise AdmissionError(
                 f"this request's prompt is at least {at_least} tokens, but the model's context is "
-                f"{self.max_context} tokens", "messages",
+                f"{self.max_context} tokens",
+                "messages",
             )
 
     def reserve(self, config: GenerationConfig) -> Callable[[], None]:
@@ -319,8 +319,11 @@ class LlamaChatModel:
                 # beside a chat context it takes half the threads; alone, all
                 threads = int(
                     self.opts.extra.get("embed_threads")
-                    or (embed_threads(self.opts.threads) if self.supports_chat
-                        else self.opts.threads or default_threads())
+                    or (
+                        embed_threads(self.opts.threads)
+                        if self.supports_chat
+                        else self.opts.threads or default_threads()
+                    )
                 )
                 self._embedder = Embedder(self.file, n_ctx=n_ctx, threads=threads)
             return self._embedder

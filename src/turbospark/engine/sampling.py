@@ -54,11 +54,7 @@ class SamplerChain:
             self._data = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
             self._ids = np.arange(model.n_vocab, dtype=np.int32)
             self._one = np.zeros(1, dtype=_TOKEN_DATA)
-        if (
-            config.repeat_penalty != 1.0
-            or config.presence_penalty != 0.0
-            or config.frequency_penalty != 0.0
-        ):
+        if config.repeat_penalty != 1.0 or config.presence_penalty != 0.0 or config.frequency_penalty != 0.0:
             add(
                 L.llama_sampler_init_penalties(
                     model.n_vocab,
@@ -86,7 +82,7 @@ class SamplerChain:
             return lib().llama_sampler_sample(self.ptr, ctx_ptr, index)
         return self._sample_constrained(ctx_ptr, index)
 
-    def _array(self, data: np.ndarray) -> "ctypes.Structure":
+    def _array(self, data: np.ndarray) -> ctypes.Structure:
         L = lib()
         arr = L.llama_token_data_array()
         arr.data = data.ctypes.data_as(L.llama_token_data_p)
@@ -95,7 +91,7 @@ class SamplerChain:
         arr.sorted = False
         return arr
 
-    def _candidates(self, ctx_ptr, index: int) -> "ctypes.Structure":
+    def _candidates(self, ctx_ptr, index: int) -> ctypes.Structure:
         row = lib().llama_get_logits_ith(ctx_ptr, index)
         data = self._data
         data["id"] = self._ids

@@ -65,9 +65,7 @@ class ChatTemplate:
         self.is_default = source is None
         self.bos_token = bos_token
         self.eos_token = eos_token
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined
-        )
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         env.filters["tojson"] = _tojson

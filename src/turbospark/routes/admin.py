@@ -16,8 +16,8 @@ from ..catalog import ModelNotFound
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import openai_error
 from ..engine.model import ModelOptions
-from ..registry import RegistryError
 from ..loading import NotAttachable, attachable, load_spec, spec_for
+from ..registry import RegistryError
 from .common import JSONResponse, endpoint, read_json, state_of
 from .events import viewer
 
@@ -48,15 +48,17 @@ async def slots(request: Request) -> Response:
         for slot in load.get("slots", []):
             if tenant is not None and slot["owner"] != tenant:
                 continue
-            out.append({
-                "model": model.model_id,
-                "slot": slot["id"],
-                "state": slot["state"],
-                "owner": owner_hash(slot["owner"]),
-                "session_key": session_hash(slot["session_key"]),
-                "tokens_cached": slot["tokens_cached"],
-                "last_used": slot["last_used"] or None,
-            })
+            out.append(
+                {
+                    "model": model.model_id,
+                    "slot": slot["id"],
+                    "state": slot["state"],
+                    "owner": owner_hash(slot["owner"]),
+                    "session_key": session_hash(slot["session_key"]),
+                    "tokens_cached": slot["tokens_cached"],
+                    "last_used": slot["last_used"] or None,
+                }
+            )
     return JSONResponse({"object": "list", "data": out})
 
 
@@ -109,9 +111,16 @@ async def attach_model(request: Request) -> Response:
     except ModelNotFound as exc:
         raise BadRequest(str(exc), "model", status=404, code="model_not_found") from None
     opts = ModelOptions(path=path, id=body.id or default_id, aliases=tuple(body.aliases), kind=body.kind)
-    for field_name, attr in (("ctx", "ctx"), ("parallel", "parallel"), ("session_slots", "session_slots"),
-                             ("threads", "threads"), ("keep_alive", "keep_alive"), ("system", "default_system"),
-                             ("reasoning", "default_reasoning"), ("chat_template", "chat_template")):
+    for field_name, attr in (
+        ("ctx", "ctx"),
+        ("parallel", "parallel"),
+        ("session_slots", "session_slots"),
+        ("threads", "threads"),
+        ("keep_alive", "keep_alive"),
+        ("system", "default_system"),
+        ("reasoning", "default_reasoning"),
+        ("chat_template", "chat_template"),
+    ):
         value = getattr(body, field_name)
         if value is not None:
             setattr(opts, attr, value)

@@ -9,8 +9,9 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable, Union
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
@@ -18,9 +19,9 @@ from starlette.responses import Response, StreamingResponse
 
 from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
-from ..middleware import ERROR_KEY, LEASES_KEY, REPORTER_KEY
 from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded
 from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta, complete, prepare, stream
+from ..middleware import ERROR_KEY, LEASES_KEY, REPORTER_KEY
 from ..observe import NO_REPORTER, REQUEST_ID_KEY, Observer, Reporter, RequestIds, RequestRouted, record
 from ..registry import Capability, Registry, Route, RoutingError
 
@@ -31,7 +32,7 @@ log = logging.getLogger("turbospark.http")
 
 ErrorShape = Callable[..., dict[str, Any]]
 #: What a frame callback returns: one frame, several (sent one by one), or None (nothing to send).
-FrameOut = Union[bytes, Iterable[bytes], None]
+FrameOut = bytes | Iterable[bytes] | None
 
 
 @dataclass
@@ -133,7 +134,9 @@ async def route_and_prepare(
 
 
 async def prepare_and_admit(
-    request: Request, model: Any, req: ChatRequest,
+    request: Request,
+    model: Any,
+    req: ChatRequest,
     prepare_fn: Callable[[Any, ChatRequest], Prepared] = prepare,
 ) -> Prepared:
     """Template, tokenise and compile grammars on a worker thread (never on
@@ -198,7 +201,9 @@ def error_response(shape: ErrorShape, exc: BaseException, request: Request | Non
     return JSONResponse(failure.body(shape), status_code=failure.status, headers=failure.headers)
 
 
-def endpoint(shape: ErrorShape) -> Callable[[Callable[[Request], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]]:
+def endpoint(
+    shape: ErrorShape,
+) -> Callable[[Callable[[Request], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]]:
     """Turn every failure of a handler into a response in its dialect's shape;
     nothing a client sends can produce an unshaped 500."""
 
@@ -232,7 +237,7 @@ class DisconnectWatch:
                 self.cancel.cancel("the client disconnected")
                 return
 
-    async def __aenter__(self) -> "DisconnectWatch":
+    async def __aenter__(self) -> DisconnectWatch:
         self._task = asyncio.ensure_future(self._watch())
         return self
 

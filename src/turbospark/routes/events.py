@@ -24,7 +24,7 @@ as does every caller when no keys are configured.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import orjson
 from starlette.requests import Request
@@ -93,7 +93,7 @@ async def _frames(live: LiveEvents, since: int | None, tenant: str | None = None
             if gap is None and not items:
                 try:
                     await asyncio.wait_for(sub.wake.wait(), live.keepalive_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     yield b": keep-alive\n\n"
                 continue
             chunk = gap_frame(gap) if gap is not None else b""

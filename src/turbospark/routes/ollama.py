@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
@@ -22,11 +23,11 @@ from .common import (
     Frames,
     JSONResponse,
     bind_request,
-    endpoint,
     classify,
+    endpoint,
+    prepare_and_admit,
     read_json,
     respond,
-    prepare_and_admit,
     route_model,
     state_of,
     warning_headers,

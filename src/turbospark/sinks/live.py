@@ -33,8 +33,9 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -205,8 +206,12 @@ class LiveEvents:
             for sub in self._subscribers:
                 # a start whose tenant is not known yet goes to every stream;
                 # ``take`` sorts it out once it is
-                if (sub.tenant is None or rid is None or tenant == sub.tenant
-                        or (tenant is None and kind == "requestStarted")):
+                if (
+                    sub.tenant is None
+                    or rid is None
+                    or tenant == sub.tenant
+                    or (tenant is None and kind == "requestStarted")
+                ):
                     if sub._push(item, sub._counts):
                         wake[sub] = None
         for sub in wake:
@@ -274,9 +279,7 @@ class LiveEvents:
         with self._lock:
             return self._seq
 
-    def subscribe(
-        self, since: int | None, tenant: str | None = None
-    ) -> tuple[Subscriber, Gap | None, list[Numbered]]:
+    def subscribe(self, since: int | None, tenant: str | None = None) -> tuple[Subscriber, Gap | None, list[Numbered]]:
         """Register a live subscriber and, atomically with it, take what the
         ring holds after ``since`` (nothing when None) and the gap before it
         if the ring no longer reaches back that far. A ``since`` beyond the

@@ -33,8 +33,9 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .. import __version__
 from ..observe import Generated, RequestFinished, RequestRouted, RequestStarted, ServerEvent
@@ -52,12 +53,19 @@ ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPO
 
 #: route template -> gen_ai.operation.name
 OPERATIONS = {
-    "/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/messages": "chat",
-    "/v1/responses": "chat", "/responses": "chat", "/api/chat": "chat",
-    "/v1/completions": "text_completion", "/completions": "text_completion",
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+    "/v1/messages": "chat",
+    "/v1/responses": "chat",
+    "/responses": "chat",
+    "/api/chat": "chat",
+    "/v1/completions": "text_completion",
+    "/completions": "text_completion",
     "/api/generate": "text_completion",
-    "/v1/embeddings": "embeddings", "/embeddings": "embeddings",
-    "/api/embed": "embeddings", "/api/embeddings": "embeddings",
+    "/v1/embeddings": "embeddings",
+    "/embeddings": "embeddings",
+    "/api/embed": "embeddings",
+    "/api/embeddings": "embeddings",
 }
 
 _STOP = object()
@@ -189,7 +197,8 @@ class OtelSink:
     def _fold(self, event: ServerEvent, at_ns: int) -> None:
         if isinstance(event, RequestStarted):
             self._open[event.id] = _Request(
-                event.id, event.at_ms * 1_000_000, event.method, event.path, self._route(event.path))
+                event.id, event.at_ms * 1_000_000, event.method, event.path, self._route(event.path)
+            )
             while len(self._open) > MAX_OPEN:
                 _, old = self._open.popitem(last=False)
                 self._end(old, at_ns, incomplete=True)
@@ -218,7 +227,8 @@ class OtelSink:
         name = f"{op} {model}" if op and model else f"{req.method} {req.route}"
         parent = self._extract(req.carrier) if req.carrier else None
         span = self.tracer.start_span(
-            name, context=parent, kind=self._kind, start_time=req.start_ns, attributes=_attributes(req, op))
+            name, context=parent, kind=self._kind, start_time=req.start_ns, attributes=_attributes(req, op)
+        )
         if req.status is not None and (req.status >= 500 or req.error):
             span.set_attribute("error.type", str(req.status))
             span.set_status(self._status(self._code.ERROR, req.error or f"HTTP {req.status}"))
@@ -248,17 +258,19 @@ def _attributes(req: _Request, op: str | None) -> dict[str, Any]:
         a["turbospark.stream"] = req.stream
     u = req.usage
     if u.generations:
-        a.update({
-            "gen_ai.usage.input_tokens": u.prompt_tokens,
-            "gen_ai.usage.output_tokens": u.new_tokens,
-            "gen_ai.usage.cache_read.input_tokens": u.reused_tokens,
-            "gen_ai.response.finish_reasons": list(req.stop_reasons),
-            "turbospark.generations": u.generations,
-            "turbospark.queue_seconds": u.queue_seconds,
-            "turbospark.prefill_seconds": u.prefill_seconds,
-            "turbospark.decode_seconds": u.decode_seconds,
-            "turbospark.session_slot_evicted": bool(u.evictions),
-        })
+        a.update(
+            {
+                "gen_ai.usage.input_tokens": u.prompt_tokens,
+                "gen_ai.usage.output_tokens": u.new_tokens,
+                "gen_ai.usage.cache_read.input_tokens": u.reused_tokens,
+                "gen_ai.response.finish_reasons": list(req.stop_reasons),
+                "turbospark.generations": u.generations,
+                "turbospark.queue_seconds": u.queue_seconds,
+                "turbospark.prefill_seconds": u.prefill_seconds,
+                "turbospark.decode_seconds": u.decode_seconds,
+                "turbospark.session_slot_evicted": bool(u.evictions),
+            }
+        )
         if req.ttft is not None:
             a["turbospark.time_to_first_token_from_arrival_seconds"] = req.ttft
         if u.drafted_tokens:

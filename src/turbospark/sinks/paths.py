@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 #: The label of a path no route takes (404s from scanners, typos).
 UNMATCHED = "other"

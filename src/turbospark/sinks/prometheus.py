@@ -28,8 +28,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -49,8 +50,28 @@ from .paths import UNMATCHED, RouteTemplates, default_templates, method_label
 #: Latency buckets (seconds), close to vLLM's: sub-10 ms for a tiny model on
 #: a fast machine up to many minutes for a long generation on a CPU.
 LATENCY_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
 )
 #: Requests whose ``requestFinished`` has not come yet are remembered up to
 #: this many (oldest forgotten first).
@@ -83,52 +104,87 @@ class PrometheusSink:
         self._load_collector: EngineLoadCollector | None = None
         r = self.registry
         self.requests = Counter(
-            "turbospark_requests", "HTTP requests by route template, method and status.",
-            ["path", "method", "status"], registry=r)
+            "turbospark_requests",
+            "HTTP requests by route template, method and status.",
+            ["path", "method", "status"],
+            registry=r,
+        )
         self.request_errors = Counter(
             "turbospark_request_errors",
             "Requests that ended in an error: status >= 400, a stream that failed after its headers, "
-            "or a client that disconnected.", ["path", "method", "kind"], registry=r)
+            "or a client that disconnected.",
+            ["path", "method", "kind"],
+            registry=r,
+        )
         self.request_success = Counter(
-            "turbospark_request_success", "Completed generations by stop reason.",
-            ["model", "finished_reason"], registry=r)
+            "turbospark_request_success",
+            "Completed generations by stop reason.",
+            ["model", "finished_reason"],
+            registry=r,
+        )
         self.prompt_tokens = Counter(
-            "turbospark_prompt_tokens", "Prompt tokens processed (reused prefix included).",
-            ["model"], registry=r)
+            "turbospark_prompt_tokens", "Prompt tokens processed (reused prefix included).", ["model"], registry=r
+        )
         self.prompt_tokens_cached = Counter(
-            "turbospark_prompt_tokens_cached", "Prompt tokens taken from a slot's KV instead of prefilled.",
-            ["model"], registry=r)
+            "turbospark_prompt_tokens_cached",
+            "Prompt tokens taken from a slot's KV instead of prefilled.",
+            ["model"],
+            registry=r,
+        )
         self.generation_tokens = Counter(
-            "turbospark_generation_tokens", "Tokens sampled (the end-of-turn token included).",
-            ["model"], registry=r)
+            "turbospark_generation_tokens", "Tokens sampled (the end-of-turn token included).", ["model"], registry=r
+        )
         self.evictions = Counter(
-            "turbospark_session_slot_evictions", "Generations that evicted another conversation's slot.",
-            ["model"], registry=r)
+            "turbospark_session_slot_evictions",
+            "Generations that evicted another conversation's slot.",
+            ["model"],
+            registry=r,
+        )
         self.drafted = Counter(
-            "turbospark_spec_decode_num_draft_tokens", "Speculative tokens drafted.", ["model"], registry=r)
+            "turbospark_spec_decode_num_draft_tokens", "Speculative tokens drafted.", ["model"], registry=r
+        )
         self.accepted = Counter(
-            "turbospark_spec_decode_num_accepted_tokens", "Speculative tokens accepted.", ["model"], registry=r)
+            "turbospark_spec_decode_num_accepted_tokens", "Speculative tokens accepted.", ["model"], registry=r
+        )
         self.e2e = Histogram(
             "turbospark_e2e_request_latency_seconds",
-            "Arrival to the end of the response, for requests that generated.", ["model"],
-            buckets=LATENCY_BUCKETS, registry=r)
+            "Arrival to the end of the response, for requests that generated.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_time = Histogram(
             "turbospark_request_queue_time_seconds",
-            "Submitted to admitted into a sequence, per generation (engine wall clock).", ["model"],
-            buckets=LATENCY_BUCKETS, registry=r)
+            "Submitted to admitted into a sequence, per generation (engine wall clock).",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.prefill = Histogram(
-            "turbospark_request_prefill_time_seconds", "Engine prefill seconds per generation.", ["model"],
-            buckets=LATENCY_BUCKETS, registry=r)
+            "turbospark_request_prefill_time_seconds",
+            "Engine prefill seconds per generation.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.decode = Histogram(
-            "turbospark_request_decode_time_seconds", "Engine decode seconds per generation.", ["model"],
-            buckets=LATENCY_BUCKETS, registry=r)
+            "turbospark_request_decode_time_seconds",
+            "Engine decode seconds per generation.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.ttft = Histogram(
             "turbospark_time_to_first_token_from_arrival_seconds",
             "Request arrival to the first sampled token: receipt of the first generated - its "
-            "decodeSeconds - receipt of requestStarted.", ["model"],
-            buckets=LATENCY_BUCKETS, registry=r)
+            "decodeSeconds - receipt of requestStarted.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.models_loaded = Gauge(
-            "turbospark_models_loaded", "Models resident (modelAttached minus modelDetached).", registry=r)
+            "turbospark_models_loaded", "Models resident (modelAttached minus modelDetached).", registry=r
+        )
 
     # -- wiring ----------------------------------------------------------------
     def watch(self, models: Any) -> None:
@@ -226,9 +282,11 @@ class EngineLoadCollector:
 
     def collect(self) -> Iterable[Any]:
         running = GaugeMetricFamily(
-            "turbospark_num_requests_running", "Sequences in the engine's batch now.", labels=["model"])
+            "turbospark_num_requests_running", "Sequences in the engine's batch now.", labels=["model"]
+        )
         waiting = GaugeMetricFamily(
-            "turbospark_num_requests_waiting", "Requests queued for a sequence now.", labels=["model"])
+            "turbospark_num_requests_waiting", "Requests queued for a sequence now.", labels=["model"]
+        )
         for model in self.models.models():
             load = getattr(model, "load", None)
             if load is None:

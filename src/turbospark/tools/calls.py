@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 __all__ = [
     "SYNTAXES",
@@ -66,12 +67,12 @@ class Parsed:
     problems: list[str] = field(default_factory=list)
 
 
-
 def function_part(entry: dict[str, Any]) -> dict[str, Any]:
     """The function object of an OpenAI-style tool or call
     (``{"function": {...}}``), or the entry itself for the flat shapes."""
     fn = entry.get("function")
     return fn if isinstance(fn, dict) else entry
+
 
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
@@ -258,7 +259,11 @@ def _parse_xml(text: str) -> list[_Found] | None:
             after = re.match(r"\s*</tool_call>", text[end:])
             if after:
                 end += after.end()
-        item = _Item(problem="a <function=...> block has no name") if not name else _Item(name=name, args=args, key="arguments")
+        item = (
+            _Item(problem="a <function=...> block has no name")
+            if not name
+            else _Item(name=name, args=args, key="arguments")
+        )
         found.append(_Found(start, end, [item]))
     return found
 
@@ -337,7 +342,9 @@ def _parse_llama3(text: str) -> list[_Found] | None:
     if tag >= 0:
         values, _, error = _decode_sequence(text, tag + len(PYTHON_TAG), repair=True)
         if not values:
-            return [_Found(tag, len(text), [_Item(problem=f"bad JSON after {PYTHON_TAG}: {error or 'nothing follows it'}")])]
+            return [
+                _Found(tag, len(text), [_Item(problem=f"bad JSON after {PYTHON_TAG}: {error or 'nothing follows it'}")])
+            ]
         # text after the last value that is not JSON stays content
         where = f"the text after {PYTHON_TAG}"
         return [_Found(tag if i == 0 else s, e, _items_from_value(v, where)) for i, (s, e, v) in enumerate(values)]
@@ -364,7 +371,9 @@ def _parse_json(text: str) -> list[_Found] | None:
             value, end = _decode_at(text, pos, repair=True)
         except ValueError as exc:
             if text[pos] == "{" and re.match(r'\{\s*"name"\s*:', text[pos:]):
-                found.append(_Found(pos, pos, [_Item(problem=f"malformed JSON call object at char {pos}: {_error_text(exc)}")]))
+                found.append(
+                    _Found(pos, pos, [_Item(problem=f"malformed JSON call object at char {pos}: {_error_text(exc)}")])
+                )
             pos += 1
             continue
         values = value if isinstance(value, list) else [value]

@@ -52,7 +52,9 @@ def _dumps(value: Any, where: str) -> str:
         raise AdmissionError(f"'{where}' cannot be written into the prompt: {exc}", where) from None
 
 
-def inline_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, syntax: str) -> list[dict[str, Any]]:
+def inline_tools(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, syntax: str
+) -> list[dict[str, Any]]:
     """Messages for a template that does not render tools: the tool list in
     the system turn, calls and results as plain text."""
     out: list[dict[str, Any]] = []
@@ -87,7 +89,12 @@ def inline_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
             out.append({"role": "assistant", "content": text})
         elif role == "tool":
             name = m.get("name") or m.get("tool_name") or "tool"
-            out.append({"role": "user", "content": f"<tool_response name=\"{name}\">\n{m.get('content') or ''}\n</tool_response>"})
+            out.append(
+                {
+                    "role": "user",
+                    "content": f'<tool_response name="{name}">\n{m.get("content") or ""}\n</tool_response>',
+                }
+            )
         else:
             out.append(m)
     return out

@@ -28,7 +28,9 @@ CONTENT = "content"
 class ReasoningSplitter:
     """Feed text pieces; get ``("reasoning"|"content", text)`` pieces back."""
 
-    def __init__(self, open_tag: str = "<think>", close_tag: str = "</think>", start_in_reasoning: bool = False) -> None:
+    def __init__(
+        self, open_tag: str = "<think>", close_tag: str = "</think>", start_in_reasoning: bool = False
+    ) -> None:
         self.open_tag = open_tag
         self.close_tag = close_tag
         self._tags = [t for t in (open_tag, close_tag) if t]

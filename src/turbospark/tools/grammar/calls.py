@@ -115,7 +115,7 @@ def tool_call_grammar(
     if not allow_text:
         return rules.render(call)
     if syntax in ("llama3", "json"):
-        text = rules.add("text", '([^{ \\t\\n\\r] [^\\x00]*)?')
+        text = rules.add("text", "([^{ \\t\\n\\r] [^\\x00]*)?")
         return rules.render(f"{call} | {text}")
     markers = {"hermes": [HERMES_OPEN], "mistral": [MISTRAL_MARK], "xml": [HERMES_OPEN, XML_FUNCTION]}[syntax]
     text = _text_without(rules, markers, "text")
@@ -128,7 +128,10 @@ def _xml_call(conv: _Converter, fname: str, params: Any) -> str:
     for k in s:
         if k in UNSUPPORTED:
             raise UnsupportedSchema(UNSUPPORTED[k], "#")
-    if any(k in s for k in ("anyOf", "oneOf", "enum", "const")) or s.get("type", "object") not in ("object", ["object"]):
+    if any(k in s for k in ("anyOf", "oneOf", "enum", "const")) or s.get("type", "object") not in (
+        "object",
+        ["object"],
+    ):
         raise UnsupportedSchema("the xml tool syntax needs a plain object parameters schema", "#")
     props = dict(s.get("properties", {}))
     required = list(s.get("required", ()))

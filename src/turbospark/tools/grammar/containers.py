@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .errors import UnsupportedSchema, _Empty
-from .rules import _Rules, _lit, _seq
+from .rules import _lit, _Rules, _seq
 
 
 class _Containers:
@@ -18,6 +18,7 @@ class _Containers:
     r: _Rules
 
     if TYPE_CHECKING:  # provided by the converter (schema._Converter)
+
         def inside(self, s: Any, path: str, hint: str) -> str: ...
         def any_object(self) -> str: ...
         def plain_string(self, lo: int, hi: int | None, hint: str, enc: Any = ...) -> str: ...

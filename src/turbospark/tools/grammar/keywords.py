@@ -25,11 +25,33 @@ UNSUPPORTED = {
 }
 #: Assertions we enforce. Every other keyword is an annotation (ignored, as validators do).
 HANDLED = {
-    "type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf",
-    "properties", "required", "additionalProperties", "minProperties", "maxProperties",
-    "items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
-    "minLength", "maxLength", "pattern", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "type",
+    "enum",
+    "const",
+    "$ref",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "properties",
+    "required",
+    "additionalProperties",
+    "minProperties",
+    "maxProperties",
+    "items",
+    "prefixItems",
+    "additionalItems",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
 }
 ASSERTING = HANDLED | set(UNSUPPORTED)
 JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")

@@ -91,8 +91,11 @@ class _Flattener:
                 out[k] = [x for x in u if any(_json_eq(x, y) for y in v)]
             elif k == "const":
                 raise _Empty("allOf with two different const values", path)
-            elif k == "items" and isinstance(u, (dict, bool)) and isinstance(v, (dict, bool)) and not (
-                {"prefixItems", "additionalItems"} & (a.keys() | b.keys())
+            elif (
+                k == "items"
+                and isinstance(u, (dict, bool))
+                and isinstance(v, (dict, bool))
+                and not ({"prefixItems", "additionalItems"} & (a.keys() | b.keys()))
             ):
                 out[k] = {"allOf": [u, v]}
             else:

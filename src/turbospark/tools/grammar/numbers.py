@@ -99,7 +99,9 @@ def _split(d: Decimal) -> tuple[int, str]:
     return int(i), f.rstrip("0")
 
 
-def _frac(lo: str | None, hi: str | None, lo_incl: bool, hi_incl: bool, budget: int, nonempty: bool = False) -> list[str]:
+def _frac(
+    lo: str | None, hi: str | None, lo_incl: bool, hi_incl: bool, budget: int, nonempty: bool = False
+) -> list[str]:
     """Alternatives for fraction digit strings f (no trailing zero, at most ``budget`` digits,
     empty meaning .0) with lo <= 0.f <= hi; None: that side is free (>= 0, < 1).
 

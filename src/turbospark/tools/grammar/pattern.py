@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import UnsupportedSchema
-from .rules import _Rules, _alt, _cls, _lit, _normalize, _seq, _subtract
+from .rules import _alt, _cls, _lit, _normalize, _Rules, _seq, _subtract
 
 
 # ---------------------------------------------------------------- text encodings

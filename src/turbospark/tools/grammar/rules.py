@@ -105,7 +105,6 @@ def _subtract(ranges: list[tuple[int, int]], minus: list[tuple[int, int]]) -> li
     return out
 
 
-
 _NAME_RE = re.compile(r"[^a-zA-Z0-9]+")
 #: One GBNF element that llama.cpp counts as a single rule when repeated.
 _SIMPLE_RE = re.compile(r'^([a-zA-Z0-9-]+|"([^"\\]|\\.)*"|\[([^\]\\]|\\.)*\])$')
@@ -114,9 +113,7 @@ _CHUNK = 100
 _MAX_COUNT = _CHUNK * _REP_LIMIT
 #: JSON string content: one code point per element (no raw control characters,
 #: no surrogate escapes, so minLength/maxLength count exactly).
-_JCHAR = (
-    r'[^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" ([0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))'
-)
+_JCHAR = r'[^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" ([0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))'
 #: Names written directly (root, the any-value family) that reserve() never hands out.
 _RESERVED = {"root", "any-value", "any-object", "any-array"}
 _INT_PART = f'("0" | [1-9] [0-9]{{0,{MAX_INT_DIGITS - 1}}})'
@@ -137,9 +134,7 @@ _BUILTINS: dict[str, str] = {
         ' | "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8])) | fmt-leap-year "-02-29"'
     ),
     "fmt-hour": '[01] [0-9] | "2" [0-3]',
-    "fmt-time": (
-        'fmt-hour ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? ("Z" | [+-] fmt-hour ":" [0-5] [0-9])'
-    ),
+    "fmt-time": ('fmt-hour ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? ("Z" | [+-] fmt-hour ":" [0-5] [0-9])'),
     "fmt-date-time": 'fmt-date "T" fmt-time',
     "fmt-uuid": '[0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12}',
     "fmt-ipv4-octet": '"25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9]',
@@ -233,8 +228,10 @@ class _Rules:
             q, r = divmod(n, _CHUNK)
             if q == 0:
                 return _rep(atom, 0, r)
-            return (f"({_seq(_rep(chunk, 0, q - 1), _rep(atom, 0, _CHUNK - 1))}"
-                    f" | {_seq(_rep(chunk, q, q), _rep(atom, 0, r))})")
+            return (
+                f"({_seq(_rep(chunk, 0, q - 1), _rep(atom, 0, _CHUNK - 1))}"
+                f" | {_seq(_rep(chunk, q, q), _rep(atom, 0, r))})"
+            )
 
         return _seq(exactly(lo), _rep(atom, 0, None) if hi is None else up_to(hi - lo))
 

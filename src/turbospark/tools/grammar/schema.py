@@ -19,6 +19,9 @@ from .rules import FORMATS, _lit, _rep, _Rules, _seq
 DEFAULT_MAX_STRING = 200
 
 
+#: strings written as JSON string bodies
+JSON_ENC = _Enc(json=True)
+
 class _Converter(_Flattener, _Containers):
     """JSON Schema (one root document, local $refs) to GBNF rules in ``rules``."""
 
@@ -215,7 +218,9 @@ class _Converter(_Flattener, _Containers):
         if "any-value" not in r.rules:
             r.rules["any-value"] = '""'  # placeholder while its parts refer back to it
             string = self.plain_string(0, None, "any-string")
-            r.rules["any-object"] = f'"{{" ws ({string} ws ":" ws any-value ws ("," ws {string} ws ":" ws any-value ws)*)? "}}"'
+            r.rules["any-object"] = (
+                f'"{{" ws ({string} ws ":" ws any-value ws ("," ws {string} ws ":" ws any-value ws)*)? "}}"'
+            )
             r.rules["any-array"] = '"[" ws (any-value ws ("," ws any-value ws)*)? "]"'
             r.builtin("ws")
             r.builtin("number")
@@ -249,7 +254,7 @@ class _Converter(_Flattener, _Containers):
         return self.r.add(hint + ("-int" if integer else "-num"), " | ".join(alts))
 
     # -- strings
-    def plain_string(self, lo: int, hi: int | None, hint: str, enc: _Enc = _Enc(json=True)) -> str:
+    def plain_string(self, lo: int, hi: int | None, hint: str, enc: _Enc = JSON_ENC) -> str:
         if hi is None and self.bound:
             hi = max(DEFAULT_MAX_STRING, lo)
         char = self.r.builtin(enc.char)
