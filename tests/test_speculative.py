@@ -7,11 +7,23 @@ import time
 
 from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
-from turbospark.engine.speculative import NgramDrafter, StepCosts, best_draft_length
+from turbospark.engine.speculative import NEIGHBOUR_TAX, NgramDrafter, StepCosts, best_draft_length
 
 # step seconds shaped like the CPU kernels measured here: columns in tiles of 4
-TILED = {1: 0.020, 2: 0.040, 3: 0.045, 4: 0.048, 5: 0.066, 6: 0.075, 7: 0.080, 8: 0.083,
-         9: 0.103, 12: 0.104, 16: 0.120, 17: 0.150}
+TILED = {
+    1: 0.020,
+    2: 0.040,
+    3: 0.045,
+    4: 0.048,
+    5: 0.066,
+    6: 0.075,
+    7: 0.080,
+    8: 0.083,
+    9: 0.103,
+    12: 0.104,
+    16: 0.120,
+    17: 0.150,
+}
 
 
 def tiled() -> StepCosts:
@@ -52,6 +64,64 @@ def test_draft_length_follows_cost_tiles_and_acceptance():
     flat.calibrate({n: 0.010 + 0.0001 * n for n in range(1, 20)})
     assert best_draft_length(flat, 0, 12, 0.9) == 12
     assert best_draft_length(flat, 0, 12, 0.5) >= 4 > best_draft_length(c, 0, 12, 0.5)
+
+
+def test_drafts_are_priced_for_every_sequence_in_the_step():
+    """Beside other decoders, all drafts together may slow the step by at
+    most NEIGHBOUR_TAX: a neighbour never pays 13x for someone's drafts."""
+    c = tiled()
+    # alone, a copying sequence drafts (its own gain is the batch's)
+    assert c.affordable(1) >= 1 and best_draft_length(c, 0, 8, 0.9) == 3
+    # beside one neighbour on the tiled CPU: 3 tokens cost 1.125x of 2, more
+    # than the tax allows, so nobody drafts however well it copies
+    assert NEIGHBOUR_TAX < 0.125 and c.affordable(2) == 2
+    # four decoders fill their tile: the tile's free columns may carry drafts
+    assert c.affordable(4) == 4 and c.affordable(5) == 5
+    assert c.affordable(6) == 7  # 7 tokens cost 1.07x of 6
+    # without cost data, nobody drafts beside a neighbour
+    assert StepCosts().affordable(3) == 3
+    # nearly free extra tokens (a GPU): neighbours lose little, drafts go on
+    flat = StepCosts()
+    flat.calibrate({n: 0.010 + 0.0001 * n for n in range(1, 65)})
+    assert flat.affordable(2) >= 10
+
+
+def test_two_decoders_on_a_tiled_cpu_do_not_draft_but_one_alone_does():
+    """The scheduler caps every drafter at what the step can afford: on the
+    tiled CPU table, a copying sequence drafts alone and not beside another."""
+    import asyncio
+
+    from turbospark.engine.types import CancelFlag, GenerationConfig
+
+    path, _ = resolve_model("smollm2-135m")
+    model = LlamaChatModel(ModelOptions(path=path, id="priced", parallel=2, session_slots=2))
+    sch = model.scheduler
+    try:
+        with sch._cond:
+            sch._calibration.clear()  # no idle timing: the table is imposed
+
+        class Imposed(StepCosts):
+            def observe(self, n: int, dt: float) -> None:
+                pass  # kept as imposed
+
+        sch.step_costs = Imposed(sch.step_costs.limit)
+        sch.step_costs.calibrate(TILED)
+        text = "alpha beta gamma delta epsilon. " * 30
+        ids = model.prompt_ids("Repeat: " + text + "\n" + text[:60])
+        cfg = dict(temperature=0, max_new_tokens=48, ignore_eos=True)
+
+        async def one() -> int:
+            r = await model.run_completion(ids, GenerationConfig(**cfg), None, CancelFlag(), lambda p: None)
+            return r.drafted_tokens
+
+        async def two() -> list[int]:
+            return list(await asyncio.gather(one(), one()))
+
+        alone = asyncio.run(one())
+        assert alone > 0  # copying, alone: worth drafting
+        assert asyncio.run(two()) == [0, 0]  # beside each other: nobody pays for drafts
+    finally:
+        model.close()
 
 
 def test_drafter_estimate_falls_on_misses_and_probes_again():

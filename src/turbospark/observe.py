@@ -24,8 +24,17 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Protocol,
+    TypeVar,
+    dataclass_transform,
+    runtime_checkable,
+)
 
 import orjson
 
@@ -87,14 +96,18 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def _event(kind: str):
+_E = TypeVar("_E")
+
+
+@dataclass_transform(frozen_default=True)
+def _event(kind: str) -> Callable[[type[_E]], type[_E]]:
     """Class decorator: a slotted dataclass event with its camelCase map."""
 
-    def wrap(cls):
-        cls = dataclass(frozen=True, slots=True)(cls)
-        cls.kind = kind
-        cls._fields = tuple((f, _camel(f)) for f in cls.__dataclass_fields__)
-        return cls
+    def wrap(cls: type[_E]) -> type[_E]:
+        made: Any = dataclass(frozen=True, slots=True)(cls)
+        made.kind = kind
+        made._fields = tuple((f, _camel(f)) for f in made.__dataclass_fields__)
+        return made
 
     return wrap
 
@@ -126,7 +139,7 @@ class RequestRouted(ServerEvent):
 @_event("generated")
 class Generated(ServerEvent):
     """One completed generation, straight off the engine's result. Its times
-    are the request's own wall-clock intervals (REFERENCE §2): queue =
+    are the request's own wall-clock intervals (CONTRACT §2): queue =
     submitted → admitted, prefill = admitted → first token, decode = first →
     last token. There is deliberately no time-to-first-token field."""
 
@@ -139,16 +152,21 @@ class Generated(ServerEvent):
     stop_reason: str
     reused_prefix_tokens: int
     session_slot_evicted: bool
-    #: prompt-lookup speculation (REFERENCE §3 "anything more the engine
+    #: prompt-lookup speculation (CONTRACT §3 "anything more the engine
     #: measures"); both omitted when nothing was drafted
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     queue_seconds: float = 0.0
+    #: where the reused prefix came from: "slot" (the request's own slot) or
+    #: "copy" (copied from another slot's KV); omitted when nothing was reused
+    reused_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = ServerEvent.to_dict(self)
         if not self.drafted_tokens:
             del out["draftedTokens"], out["acceptedTokens"]
+        if self.reused_from is None:
+            del out["reusedFrom"]
         return out
 
 
@@ -243,7 +261,7 @@ def request_tenant(observer: Observer | None, rid: int | None, tenant: str) -> N
     """Tell the observers that want it (those with a ``request_tenant(id,
     tenant)`` method: the live views, to show each tenant only its own
     requests) which tenant request ``rid`` runs for: ``tenant_of`` its key,
-    never the key. Not an event: the event schema (REFERENCE §2) stays the
+    never the key. Not an event: the event schema (CONTRACT §2) stays the
     same for every sink. Called by the auth middleware once the key is
     accepted, so right after ``requestStarted``; never for a refused
     request, nor when no keys are configured (one tenant, "")."""
@@ -324,9 +342,7 @@ class RingObserver:
         with self._lock:
             self._ring.append((data, size))
             self._bytes += size
-            while len(self._ring) > self.max_events or (
-                self._bytes > self.max_bytes and len(self._ring) > 1
-            ):
+            while len(self._ring) > self.max_events or (self._bytes > self.max_bytes and len(self._ring) > 1):
                 _, old = self._ring.popleft()
                 self._bytes -= old
                 self._dropped += 1
@@ -377,7 +393,7 @@ class Reporter:
         self.request_id = request_id
         self._runs: set[Any] = set()
 
-    def generated(self, model_id: str, result: "RawDecodeResult") -> None:
+    def generated(self, model_id: str, result: RawDecodeResult) -> None:
         """Record one attempt's ``generated`` (a failed run has no result
         and is never reported: the middleware reports its status)."""
         if self.observer is None:
@@ -399,10 +415,11 @@ class Reporter:
                 drafted_tokens=result.drafted_tokens,
                 accepted_tokens=result.accepted_tokens,
                 queue_seconds=result.queue_seconds,
+                reused_from=result.reused_from,
             ),
         )
 
-    def running(self, task: "asyncio.Future[Any]") -> None:
+    def running(self, task: asyncio.Future[Any]) -> None:
         """An engine run of this request, until it ends."""
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)

@@ -191,7 +191,7 @@ def _bounded_protocol() -> Any:
     except ImportError:  # pragma: no cover - httptools is a dependency
         return None
 
-    class BoundedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc]
+    class BoundedHttpToolsProtocol(HttpToolsProtocol):
         _head_bytes = 0
         _in_head = True
 

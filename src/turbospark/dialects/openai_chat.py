@@ -262,7 +262,7 @@ def tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
     if choice is None or choice == "auto":
         return "auto", None
     if choice in ("none", "required"):
-        return choice, None  # type: ignore[return-value]
+        return choice, None
     if isinstance(choice, dict):
         fn = choice.get("function")
         if choice.get("type") == "function" and isinstance(fn, dict) and isinstance(fn.get("name"), str):

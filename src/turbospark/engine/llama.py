@@ -13,8 +13,8 @@ import ctypes
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -233,9 +233,7 @@ class Batch:
         self.logits = np.zeros(capacity, dtype=np.int8)
         row = ctypes.POINTER(ctypes.c_int32)
         base = self.seq_ids.ctypes.data
-        self._rows = (row * capacity)(
-            *[ctypes.cast(base + 4 * i, row) for i in range(capacity)]
-        )
+        self._rows = (row * capacity)(*[ctypes.cast(base + 4 * i, row) for i in range(capacity)])
         self.struct = L.llama_batch()
         self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         self.struct.embd = ctypes.POINTER(ctypes.c_float)()
@@ -290,9 +288,7 @@ class LlamaContext:
         p.n_threads = threads
         p.n_threads_batch = threads
         p.kv_unified = (
-            opts.kv_unified
-            if opts.kv_unified is not None
-            else os.environ.get("TURBOSPARK_KV_UNIFIED", "0") == "1"
+            opts.kv_unified if opts.kv_unified is not None else os.environ.get("TURBOSPARK_KV_UNIFIED", "0") == "1"
         )
         p.no_perf = True
         p.embeddings = opts.embeddings
@@ -316,6 +312,18 @@ class LlamaContext:
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(lib().llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Copy ``src``'s KV cells in positions [p0, p1) to ``dst``
+        (``llama_memory_seq_cp``; -1 = open end).
+
+        With one KV stream per sequence (``kv_unified`` false) llama.cpp
+        copies only whole streams: it replaces ``dst``'s whole stream with
+        ``src``'s, and the data moves at the start of the next decode (before
+        anything is written). There, p0 and p1 MUST stay -1: a partial range
+        across streams fails an assertion that aborts the process. Copy the
+        whole sequence, then ``seq_rm`` what ``dst`` should not keep."""
+        lib().llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
     def seq_pos_max(self, seq: int) -> int:
         return int(lib().llama_memory_seq_pos_max(self.mem, seq))

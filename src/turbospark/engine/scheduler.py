@@ -9,7 +9,7 @@ Sequences live in session slots (llama.cpp sequence ids). A slot keeps a
 record of the exact token ids in its KV after its turn ends, so the next
 request that extends that conversation prefills only what is new.
 
-Time attribution (REFERENCE §2): each request's timings are its own
+Time attribution (CONTRACT §2): each request's timings are its own
 wall-clock intervals, stamped with ``time.perf_counter`` on its job and
 sequence, never shares of a batch step: queue = submitted
 (``Job.submitted_at``) → given a slot (``Job.admitted_at``);
@@ -20,11 +20,20 @@ Under batching the intervals of concurrent requests overlap, so a request's
 draft-length choice needs the cost of a whole step, which ``StepCosts``
 times per step, not per sequence.)
 
-Session slots (REFERENCE §7): a slot holds the same conversation only when
+Session slots (CONTRACT §7): a slot holds the same conversation only when
 the request carries the slot's session key, or its prompt starts with the
 slot's whole previous prompt (a next turn, or a regenerate). Serving
 anything else into a slot that held usable state is an eviction, even when
 the common part (a shared system prompt) is still reused within the tenant.
+
+KV shared across conversations (issue 13): when another slot's record of the
+same owner (parked, or a running sequence's record: exactly what its KV holds
+so far) shares a long prefix with a new prompt (``copy_min_tokens`` and
+``copy_min_share`` of the prompt) and longer than the request's own slot
+does, that prefix's KV is copied into the request's slot instead of
+prefilled, and the source keeps its own. A cancelled sequence's record is
+what it had put in the KV when it stopped, and cancelled sequences are
+released before admission, so a client's retry continues where it stopped.
 """
 
 from __future__ import annotations
@@ -35,8 +44,9 @@ import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Protocol
 
 from .detok import StopMatcher, Utf8Stream
 from .llama import Batch, LlamaContext, LlamaModelFile
@@ -56,8 +66,8 @@ from .types import (
 log = logging.getLogger("turbospark.engine")
 
 
-class Sink:
-    """Where a job's progress and result go (see :class:`channel.Channel`)."""
+class JobOutput(Protocol):
+    """Where a job's progress and result go (:class:`channel.Channel`)."""
 
     def put(self, item: Any) -> None: ...
 
@@ -67,7 +77,7 @@ class Job:
     prompt: list[int]
     config: GenerationConfig
     cancel: CancelFlag
-    sink: Sink
+    sink: JobOutput
     submitted_at: float = field(default_factory=time.perf_counter)
     #: when it was given a slot (perf_counter; 0 until then)
     admitted_at: float = 0.0
@@ -138,7 +148,7 @@ class Reservation:
 
     __slots__ = ("_scheduler", "held")
 
-    def __init__(self, scheduler: "Scheduler") -> None:
+    def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
         self.held = True
 
@@ -149,18 +159,49 @@ class Reservation:
 #: weight of the newest job in the mean job time behind Retry-After
 JOB_TIME_WEIGHT = 0.2
 
+#: A prompt's prefix shared with ANOTHER slot's record (same owner) is copied
+#: from that slot's KV instead of prefilled when it is at least this many
+#: tokens ...
+COPY_MIN_TOKENS = 256
+#: ... and at least this share of the prompt (and longer than what the
+#: request's own slot already shares with it).
+COPY_MIN_SHARE = 0.5
+
 
 class Seq:
     """A running sequence: one job in one slot."""
 
     __slots__ = (
-        "job", "slot", "chain", "pending", "fed", "n_past", "last_token", "decoding",
-        "new_tokens", "generated", "utf8", "stops", "text", "out", "reused", "evicted",
-        "admitted_at", "first_token_at", "last_token_at", "max_new", "finished", "drafter",
-        "drafted", "accepted",
+        "job",
+        "slot",
+        "chain",
+        "pending",
+        "fed",
+        "n_past",
+        "last_token",
+        "decoding",
+        "new_tokens",
+        "generated",
+        "utf8",
+        "stops",
+        "text",
+        "out",
+        "reused",
+        "evicted",
+        "admitted_at",
+        "first_token_at",
+        "last_token_at",
+        "max_new",
+        "finished",
+        "drafter",
+        "drafted",
+        "accepted",
+        "reused_from",
     )
 
-    def __init__(self, job: Job, slot: Slot, chain: SamplerChain, reused: int, evicted: bool):
+    def __init__(
+        self, job: Job, slot: Slot, chain: SamplerChain, reused: int, evicted: bool, reused_from: str | None = None
+    ):
         self.job = job
         self.slot = slot
         self.chain = chain
@@ -176,6 +217,8 @@ class Seq:
         self.text: list[str] = []
         self.out: list[str] = []
         self.reused = reused
+        #: "slot" (the slot's own KV), "copy" (another slot's), None
+        self.reused_from = reused_from if reused else None
         self.evicted = evicted
         # wall-clock stamps (perf_counter) behind the reported timings
         self.admitted_at = job.admitted_at or time.perf_counter()
@@ -205,11 +248,18 @@ class Scheduler:
         draft_max: int = 16,
         name: str = "model",
         on_step: Callable[[], None] | None = None,
+        kv_copy: bool = True,
+        copy_min_tokens: int = COPY_MIN_TOKENS,
+        copy_min_share: float = COPY_MIN_SHARE,
     ) -> None:
         self.model = model
         self.ctx = ctx
         self.parallel = max(1, parallel)
         self.prefix_reuse = prefix_reuse
+        #: copy a long prefix shared with another slot's record (see _copy_source)
+        self.kv_copy = kv_copy
+        self.copy_min_tokens = copy_min_tokens
+        self.copy_min_share = copy_min_share
         self.max_queue = max_queue
         self.prefill_chunk = max(1, prefill_chunk)
         self.end_turn_tokens = end_turn_tokens
@@ -222,9 +272,7 @@ class Scheduler:
         known = _CALIBRATIONS.get(self._calibration_key)
         if known is not None:
             self.step_costs.calibrate(known)
-        self._calibration: list[int] = (
-            [0, *sizes * CALIBRATION_PASSES] if speculative and known is None else []
-        )
+        self._calibration: list[int] = [0, *sizes * CALIBRATION_PASSES] if speculative and known is None else []
         self._calibrated: dict[int, list[float]] = {}
         self.slots = [Slot(i) for i in range(ctx.opts.n_seq_max)]
         self._batch = Batch(ctx.opts.n_batch)
@@ -280,9 +328,12 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._cond:
             held = job.config.reservation
-            if isinstance(held, Reservation) and held.held and held._scheduler is self:
-                held.held = False  # the place it held is now the job's
-                self._reserved -= 1
+            if isinstance(held, Reservation) and held._scheduler is self:
+                # an admitted request: its first run takes the place it held;
+                # its guardrail re-ask (same reservation) is never refused
+                if held.held:
+                    held.held = False
+                    self._reserved -= 1
                 if self._stopping:
                     raise EngineError("the model is shutting down")
             else:
@@ -312,12 +363,12 @@ class Scheduler:
         try:
             while True:
                 with self._cond:
-                    while (not self._stopping and not self._waiting and not self._active
-                           and not self._calibration):
+                    while not self._stopping and not self._waiting and not self._active and not self._calibration:
                         self._cond.wait()
                     if self._stopping:
                         break
                     self._drop_cancelled_waiting()
+                    self._drop_cancelled_running()
                     admitted = self._admit_locked()
                 if not admitted and not self._active and self._calibration:
                     self._calibrate(self._calibration.pop(0))
@@ -387,10 +438,21 @@ class Scheduler:
                 keep.append(job)
         self._waiting = keep
 
+    def _drop_cancelled_running(self) -> None:
+        """End the running sequences whose client left BEFORE admission, so
+        a job submitted after the cancel (a client's retry) finds their slots
+        free, each slot's record being exactly the part of the prompt (and
+        output) that its sequence had put in the KV."""
+        for seq in [s for s in self._active if s.job.cancel.cancelled]:
+            self._finish(seq, StopReason.CANCELLED)
+
     def _cancelled_result(self, job: Job) -> RawDecodeResult:
         return RawDecodeResult(
-            prompt_tokens=len(job.prompt), new_tokens=0, prefill_seconds=0.0,
-            decode_seconds=0.0, reason=StopReason.CANCELLED,
+            prompt_tokens=len(job.prompt),
+            new_tokens=0,
+            prefill_seconds=0.0,
+            decode_seconds=0.0,
+            reason=StopReason.CANCELLED,
             queue_seconds=time.perf_counter() - job.submitted_at,
         )
 
@@ -436,7 +498,9 @@ class Scheduler:
             # takes an empty slot, so both keep their state, else evicts.
             same = [s for s in mine if _holds_prefix_of(s, job.prompt)]
             if same:
-                best = max(same, key=lambda s: (min(s.prompt_len, len(s.tokens)), s.last_used))
+                # the record sharing the longest prefix (a cancelled prefill's
+                # partial record included), then the most recent
+                best = max(same, key=lambda s: (common_prefix(s.tokens, job.prompt), s.last_used))
                 return best, True
         empty = [s for s in free if not s.tokens]
         if empty:
@@ -457,7 +521,12 @@ class Scheduler:
         reuse = 0
         if self.prefix_reuse and same_owner and slot.tokens:
             reuse = min(common_prefix(slot.tokens, job.prompt), len(job.prompt) - 1)
-        if reuse < len(slot.tokens):
+        reused_from = "slot"
+        source, shared = self._copy_source(job, slot, reuse)
+        if source is not None:
+            reuse = self._copy_prefix(source, slot, shared)
+            reused_from = "copy"
+        elif reuse < len(slot.tokens):
             if not self.ctx.seq_rm(slot.seq_id, reuse, -1):
                 self.ctx.seq_rm(slot.seq_id)
                 reuse = 0
@@ -471,10 +540,52 @@ class Scheduler:
             slot.busy = False
             job.sink.put(exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
             return
-        seq = Seq(job, slot, chain, reuse, evicted)
+        seq = Seq(job, slot, chain, reuse, evicted, reused_from)
         if self.speculative and cfg.speculative:
             seq.drafter = NgramDrafter(job.prompt, k_max=self.draft_max)
         self._active.append(seq)
+
+    def _copy_source(self, job: Job, dst: Slot, own: int) -> tuple[Slot | None, int]:
+        """The other slot of the job's owner whose record shares the longest
+        prefix with the prompt (a parked conversation, or a running one's
+        record: exactly what its KV holds so far), with that prefix's length
+        (capped at prompt length - 1), when copying it is worth it: at least
+        ``copy_min_tokens``, at least ``copy_min_share`` of the prompt, and
+        longer than the ``own`` tokens ``dst`` already shares. Else (None, 0)."""
+        if not (self.prefix_reuse and self.kv_copy):
+            return None, 0
+        prompt = job.prompt
+        limit = len(prompt) - 1
+        need = max(self.copy_min_tokens, math.ceil(self.copy_min_share * len(prompt)), own + 1, 1)
+        if need > limit:
+            return None, 0
+        best: Slot | None = None
+        best_n = 0
+        for s in self.slots:
+            if s is dst or s.owner != job.config.owner or len(s.tokens) < need:
+                continue
+            n = min(common_prefix(s.tokens, prompt), limit)
+            # ties: the smaller record (less to copy)
+            if n >= need and (n > best_n or (best is not None and n == best_n and len(s.tokens) < len(best.tokens))):
+                best, best_n = s, n
+        return best, best_n
+
+    def _copy_prefix(self, src: Slot, dst: Slot, n: int) -> int:
+        """Make ``dst``'s KV hold ``src``'s first ``n`` positions; ``src``
+        keeps all of its own. With one KV stream per sequence llama.cpp
+        copies whole streams only (the data moves at the start of the next
+        decode, before anything is written, so it is what ``src.tokens``
+        says now): copy the whole sequence, then drop ``dst``'s part past
+        ``n``. Returns the tokens ``dst`` now holds: ``n``, or 0 when the
+        memory cannot drop a partial sequence (``dst`` is then emptied)."""
+        ctx = self.ctx
+        ctx.seq_rm(dst.seq_id)
+        ctx.seq_cp(src.seq_id, dst.seq_id)
+        if ctx.seq_rm(dst.seq_id, n, -1):
+            log.debug("copied %d tokens of KV from slot %d into slot %d", n, src.seq_id, dst.seq_id)
+            return n
+        ctx.seq_rm(dst.seq_id)
+        return 0
 
     # ----------------------------------------------------------------- step
     def _step(self) -> None:
@@ -492,13 +603,25 @@ class Scheduler:
         chosen: list[tuple[Seq, list[int], str, list[int]]] = []
         decoders = sum(1 for seq in self._active if seq.decoding)
         base = decoders - 1  # other tokens in the step, for the draft-length choice
+        # Drafts are priced for everyone: beside other sequences (decoding or
+        # prefilling, they all wait for this step), all drafts together may
+        # slow the step by at most NEIGHBOUR_TAX over the same step without.
+        spare = room
+        if len(self._active) > 1:
+            plain = min(
+                room,
+                decoders + sum(min(len(s.pending) - s.fed, self.prefill_chunk) for s in self._active if not s.decoding),
+            )
+            spare = self.step_costs.affordable(plain) - plain
         for seq in self._active:
             if seq.decoding:
                 drafts: list[int] = []
                 if seq.drafter is not None:
-                    drafts = seq.drafter.draft(seq.max_new - seq.new_tokens - 1)[: max(0, room - 1)]
+                    cap = min(room - 1, spare)
+                    drafts = seq.drafter.draft(seq.max_new - seq.new_tokens - 1)[: max(0, cap)]
                     drafts = seq.drafter.choose(self.step_costs, base, drafts)
                     base += len(drafts)
+                    spare -= len(drafts)
                 chosen.append((seq, [seq.last_token, *drafts], "all", drafts))
                 room -= 1 + len(drafts)
         pure_decode = True
@@ -585,9 +708,7 @@ class Scheduler:
             seq.decoding = True
         seq.new_tokens += 1
         if token in self._eog:
-            self._finish(
-                seq, StopReason.END_OF_TURN if token in self.end_turn_tokens else StopReason.EOS
-            )
+            self._finish(seq, StopReason.END_OF_TURN if token in self.end_turn_tokens else StopReason.EOS)
             return
         seq.generated.append(token)
         text = seq.utf8.feed(self._pieces[token])
@@ -653,6 +774,7 @@ class Scheduler:
                 drafted_tokens=seq.drafted,
                 accepted_tokens=seq.accepted,
                 stop_string=seq.stops.matched if reason is StopReason.STOP_STRING else None,
+                reused_from=seq.reused_from,
             )
         )
 

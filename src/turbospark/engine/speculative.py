@@ -5,8 +5,9 @@ drafter finds the most recent EARLIER occurrence of the last n tokens of the
 sequence (prompt + output) and proposes the tokens that followed it; from
 then on it keeps copying from that source position for as long as the
 sequence agrees with it (in a list of similar lines, a fresh lookup would
-jump to the line just written, not the one being copied). The scheduler feeds the drafts in the same batch step as the real next token and
-keeps the longest prefix the model agrees with.
+jump to the line just written, not the one being copied). The scheduler
+feeds the drafts in the same batch step as the real next token and keeps the
+longest prefix the model agrees with.
 
 Acceptance rule: at each drafted position the sequence's own sampler chain
 samples from the true distribution (its prefix is verified), and the draft is
@@ -25,9 +26,20 @@ each drafter keeps an estimate of how likely
 its next draft token is to be accepted, and :func:`best_draft_length` picks
 the length with the most expected tokens per second of step time. On a GPU,
 where extra tokens are nearly free, the same rule drafts the whole match.
+
+Drafts are priced for everyone in the step: every other sequence in it
+(decoding, or prefilling its prompt) waits for the verification tokens too.
+With other sequences in the step, the drafts of all sequences together may
+make it at most :data:`NEIGHBOUR_TAX` slower than the same step without
+drafts (:meth:`StepCosts.affordable`), and without cost data nobody drafts
+beside a neighbour; a sequence alone keeps the throughput rule.
 """
 
 from __future__ import annotations
+
+#: how much slower a step with drafts may be than the same step without them
+#: when other sequences decode in it (they pay for every verification token)
+NEIGHBOUR_TAX = 0.08
 
 
 class StepCosts:
@@ -58,12 +70,25 @@ class StepCosts:
             elif lo is not None:
                 self.seconds[n] = table[lo] * n / lo
             else:
-                self.seconds[n] = table[hi] * n / hi  # type: ignore[index]
+                assert hi is not None  # timed is not empty
+                self.seconds[n] = table[hi] * n / hi
         self.ready = True
 
     def observe(self, n: int, dt: float) -> None:
         if self.ready and 0 < n <= self.limit:
             self.seconds[n] += 0.2 * (dt - self.seconds[n])
+
+    def affordable(self, n: int, tax: float = NEIGHBOUR_TAX) -> int:
+        """The most tokens a step whose plain form has ``n`` tokens (one per
+        decoder) may carry, drafts included, and cost at most ``1 + tax``
+        times the plain step: ``n`` (no drafts) before calibration."""
+        plain = self.estimate(n)
+        if plain is None:
+            return n
+        most = n
+        while most < self.limit and self.seconds[most + 1] <= plain * (1.0 + tax):
+            most += 1
+        return most
 
     def estimate(self, n: int) -> float | None:
         """None before calibration; past the limit, at the limit's per-token cost."""
@@ -78,7 +103,8 @@ def best_draft_length(costs: StepCosts, base: int, available: int, accept: float
     """Drafts to verify for one sequence joining a step of ``base`` other
     tokens: maximise (base + expected accepted run + 1) / step seconds, where
     each draft token is accepted with probability ``accept`` given the ones
-    before it. Without cost data yet, verify everything available."""
+    before it. Without cost data yet, verify everything available (the
+    caller caps ``available`` when neighbours would pay)."""
     if available <= 0:
         return 0
     best, best_rate = 0, -1.0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class StopReason(str, enum.Enum):
@@ -92,6 +93,10 @@ class RawDecodeResult:
     slot: int = -1
     #: Which of ``config.stop`` ended the generation (reason ``stopString``).
     stop_string: str | None = None
+    #: Where ``reused_prefix_tokens`` came from: "slot" (the KV the request's
+    #: own slot already held), "copy" (copied from another slot's KV of the
+    #: same owner), None when nothing was reused.
+    reused_from: str | None = None
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ DEFAULT_MAX_STRING = 200
 #: strings written as JSON string bodies
 JSON_ENC = _Enc(json=True)
 
+
 class _Converter(_Flattener, _Containers):
     """JSON Schema (one root document, local $refs) to GBNF rules in ``rules``."""
 
