@@ -42,6 +42,7 @@ MODEL_FLAGS = {
     "session_slots": "session_slots",
     "draft_max": "draft_max",
     "max_queue": "max_queue",
+    "cache_ram": "cache_ram",
     "keep_alive": "keep_alive",
 }
 FLAG_DEFAULTS = {"ctx": 4096, "parallel": DEFAULT_PARALLEL}
@@ -338,6 +339,14 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--max-queue", type=int, default=None, help="most requests waiting for a sequence (0 = unbounded); full -> 503"
+    )
+    s.add_argument(
+        "--cache-ram",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="host memory for the KV of conversations evicted from their slots, restored when they "
+        "return (default: a quarter of the available memory, at most 4096; 0 = off)",
     )
     s.add_argument(
         "--keep-alive",

@@ -63,6 +63,7 @@ MODEL_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "speculative": ("speculative", (bool,)),
     "draft_max": ("draft_max", (int,)),
     "max_queue": ("max_queue", (int,)),
+    "cache_ram": ("cache_ram", (int,)),
     "keep_alive": ("keep_alive", (int, float)),
     "gpu_layers": ("gpu_layers", (int,)),
 }
@@ -84,7 +85,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "models_dirs": (list,),
 }
 POSITIVE = {"ctx", "parallel", "draft_max", "max_body"}
-NON_NEGATIVE = {"session_slots", "threads", "max_queue", "keep_alive", "port", "max_resident"}
+NON_NEGATIVE = {"session_slots", "threads", "max_queue", "cache_ram", "keep_alive", "port", "max_resident"}
 
 
 @dataclass

@@ -114,11 +114,18 @@ class HostCache:
         return best_key, best_lcp
 
     def take(self, key: int) -> SavedState:
-        """Remove and return a record (its state goes back into a slot)."""
+        """Remove and return a record."""
         entry = self._entries[key]
         self._drop(key)
         self.restored += 1
         return entry
+
+    def get(self, key: int) -> SavedState:
+        """A record whose state goes back into a slot; it stays here (another
+        new conversation may share it too), as the most recently used."""
+        self._entries.move_to_end(key)
+        self.restored += 1
+        return self._entries[key]
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)

@@ -325,6 +325,19 @@ class LlamaContext:
         whole sequence, then ``seq_rm`` what ``dst`` should not keep."""
         lib().llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
+    def seq_state(self, seq: int) -> bytes:
+        """The KV state of one sequence (``llama_state_seq_get_data``)."""
+        L = lib()
+        size = int(L.llama_state_seq_get_size(self.ptr, seq))
+        buf = (ctypes.c_uint8 * size)()
+        got = int(L.llama_state_seq_get_data(self.ptr, buf, size, seq))
+        return ctypes.string_at(buf, got)
+
+    def set_seq_state(self, seq: int, state: bytes) -> bool:
+        """Load a state from :meth:`seq_state` into ``seq`` (emptied first)."""
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        return int(lib().llama_state_seq_set_data(self.ptr, buf, len(state), seq)) != 0
+
     def seq_pos_max(self, seq: int) -> int:
         return int(lib().llama_memory_seq_pos_max(self.mem, seq))
 

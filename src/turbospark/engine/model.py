@@ -17,6 +17,7 @@ from typing import Any
 
 from .channel import Channel
 from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
+from .hostcache import default_budget_mib
 from .llama import ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
 from .memory import KvPlan, plan_kv
 from .scheduler import Job, Scheduler
@@ -52,6 +53,9 @@ class ModelOptions:
     speculative: bool = True
     draft_max: int = 16
     max_queue: int = 0
+    #: the host-memory KV tier in MiB (None: a quarter of the memory
+    #: available at load, at most 4 GiB; 0: off)
+    cache_ram: int | None = None
     batch: int = 512
     prefill_chunk: int = 256
     gpu_layers: int = -1
@@ -139,6 +143,7 @@ class LlamaChatModel:
             speculative=opts.speculative and self._can_roll_back(),
             draft_max=opts.draft_max,
             name=self.model_id,
+            host_cache_bytes=(default_budget_mib() if opts.cache_ram is None else opts.cache_ram) << 20,
         )
 
     # ------------------------------------------------------------ interface
@@ -305,7 +310,12 @@ class LlamaChatModel:
         sch = self.scheduler
         if sch is None:
             return {"running": 0, "waiting": 0, "slots": []}
-        return {"running": sch.running, "waiting": sch.waiting, "slots": sch.slot_view()}
+        return {
+            "running": sch.running,
+            "waiting": sch.waiting,
+            "slots": sch.slot_view(),
+            "host_cache": sch.host.snapshot(),
+        }
 
     def embedder(self) -> Embedder:
         """The embedding context, created on first use: servers that never

@@ -1,0 +1,93 @@
+"""The host-memory KV tier on the real model (issue 13, point 2): a
+conversation evicted from its slot moves to host memory and is restored when
+it returns (greedy output identical to a cold prefill); --cache-ram 0 turns
+it off; tenants never see each other's saved states."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from turbospark.catalog import resolve_model
+from turbospark.engine.model import LlamaChatModel, ModelOptions
+from turbospark.engine.types import CancelFlag, GenerationConfig
+
+from .test_kv_sharing import text
+
+
+def one_slot(cache_ram: int | None) -> LlamaChatModel:
+    return LlamaChatModel(ModelOptions(path=resolve_model("smollm2-135m")[0], id="tier", parallel=1,
+                                       session_slots=1, speculative=False, cache_ram=cache_ram))
+
+
+def run(model: LlamaChatModel, messages: list[dict[str, str]], owner: str = ""):
+    ids = model.render_chat(messages)
+    cfg = GenerationConfig(temperature=0, max_new_tokens=24, owner=owner)
+    return asyncio.run(model.run_completion(ids, cfg, None, CancelFlag(), lambda p: None))
+
+
+FIRST = [{"role": "user", "content": "Read this and remember it: " + text(30, 1)}]
+OTHER = [{"role": "user", "content": "Unrelated: " + text(25, 2)}]
+
+
+def returning(answer: str) -> list[dict[str, str]]:
+    # the next turn adds well over 64 tokens past the saved record
+    return [*FIRST, {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Now summarise it, and also consider this: " + text(8, 3)}]
+
+
+@pytest.fixture(scope="module")
+def cold_answers():
+    model = one_slot(0)
+    try:
+        first = run(model, FIRST)
+        model.scheduler.prefix_reuse = False  # a cold prefill for the reference
+        back = run(model, returning(first.text))
+        return first.text, back
+    finally:
+        model.close()
+
+
+def test_an_evicted_conversation_comes_back_from_host_memory(cold_answers):
+    first_text, cold = cold_answers
+    model = one_slot(256)
+    try:
+        first = run(model, FIRST)
+        assert first.text == first_text
+        other = run(model, OTHER)
+        assert other.session_slot_evicted  # FIRST lost its slot ...
+        assert model.load()["host_cache"]["entries"] == 1  # ... but not its KV
+        back = run(model, returning(first.text))
+        assert back.reused_from == "host" and back.reused_prefix_tokens >= first.prompt_tokens
+        assert back.token_ids == cold.token_ids  # identical to a cold prefill
+        stats = model.load()["host_cache"]
+        assert stats["restored"] == 1 and stats["saved"] >= 2  # OTHER went to the tier in turn
+    finally:
+        model.close()
+
+
+def test_cache_ram_0_turns_the_tier_off():
+    model = one_slot(0)
+    try:
+        first = run(model, FIRST)
+        run(model, OTHER)
+        back = run(model, returning(first.text))
+        assert back.reused_from != "host" and back.reused_prefix_tokens < first.prompt_tokens // 2
+        assert model.load()["host_cache"] == {"budget_bytes": 0, "bytes": 0, "entries": 0, "saved": 0,
+                                              "restored": 0, "evicted": 0}
+    finally:
+        model.close()
+
+
+def test_saved_states_never_cross_tenants():
+    model = one_slot(256)
+    try:
+        first = run(model, FIRST, owner="tenant-a")
+        run(model, OTHER, owner="tenant-a")  # FIRST goes to the tier, as tenant-a's
+        stranger = run(model, returning(first.text), owner="tenant-b")
+        assert stranger.reused_from is None and stranger.reused_prefix_tokens == 0
+        owner = run(model, returning(first.text), owner="tenant-a")
+        assert owner.reused_from == "host"
+    finally:
+        model.close()
