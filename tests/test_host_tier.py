@@ -17,8 +17,16 @@ from .test_kv_sharing import text
 
 
 def one_slot(cache_ram: int | None) -> LlamaChatModel:
-    return LlamaChatModel(ModelOptions(path=resolve_model("smollm2-135m")[0], id="tier", parallel=1,
-                                       session_slots=1, speculative=False, cache_ram=cache_ram))
+    return LlamaChatModel(
+        ModelOptions(
+            path=resolve_model("smollm2-135m")[0],
+            id="tier",
+            parallel=1,
+            session_slots=1,
+            speculative=False,
+            cache_ram=cache_ram,
+        )
+    )
 
 
 def run(model: LlamaChatModel, messages: list[dict[str, str]], owner: str = ""):
@@ -33,8 +41,11 @@ OTHER = [{"role": "user", "content": "Unrelated: " + text(25, 2)}]
 
 def returning(answer: str) -> list[dict[str, str]]:
     # the next turn adds well over 64 tokens past the saved record
-    return [*FIRST, {"role": "assistant", "content": answer},
-            {"role": "user", "content": "Now summarise it, and also consider this: " + text(8, 3)}]
+    return [
+        *FIRST,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Now summarise it, and also consider this: " + text(8, 3)},
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +85,14 @@ def test_cache_ram_0_turns_the_tier_off():
         run(model, OTHER)
         back = run(model, returning(first.text))
         assert back.reused_from != "host" and back.reused_prefix_tokens < first.prompt_tokens // 2
-        assert model.load()["host_cache"] == {"budget_bytes": 0, "bytes": 0, "entries": 0, "saved": 0,
-                                              "restored": 0, "evicted": 0}
+        assert model.load()["host_cache"] == {
+            "budget_bytes": 0,
+            "bytes": 0,
+            "entries": 0,
+            "saved": 0,
+            "restored": 0,
+            "evicted": 0,
+        }
     finally:
         model.close()
 
