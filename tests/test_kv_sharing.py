@@ -205,7 +205,10 @@ def test_copy_from_a_running_sequence(env):
     r2, g2 = chat(env, "m", two, max_tokens=24)
     worker.join(60)
     r1, g1 = out["one"]
-    assert g2.reused_from == "copy" and g2.reused_prefix_tokens >= 300
+    # copied from the running sequence (as far as its KV held the shared
+    # part when the second request was placed: under load that can be less
+    # than the whole shared prefix, never less than the copy threshold)
+    assert g2.reused_from == "copy" and g2.reused_prefix_tokens >= COPY_MIN_TOKENS
     assert r2["choices"][0]["message"]["content"] == ref_two["choices"][0]["message"]["content"]
     assert r1["choices"][0]["message"]["content"] == ref_one["choices"][0]["message"]["content"]
 

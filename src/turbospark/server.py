@@ -241,6 +241,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # listening now, so the address printed next takes connections at once
+    # (they wait in the backlog until the event loop accepts them)
+    sock.listen(2048)
     if hasattr(os, "set_inheritable"):
         sock.set_inheritable(True)
     return sock
