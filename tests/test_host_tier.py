@@ -108,3 +108,20 @@ def test_saved_states_never_cross_tenants():
         assert owner.reused_from == "host"
     finally:
         model.close()
+
+
+def test_a_quantised_kv_cache_takes_about_half_the_memory_and_still_generates():
+    path = resolve_model("smollm2-135m")[0]
+    plans = {}
+    for cache_type in ("f16", "q8_0"):
+        model = LlamaChatModel(ModelOptions(path=path, id="kvq", parallel=1, speculative=False, cache_type=cache_type))
+        try:
+            plans[cache_type] = model.kv_plan
+            result = run(model, [{"role": "user", "content": "Name three colours."}])
+            assert result.new_tokens > 0 and result.text.strip()
+            assert cache_type in model.info()["kv_cache"]
+        finally:
+            model.close()
+    assert plans["q8_0"].kv_bytes / plans["f16"].kv_bytes == pytest.approx(34 / 64, rel=0.01)
+    with pytest.raises(ValueError, match="cache type must be one of"):
+        LlamaChatModel(ModelOptions(path=path, id="kvq", cache_type="q3_k"))

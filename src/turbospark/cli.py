@@ -43,6 +43,7 @@ MODEL_FLAGS = {
     "draft_max": "draft_max",
     "max_queue": "max_queue",
     "cache_ram": "cache_ram",
+    "cache_type": "cache_type",
     "keep_alive": "keep_alive",
 }
 FLAG_DEFAULTS = {"ctx": 4096, "parallel": DEFAULT_PARALLEL}
@@ -339,6 +340,13 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--max-queue", type=int, default=None, help="most requests waiting for a sequence (0 = unbounded); full -> 503"
+    )
+    s.add_argument(
+        "--cache-type",
+        choices=["f16", "q8_0", "q4_0"],
+        default=None,
+        help="KV cache element type: f16 (default, exact) or quantised q8_0 / q4_0 (less memory, "
+        "slightly different logits; see the README for the figures)",
     )
     s.add_argument(
         "--cache-ram",

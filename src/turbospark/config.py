@@ -64,6 +64,7 @@ MODEL_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "draft_max": ("draft_max", (int,)),
     "max_queue": ("max_queue", (int,)),
     "cache_ram": ("cache_ram", (int,)),
+    "cache_type": ("cache_type", (str,)),
     "keep_alive": ("keep_alive", (int, float)),
     "gpu_layers": ("gpu_layers", (int,)),
 }

@@ -69,9 +69,19 @@ class ContextOptions:
     embeddings: bool = False
     pooling: int = -1  # LLAMA_POOLING_TYPE_UNSPECIFIED
     flash_attn: int = -1  # auto
+    #: KV cache element type: "f16", or quantised "q8_0" / "q4_0" (less
+    #: memory; llama.cpp quantises V only with flash attention, which "auto"
+    #: turns on where the backend has it)
+    cache_type: str = "f16"
     #: None = the process default (TURBOSPARK_KV_UNIFIED); the embedder needs
     #: True (one ubatch packs sequences of different lengths).
     kv_unified: bool | None = None
+
+
+#: --cache-type values -> ggml types, and their bytes per element (q8_0: 34
+#: bytes per block of 32, q4_0: 18)
+CACHE_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+CACHE_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
 def default_threads() -> int:
@@ -295,6 +305,8 @@ class LlamaContext:
         if opts.embeddings:
             p.pooling_type = opts.pooling
         p.flash_attn_type = opts.flash_attn
+        if opts.cache_type != "f16":
+            p.type_k = p.type_v = CACHE_TYPES[opts.cache_type]
         self.ptr = L.llama_init_from_model(model.ptr, p)
         if not self.ptr:
             raise RuntimeError(

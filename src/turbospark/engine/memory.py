@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .llama import LlamaModelFile, lib
+from .llama import CACHE_TYPE_BYTES, LlamaModelFile, lib
 
 
 class MemoryRefused(RuntimeError):
@@ -19,6 +19,7 @@ class KvPlan:
     tokens_per_slot: int
     bytes_per_token: int
     model_bytes: int
+    cache_type: str = "f16"
 
     @property
     def cells(self) -> int:
@@ -31,7 +32,7 @@ class KvPlan:
     def describe(self) -> str:
         return (
             f"KV cache {self.slots} slots x {self.tokens_per_slot} tokens x "
-            f"{self.bytes_per_token / 1024:.1f} KiB/token = {self.kv_bytes / 2**20:.0f} MiB (f16)"
+            f"{self.bytes_per_token / 1024:.1f} KiB/token = {self.kv_bytes / 2**20:.0f} MiB ({self.cache_type})"
         )
 
 
@@ -61,8 +62,9 @@ def available_memory() -> int | None:
     return None
 
 
-def plan_kv(file: LlamaModelFile, slots: int, tokens_per_slot: int) -> KvPlan:
-    plan = KvPlan(slots, tokens_per_slot, kv_bytes_per_token(file), file.size_bytes)
+def plan_kv(file: LlamaModelFile, slots: int, tokens_per_slot: int, cache_type: str = "f16") -> KvPlan:
+    per_token = round(kv_bytes_per_token(file) / 2 * CACHE_TYPE_BYTES[cache_type])
+    plan = KvPlan(slots, tokens_per_slot, per_token, file.size_bytes, cache_type)
     avail = available_memory()
     if os.environ.get("TURBOSPARK_SKIP_MEMORY_CHECK"):
         return plan

@@ -18,7 +18,7 @@ from typing import Any
 from .channel import Channel
 from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
 from .hostcache import default_budget_mib
-from .llama import ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
+from .llama import CACHE_TYPES, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
 from .memory import KvPlan, plan_kv
 from .scheduler import Job, Scheduler
 from .template import TURN_END_MARKERS, ChatTemplate
@@ -56,6 +56,8 @@ class ModelOptions:
     #: the host-memory KV tier in MiB (None: a quarter of the memory
     #: available at load, at most 4 GiB; 0: off)
     cache_ram: int | None = None
+    #: KV cache element type: "f16" (default, exact), "q8_0" or "q4_0"
+    cache_type: str = "f16"
     batch: int = 512
     prefill_chunk: int = 256
     gpu_layers: int = -1
@@ -121,7 +123,9 @@ class LlamaChatModel:
         session slot) and the scheduler thread that owns it."""
         opts = self.opts
         slots = max(opts.session_slots or opts.parallel, opts.parallel, 1)
-        self.kv_plan = plan_kv(self.file, slots, self.seq_ctx)
+        if opts.cache_type not in CACHE_TYPES:
+            raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, not {opts.cache_type!r}")
+        self.kv_plan = plan_kv(self.file, slots, self.seq_ctx, opts.cache_type)
         self.ctx = LlamaContext(
             self.file,
             ContextOptions(
@@ -130,6 +134,7 @@ class LlamaChatModel:
                 n_ubatch=opts.batch,
                 n_seq_max=slots,
                 n_threads=opts.threads or default_threads(),
+                cache_type=opts.cache_type,
             ),
         )
         self.scheduler = Scheduler(
