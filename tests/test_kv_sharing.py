@@ -258,6 +258,12 @@ def test_cancelled_prefill_is_reused_by_the_retry(env, model):
     body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0, "stream": True}
     # cut the client off after the first prefill chunks are in the KV
     _send_then_drop(srv, body, lambda: any(s.busy and len(s.tokens) >= 256 for s in sch.slots))
+    # the retry comes once the server has noticed the client left (its
+    # sequence is flagged; the scheduler may not have dropped it yet)
+    deadline = time.monotonic() + 30
+    while not any(seq.job.cancel.cancelled for seq in list(sch._active)) and any(s.busy for s in sch.slots):
+        assert time.monotonic() < deadline, "the server never noticed the client left"
+        time.sleep(0.002)
     _, retry = chat(env, model, messages)
     assert retry.prompt_tokens == n_prompt
     assert retry.reused_prefix_tokens >= 256
