@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from typing import Any
 
 import httpx
@@ -164,3 +165,15 @@ def assert_ollama_error(r: httpx.Response, status: int, contains: str = "") -> s
     assert list(data) == ["error"] and isinstance(data["error"], str) and data["error"]
     assert contains.lower() in data["error"].lower(), data["error"]
     return data["error"]
+
+
+def wait_event(obs: Any, rid: int | str, kind: str, timeout: float = 30.0) -> Any:
+    """The first event of ``kind`` that request ``rid`` records (an observer
+    with ``of(rid)``: ``ListObserver`` or the tests' hub), waiting for it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in obs.of(int(rid)):
+            if e.kind == kind:
+                return e
+        time.sleep(0.02)
+    raise AssertionError(f"no {kind} event for request {rid}")

@@ -11,6 +11,8 @@ from turbospark import ListObserver, Server
 from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 
+from .support import wait_event
+
 LONG = [{"role": "user", "content": "Write a very long and detailed story about a dragon who learns to cook."}]
 
 
@@ -84,24 +86,14 @@ def test_queued_request_whose_client_left_never_runs(single):
             },
         )
     b_id = min(e.id for e in list(hub.events) if e.kind == "requestStarted" and e.id > a_id)
-    gen_b = wait_kind(hub, b_id, "generated")
+    gen_b = wait_event(hub, b_id, "generated")
     assert gen_b.stop_reason == "cancelled" and gen_b.new_tokens == 0
     assert gen_b.prefill_seconds == 0 and gen_b.decode_seconds == 0
     # A was never disturbed by B leaving
     assert not any(e.kind == "generated" for e in hub.of(a_id))
     cm.__exit__(None, None, None)
     client.close()
-    assert wait_kind(hub, a_id, "generated").stop_reason == "cancelled"
-
-
-def wait_kind(obs, rid, kind, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for e in obs.of(rid):
-            if e.kind == kind:
-                return e
-        time.sleep(0.02)
-    raise AssertionError(f"no {kind} event for request {rid}")
+    assert wait_event(hub, a_id, "generated").stop_reason == "cancelled"
 
 
 def test_non_stream_client_timeout_cancels(base_url, hub):

@@ -54,8 +54,10 @@ class SavedState:
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     n = min(len(a), len(b))
     i = 0
+    # compare in blocks first: list slices compare in C
     while i + 64 <= n and a[i : i + 64] == b[i : i + 64]:
         i += 64
     while i < n and a[i] == b[i]:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .detok import StopMatcher, Utf8Stream
-from .hostcache import HostCache
+from .hostcache import HostCache, common_prefix
 from .llama import Batch, LlamaContext, LlamaModelFile
 from .sampling import SamplerChain
 from .speculative import NgramDrafter, StepCosts
@@ -119,18 +119,6 @@ def _holds_prefix_of(slot: Slot, prompt: list[int]) -> bool:
     far as its record holds it: a prefill cut short keeps only a part)."""
     n = min(slot.prompt_len, len(slot.tokens))
     return n > 0 and len(prompt) >= n and prompt[:n] == slot.tokens[:n]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    # compare in blocks first: list slices compare in C
-    step = 64
-    while i + step <= n and a[i : i + step] == b[i : i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 #: step-cost tables already measured in this process, by model file and
