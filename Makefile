@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 export VENV
 
-.PHONY: install serve test lint bench bench-runtime clean
+.PHONY: install serve test lint bench bench-runtime bench-agents clean
 
 install:
 	@scripts/install.sh
@@ -35,6 +35,11 @@ bench: install
 bench-runtime:
 	@FOR_TESTS=1 scripts/install.sh
 	$(VENV)/bin/python bench/runtime.py $(ARGS)
+
+# agent-load scenarios (a)-(e), side by side with llama-server (issue 13)
+bench-agents:
+	@FOR_TESTS=1 scripts/install.sh
+	$(VENV)/bin/python bench/agents.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -18,6 +18,12 @@ class Streamed:
     chunks: int  # content chunks
     first: float  # perf_counter at the first content chunk
     last: float  # ... and at the last
+    sent: float = 0.0  # perf_counter when the request was sent
+
+    @property
+    def ttft(self) -> float:
+        """Client-side time to the first content chunk."""
+        return self.first - self.sent
 
     def decode_rate(self) -> float:
         """Client-side decode tok/s: first token's text .. last token's text
@@ -30,6 +36,7 @@ def stream_chat(url: str, body: dict[str, Any], timeout: float = 600) -> Streame
     """POST a streamed chat completion (usage included) and time its chunks."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     first = last = 0.0
+    sent = time.perf_counter()
     text: list[str] = []
     usage: dict[str, Any] = {}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=timeout) as r:
@@ -46,4 +53,4 @@ def stream_chat(url: str, body: dict[str, Any], timeout: float = 600) -> Streame
                 first = first or now
                 last = now
                 text.append(chunk["choices"][0]["delta"]["content"])
-    return Streamed("".join(text), usage, int(rid) if rid else None, len(text), first, last)
+    return Streamed("".join(text), usage, int(rid) if rid else None, len(text), first, last, sent)

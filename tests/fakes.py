@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from turbospark.engine.channel import Channel, Run
 from turbospark.engine.types import (
     AdmissionError,
     CancelFlag,
@@ -35,7 +36,7 @@ class ScriptedModel:
     """Implements the model interface (engine/interface.py) from scripts.
 
     Tokenization is one token per whitespace-separated word, so counts are
-    predictable. Each call to ``run_completion`` pops the next script (the
+    predictable. Each call to ``generate`` pops the next script (the
     last one repeats)."""
 
     model_id: str = "scripted"
@@ -48,6 +49,7 @@ class ScriptedModel:
     default_system: str | None = None
     context: int = 4096
     calls: list[dict[str, Any]] = field(default_factory=list)
+    _tasks: set[Any] = field(default_factory=set, repr=False)
 
     @property
     def tokenizer(self) -> ScriptedModel:
@@ -107,13 +109,25 @@ class ScriptedModel:
     def encode(self, texts: list[str], truncate: bool = False) -> list[list[float]]:
         raise AdmissionError("the scripted model does not embed", "model")
 
-    async def run_completion(
-        self,
-        prompt_ids: list[int],
-        config: GenerationConfig,
-        images: Any,
-        cancel: CancelFlag,
-        on_progress: Callable[[Progress], None],
+    def generate(self, prompt_ids: list[int], config: GenerationConfig, images: Any, cancel: CancelFlag) -> Run:
+        """Plays the next script on a task feeding the same channel the
+        scheduler thread feeds."""
+        channel = Channel(asyncio.get_running_loop())
+        task = asyncio.ensure_future(self._play(prompt_ids, config, cancel, channel.put))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return Run(channel)
+
+    async def _play(
+        self, prompt_ids: list[int], config: GenerationConfig, cancel: CancelFlag, put: Callable[[Any], None]
+    ) -> None:
+        try:
+            put(await self._script(prompt_ids, config, cancel, put))
+        except Exception as exc:
+            put(exc)
+
+    async def _script(
+        self, prompt_ids: list[int], config: GenerationConfig, cancel: CancelFlag, on_progress: Callable[[Any], None]
     ) -> RawDecodeResult:
         script = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
         if self.calls:

@@ -202,3 +202,26 @@ api_key_file = "keys.txt"
     bad = write(tmp_path, "[server]\nmax_body = 0\n")
     with pytest.raises(ConfigError, match="max_body must be at least 1"):
         load_config(bad)
+
+
+def test_engine_tuning_and_cache_dir_come_from_the_file_and_flags_win(tmp_path):
+    from turbospark.cli import _model_options, parser
+
+    path = write(
+        tmp_path,
+        """
+[defaults]
+batch = 256
+flash_attn = "off"
+cache_dir = "kv-cache"
+
+[models.a]
+model = "smollm2-135m"
+prefill_chunk = 128
+""",
+    )
+    (o,) = _model_options(parser().parse_args(["serve", "--config", path]))
+    assert (o.batch, o.prefill_chunk, o.flash_attn, o.cache_dir) == (256, 128, "off", str(tmp_path / "kv-cache"))
+    args = ["serve", "--config", path, "--batch", "1024", "--flash-attn", "on", "--cache-dir", "/tmp/kv"]
+    (o,) = _model_options(parser().parse_args(args))
+    assert (o.batch, o.prefill_chunk, o.flash_attn, o.cache_dir) == (1024, 128, "on", "/tmp/kv")

@@ -125,3 +125,32 @@ def test_a_quantised_kv_cache_takes_about_half_the_memory_and_still_generates():
     assert plans["q8_0"].kv_bytes / plans["f16"].kv_bytes == pytest.approx(34 / 64, rel=0.01)
     with pytest.raises(ValueError, match="cache type must be one of"):
         LlamaChatModel(ModelOptions(path=path, id="kvq", cache_type="q3_k"))
+
+
+def test_the_tier_outlives_a_restart_with_a_cache_dir(cold_answers, tmp_path):
+    """--cache-dir: the slot's record is written at unload and restored by
+    the next process's model, with output identical to a cold prefill."""
+    first_text, cold = cold_answers
+    opts = dict(path=resolve_model("smollm2-135m")[0], id="tier", parallel=1, speculative=False, cache_ram=256)
+    model = LlamaChatModel(ModelOptions(**opts, cache_dir=str(tmp_path)))
+    try:
+        first = run(model, FIRST)
+    finally:
+        model.close()
+    (folder,) = list(tmp_path.iterdir())
+    assert len(list(folder.glob("*.kv"))) == 1
+    again = LlamaChatModel(ModelOptions(**opts, cache_dir=str(tmp_path)))
+    try:
+        back = run(again, returning(first.text))
+        assert back.reused_from == "host" and back.reused_prefix_tokens >= first.prompt_tokens
+        assert back.token_ids == cold.token_ids
+        other_tenant = run(again, returning(first.text), owner="t2")
+        assert other_tenant.reused_prefix_tokens == 0  # another tenant never sees it
+    finally:
+        again.close()
+    other_type = LlamaChatModel(ModelOptions(**opts, cache_dir=str(tmp_path), cache_type="q8_0"))
+    try:
+        assert run(other_type, returning(first.text)).reused_from is None  # another KV type: its own folder
+    finally:
+        other_type.close()
+    assert len(list(tmp_path.iterdir())) == 2

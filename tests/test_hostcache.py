@@ -1,9 +1,12 @@
 """The host-memory KV tier's bookkeeping: bounded by bytes, least recently
-used out first, partitioned by tenant."""
+used out first, partitioned by tenant, kept on disk with --cache-dir."""
 
 from __future__ import annotations
 
-from turbospark.engine.hostcache import HostCache, default_budget_mib
+import os
+import stat
+
+from turbospark.engine.hostcache import HostCache, cache_folder, default_budget_mib
 
 
 def test_lookups_never_cross_owners_and_find_the_longest_shared_prefix():
@@ -38,3 +41,44 @@ def test_zero_budget_turns_the_tier_off():
     c = HostCache(0)
     assert not c.enabled and not c.put("a", [1], b"x") and len(c) == 0
     assert 0 <= default_budget_mib() <= 4096
+
+
+def test_records_persist_privately_and_load_back_most_recent_first(tmp_path):
+    c = HostCache(1 << 20)
+    c.put("a", [1, 2, 3], b"S1" * 50, prompt_len=2)
+    c.put("b", [4, 5], b"S2" * 50)
+    folder = str(tmp_path / "kv")
+    assert c.persist(folder) == 2
+    files = sorted(os.listdir(folder))
+    assert len(files) == 2 and all(stat.S_IMODE(os.stat(os.path.join(folder, f)).st_mode) == 0o600 for f in files)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    with open(os.path.join(folder, "999999.kv"), "wb") as f:  # garbage is skipped, not fatal
+        f.write(b"not a record")
+    d = HostCache(1 << 20)
+    assert d.load(folder) == 2
+    key, lcp = d.best("a", [1, 2, 3, 9])
+    entry = d.take(key)
+    assert lcp == 3 and entry.state == b"S1" * 50 and entry.prompt_len == 2
+    assert d.best("a", [4, 5])[1] == 0 and d.best("b", [4, 5])[1] == 2  # owners kept
+    small = HostCache(120)  # room for one record: the most recent one wins
+    assert small.load(folder) == 1 and small.best("b", [4, 5])[1] == 2
+    assert HostCache(0).load(folder) == 0
+    c.take(c.best("b", [4, 5])[0])
+    assert c.persist(folder) == 1 and os.listdir(folder) == ["000000.kv"]  # stale files go
+
+
+def test_the_folder_is_per_model_file_and_kv_type(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    a = cache_folder(str(tmp_path), str(gguf), "f16")
+    assert a == cache_folder(str(tmp_path), str(gguf), "f16")
+    assert a != cache_folder(str(tmp_path), str(gguf), "q8_0")
+    assert os.path.basename(a).startswith("m-")
+
+
+def test_an_unwritable_folder_is_a_warning_not_a_failure(tmp_path):
+    c = HostCache(1 << 20)
+    c.put("a", [1], b"x")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert c.persist(str(blocker / "kv")) == 0

@@ -121,7 +121,7 @@ def test_raw_sse_framing(base_url):
     assert all(line.startswith("data: ") for line in lines)
     assert lines[-1] == "data: [DONE]"
     payloads = [json.loads(line[6:]) for line in lines[:-1]]
-    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}  # as OpenAI sends it
     assert payloads[-2]["choices"][0]["finish_reason"] == "length"
     assert payloads[-1]["choices"] == [] and payloads[-1]["usage"]["completion_tokens"] == 8
     assert all(p["object"] == "chat.completion.chunk" for p in payloads)

@@ -26,7 +26,7 @@ def test_openai_midstream_failure_is_one_error_frame_without_done(failing):
     assert err["error"]["type"] == "server_error"
     assert "[DONE]" not in raw
     texts = [json.loads(f[6:])["choices"][0]["delta"].get("content") for f in frames[:-1]]
-    assert texts == ["", "one", " two"]
+    assert texts == [None, "one", " two"]  # the role chunk carries content null
     # a failed generation emits no `generated`
     assert not [e for e in obs.events if e.kind == "generated"]
 

@@ -44,6 +44,10 @@ MODEL_FLAGS = {
     "max_queue": "max_queue",
     "cache_ram": "cache_ram",
     "cache_type": "cache_type",
+    "cache_dir": "cache_dir",
+    "flash_attn": "flash_attn",
+    "batch": "batch",
+    "prefill_chunk": "prefill_chunk",
     "keep_alive": "keep_alive",
 }
 FLAG_DEFAULTS = {"ctx": 4096, "parallel": DEFAULT_PARALLEL}
@@ -347,6 +351,31 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="KV cache element type: f16 (default, exact) or quantised q8_0 / q4_0 (less memory, "
         "slightly different logits; see the README for the figures)",
+    )
+    s.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="keep the host-memory KV tier in DIR across restarts (written at shutdown, read at load), "
+        "so returning conversations and shared system prompts start warm",
+    )
+    s.add_argument(
+        "--flash-attn",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="flash attention (default auto: on where the backend has it for the model)",
+    )
+    s.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="tokens per llama_decode call (n_batch = n_ubatch; default 512, tuned by bench/prefill.py)",
+    )
+    s.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help="most prompt tokens one request feeds per step, so decoders never wait long (default 256)",
     )
     s.add_argument(
         "--cache-ram",

@@ -65,6 +65,10 @@ MODEL_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "max_queue": ("max_queue", (int,)),
     "cache_ram": ("cache_ram", (int,)),
     "cache_type": ("cache_type", (str,)),
+    "cache_dir": ("cache_dir", (str,)),
+    "flash_attn": ("flash_attn", (str,)),
+    "batch": ("batch", (int,)),
+    "prefill_chunk": ("prefill_chunk", (int,)),
     "keep_alive": ("keep_alive", (int, float)),
     "gpu_layers": ("gpu_layers", (int,)),
 }
@@ -152,6 +156,8 @@ def load_config(path: str) -> Config:
         if "model" not in values:
             raise ConfigError(f"{path}: {where}.model is required (a GGUF path or a packaged model name)")
         merged = {**cfg.defaults, **values}
+        if "cache_dir" in merged:  # relative to the file, like every path in it
+            merged["cache_dir"] = os.path.join(here, os.path.expanduser(merged["cache_dir"]))
         target = merged.pop("model")
         candidate = target if os.path.isabs(target) else os.path.join(base, target)
         try:

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .engine.interface import ChatModel
 from .engine.types import (
     AdmissionError,
     CancelFlag,
@@ -168,24 +169,24 @@ class Final:
 
 
 # ---------------------------------------------------------------- preparing
-def _thinking(model: Any, req: ChatRequest) -> bool:
+def _thinking(model: ChatModel, req: ChatRequest) -> bool:
     effort = req.reasoning if req.reasoning is not None else getattr(model, "default_reasoning", None)
     return effort is None or str(effort).lower() not in EFFORTS_OFF
 
 
-def _template_source(model: Any) -> str:
+def _template_source(model: ChatModel) -> str:
     template = getattr(model, "template", None)
     return getattr(template, "source", "") or ""
 
 
-def render(model: Any, req: ChatRequest) -> list[int]:
+def render(model: ChatModel, req: ChatRequest) -> list[int]:
     """The prompt token ids exactly as :func:`prepare` prefills them (token
     counting endpoints use this, so their count is the real one)."""
     ids, _, _ = _render(model, req)
     return ids
 
 
-def _render(model: Any, req: ChatRequest) -> tuple[list[int], str | None, bool]:
+def _render(model: ChatModel, req: ChatRequest) -> tuple[list[int], str | None, bool]:
     """(prompt ids, tool syntax or None, whether thinking is on)."""
     if req.prompt is not None:
         if req.prompt == "":
@@ -227,7 +228,7 @@ def _grammar(req: ChatRequest, syntax: str | None) -> str | None:
     return None
 
 
-def prepare(model: Any, req: ChatRequest) -> Prepared:
+def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     """Render and tokenize the prompt, pick tools/grammar, and admit it."""
     if req.tool_choice == "named":
         if req.tool_name not in tool_names(req.tools):
@@ -267,7 +268,7 @@ def prepare(model: Any, req: ChatRequest) -> Prepared:
 
 
 # --------------------------------------------------------------- generating
-async def complete(model: Any, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER) -> Final:
+async def complete(model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER) -> Final:
     """Run the turn to its end (the same path as :func:`stream`)."""
     final: Final | None = None
     async for item in stream(model, prepared, cancel, reporter):
@@ -278,44 +279,34 @@ async def complete(model: Any, prepared: Prepared, cancel: CancelFlag, reporter:
 
 
 async def _run(
-    model: Any, prepared: Prepared, cancel: CancelFlag, reporter: Reporter
+    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter
 ) -> AsyncIterator[Progress | RawDecodeResult]:
     """One engine run: its progress, then its result, which ``reporter``
     records as ``generated`` the moment the run ends. Closing the iterator
     early sets the cancel flag and leaves the run to end at the engine's next
-    step (it is still reported: the reporter tracks it)."""
-    queue: asyncio.Queue[Progress | None] = asyncio.Queue()
-    task = asyncio.ensure_future(
-        model.run_completion(prepared.prompt_ids, prepared.config, None, cancel, queue.put_nowait)
-    )
+    step (it is still reported: the reporter tracks its result's future)."""
+    run = model.generate(prepared.prompt_ids, prepared.config, None, cancel)
     model_id = model.model_id
+    reported = False
 
     def report(done: asyncio.Future[RawDecodeResult]) -> None:
-        if not done.cancelled() and done.exception() is None:
+        nonlocal reported
+        if not reported and not done.cancelled() and done.exception() is None:
+            reported = True
             reporter.generated(model_id, done.result())
 
-    task.add_done_callback(report)
-    task.add_done_callback(_end_of(queue))
-    reporter.running(task)
+    # an abandoned run is reported when it ends; one still iterated, before
+    # its result is handed on (so ``generated`` precedes what follows it)
+    run.done.add_done_callback(report)
+    reporter.running(run.done)
     try:
-        while True:
-            item = await queue.get()
-            if item is None:
-                break
+        async for item in run:  # raises the engine's error, if any
+            if isinstance(item, RawDecodeResult):
+                report(run.done)
             yield item
-        yield task.result()  # raises the engine's error, if any
     finally:
-        if not task.done():
+        if not run.done.done():
             cancel.cancel("the client went away")
-
-
-def _end_of(queue: asyncio.Queue[Progress | None]) -> Any:
-    def done(task: asyncio.Future[Any]) -> None:
-        queue.put_nowait(None)
-        if not task.cancelled():
-            task.exception()  # retrieved here so an abandoned task logs nothing
-
-    return done
 
 
 class _Router:
@@ -387,7 +378,7 @@ class _Router:
 
 
 async def stream(
-    model: Any, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER
+    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER
 ) -> AsyncIterator[Delta | ReasoningDelta | ToolCallDelta | Final]:
     """Deltas as the engine produces them, tool calls once validated, then
     one :class:`Final`; each engine run is reported through ``reporter``."""
@@ -470,7 +461,7 @@ def _calls_of(text: str, prepared: Prepared) -> tuple[list[toolcalls.ToolCall], 
 
 
 def _reask(
-    model: Any, prepared: Prepared, router: _Router, problems: list[str], calls: list[toolcalls.ToolCall]
+    model: ChatModel, prepared: Prepared, router: _Router, problems: list[str], calls: list[toolcalls.ToolCall]
 ) -> Prepared | None:
     """The corrective second attempt the guardrails ask for, or None when the
     first answer stands (it is fine, or a second attempt cannot fit)."""

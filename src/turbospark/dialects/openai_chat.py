@@ -388,7 +388,7 @@ class ChatRenderer:
         return chunk
 
     def role_frame(self) -> bytes:
-        return sse_data(self._chunk({"role": "assistant", "content": ""}))
+        return sse_data(self._chunk({"role": "assistant", "content": None}))
 
     def text_frame(self, text: str) -> bytes:
         # the hot path (one frame per token): the chunk around the text is

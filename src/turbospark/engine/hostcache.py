@@ -10,13 +10,27 @@ further than any slot does gets it restored into its slot
 Bounded by bytes (``--cache-ram``), least recently used first out, and
 partitioned by tenant like the slots: a lookup only ever sees its own
 owner's records. Pure bookkeeping; the scheduler thread owns it (no lock).
+
+With ``--cache-dir`` the tier outlives the process: at unload or shutdown the
+scheduler parks every slot's record here and ``persist`` writes the records
+(one file each, private to the user, in a folder named by the model file's
+identity and KV type); ``load`` reads them back at start, most recent first
+while the budget lasts, so an agent's next session after a restart starts
+warm. A file that does not parse, or a state llama.cpp refuses, is skipped.
 """
 
 from __future__ import annotations
 
+import array
+import hashlib
+import json
+import logging
 import os
+import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
+
+log = logging.getLogger("turbospark.engine")
 
 MIB = 1 << 20
 #: the default budget's share of the memory available at start, and its cap
@@ -133,6 +147,57 @@ class HostCache:
         entry = self._entries.pop(key)
         self.bytes -= entry.size
 
+    def records(self) -> list[SavedState]:
+        """Least recently used first."""
+        return list(self._entries.values())
+
+    def persist(self, folder: str) -> int:
+        """Write every record to ``folder`` (replacing what it held); returns
+        how many were written. Never raises for a disk problem."""
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            old = {n for n in os.listdir(folder) if n.endswith(FILE_SUFFIX)}
+        except OSError as e:
+            log.warning("KV cache folder %s: %s", folder, e)
+            return 0
+        written = set()
+        for i, entry in enumerate(self.records()):
+            name = f"{i:06d}{FILE_SUFFIX}"
+            try:
+                _write_record(folder, name, entry)
+            except OSError as e:
+                log.warning("KV cache folder %s: %s", folder, e)
+                break
+            written.add(name)
+        for name in old - written:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+        return len(written)
+
+    def load(self, folder: str) -> int:
+        """Read the records ``persist`` wrote, most recent first while they
+        fit the budget; returns how many were loaded."""
+        if not self.enabled:
+            return 0
+        try:
+            names = sorted((n for n in os.listdir(folder) if n.endswith(FILE_SUFFIX)), reverse=True)
+        except OSError:
+            return 0
+        loaded: list[SavedState] = []
+        room = self.budget
+        for name in names:
+            entry = _read_record(os.path.join(folder, name))
+            if entry is None or entry.size > room:
+                continue
+            loaded.append(entry)
+            room -= entry.size
+        for entry in reversed(loaded):  # oldest first: the newest ends most recent
+            self.put(entry.owner, entry.tokens, entry.state, entry.prompt_len)
+        self.saved -= len(loaded)
+        return len(loaded)
+
     def snapshot(self) -> dict[str, int]:
         return {
             "budget_bytes": self.budget,
@@ -142,3 +207,53 @@ class HostCache:
             "restored": self.restored,
             "evicted": self.evicted,
         }
+
+
+#: a persisted record: MAGIC, one JSON header line, the tokens (int32), the state
+MAGIC = b"turbospark-kv 1\n"
+FILE_SUFFIX = ".kv"
+
+
+def cache_folder(root: str, model_path: str, cache_type: str) -> str:
+    """``root``'s sub-folder for one model file (by its path, size and
+    modification time) and KV element type: a state only loads back into a
+    context made the same way."""
+    st = os.stat(model_path)
+    ident = f"{os.path.realpath(model_path)}\0{st.st_size}\0{st.st_mtime_ns}\0{cache_type}"
+    name = os.path.basename(model_path).removesuffix(".gguf")
+    return os.path.join(os.path.expanduser(root), f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}")
+
+
+def _write_record(folder: str, name: str, entry: SavedState) -> None:
+    head = {"owner": entry.owner, "prompt_len": entry.prompt_len, "tokens": len(entry.tokens)}
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC)
+            f.write(json.dumps(head).encode() + b"\n")
+            f.write(array.array("i", entry.tokens).tobytes())
+            f.write(entry.state)
+        os.replace(tmp, os.path.join(folder, name))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _read_record(path: str) -> SavedState | None:
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                return None
+            head = json.loads(f.readline())
+            n = int(head["tokens"])
+            tokens = array.array("i")
+            tokens.frombytes(f.read(4 * n))
+            state = f.read()
+        if len(tokens) != n or not n or not state:
+            return None
+        return SavedState(str(head["owner"]), tokens.tolist(), state, int(head.get("prompt_len", 0)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

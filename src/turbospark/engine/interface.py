@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from .types import CancelFlag, Embeddings, GenerationConfig, Progress, RawDecodeResult
+from .channel import Run
+from .types import CancelFlag, Embeddings, GenerationConfig
 
 
 @runtime_checkable
@@ -39,12 +40,5 @@ class ChatModel(Protocol):
     def default_max_new(self, n_prompt: int, default: int) -> int: ...
     def reserve(self, config: GenerationConfig) -> Callable[[], None]: ...
     def load(self) -> dict[str, Any]: ...
-    async def run_completion(
-        self,
-        prompt_ids: list[int],
-        config: GenerationConfig,
-        images: Any,
-        cancel: CancelFlag,
-        on_progress: Callable[[Progress], None],
-    ) -> RawDecodeResult: ...
+    def generate(self, prompt_ids: list[int], config: GenerationConfig, images: Any, cancel: CancelFlag) -> Run: ...
     def encode(self, texts: list[str], truncate: bool = False) -> Embeddings: ...

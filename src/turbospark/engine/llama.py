@@ -81,6 +81,8 @@ class ContextOptions:
 #: --cache-type values -> ggml types, and their bytes per element (q8_0: 34
 #: bytes per block of 32, q4_0: 18)
 CACHE_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+#: flash attention settings (llama_flash_attn_type)
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 CACHE_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 

@@ -2,8 +2,9 @@
 
 It renders prompts with the GGUF's chat template, admits requests (empty
 prompts and context overflows are clean errors, never silent truncation), and
-hands generation to its scheduler thread. ``run_completion`` is the ONE
-generation entry point every dialect goes through.
+hands generation to its scheduler thread. ``generate`` is the ONE generation
+entry point every dialect goes through: an async iterator of progress items
+ending in the result, fed straight from the scheduler thread (engine/channel.py).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .channel import Channel
+from .channel import Channel, Run
 from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
-from .hostcache import default_budget_mib
-from .llama import CACHE_TYPES, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
+from .hostcache import cache_folder, default_budget_mib
+from .llama import CACHE_TYPES, FLASH_ATTN, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
 from .memory import KvPlan, plan_kv
 from .scheduler import Job, Scheduler
 from .template import TURN_END_MARKERS, ChatTemplate
@@ -58,8 +59,12 @@ class ModelOptions:
     cache_ram: int | None = None
     #: KV cache element type: "f16" (default, exact), "q8_0" or "q4_0"
     cache_type: str = "f16"
+    #: keep the host tier in this folder across restarts (None: memory only)
+    cache_dir: str | None = None
     batch: int = 512
     prefill_chunk: int = 256
+    #: flash attention: "auto" (on where the backend has it), "on" or "off"
+    flash_attn: str = "auto"
     gpu_layers: int = -1
     default_system: str | None = None
     default_reasoning: str | None = None
@@ -123,6 +128,10 @@ class LlamaChatModel:
         session slot) and the scheduler thread that owns it."""
         opts = self.opts
         slots = max(opts.session_slots or opts.parallel, opts.parallel, 1)
+        if opts.batch < 1 or opts.prefill_chunk < 1:
+            raise ValueError("batch and prefill chunk must be at least 1 token")
+        if opts.flash_attn not in FLASH_ATTN:
+            raise ValueError(f"flash attention must be one of {', '.join(FLASH_ATTN)}, not {opts.flash_attn!r}")
         if opts.cache_type not in CACHE_TYPES:
             raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, not {opts.cache_type!r}")
         self.kv_plan = plan_kv(self.file, slots, self.seq_ctx, opts.cache_type)
@@ -133,6 +142,7 @@ class LlamaChatModel:
                 n_batch=opts.batch,
                 n_ubatch=opts.batch,
                 n_seq_max=slots,
+                flash_attn=FLASH_ATTN[opts.flash_attn],
                 n_threads=opts.threads or default_threads(),
                 cache_type=opts.cache_type,
             ),
@@ -149,6 +159,7 @@ class LlamaChatModel:
             draft_max=opts.draft_max,
             name=self.model_id,
             host_cache_bytes=(default_budget_mib() if opts.cache_ram is None else opts.cache_ram) << 20,
+            cache_dir=cache_folder(opts.cache_dir, opts.path, opts.cache_type) if opts.cache_dir else None,
         )
 
     # ------------------------------------------------------------ interface
@@ -280,14 +291,11 @@ class LlamaChatModel:
         return max(1, min(default, self.max_context - n_prompt))
 
     # -- generation ----------------------------------------------------------
-    async def run_completion(
-        self,
-        prompt_ids: list[int],
-        config: GenerationConfig,
-        images: Any,
-        cancel: CancelFlag,
-        on_progress: Callable[[Progress], None],
-    ) -> RawDecodeResult:
+    def generate(self, prompt_ids: list[int], config: GenerationConfig, images: Any, cancel: CancelFlag) -> Run:
+        """Submit one generation to the scheduler; the returned :class:`Run`
+        yields its progress, then its result (call it on the event loop).
+        Refusals (no room, no chat context, images) raise here, before any
+        engine work."""
         if images:
             raise AdmissionError("this model does not accept images", "images")
         if self.scheduler is None:
@@ -295,17 +303,22 @@ class LlamaChatModel:
         self.check_admission(len(prompt_ids), config.max_new_tokens)
         channel = Channel(asyncio.get_running_loop())
         self.scheduler.submit(Job(list(prompt_ids), config, cancel, channel))
+        return Run(channel)
+
+    async def run_completion(
+        self,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        images: Any,
+        cancel: CancelFlag,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> RawDecodeResult:
+        """:meth:`generate` run to its end (for tests and benchmarks; the
+        server iterates the run itself). Cancelling the awaiting task sets
+        ``cancel``; the engine stops at its next step."""
+        run = self.generate(prompt_ids, config, images, cancel)
         try:
-            while True:
-                for item in await channel.get():
-                    if isinstance(item, Progress):
-                        on_progress(item)
-                    elif isinstance(item, RawDecodeResult):
-                        return item
-                    elif isinstance(item, BaseException):
-                        raise item
-                    else:  # pragma: no cover
-                        raise EngineError(f"unexpected scheduler item {item!r}")
+            return await run.result(on_progress)
         except asyncio.CancelledError:
             cancel.cancel("the client went away")
             raise

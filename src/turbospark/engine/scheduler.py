@@ -245,9 +245,11 @@ class Scheduler:
         copy_min_tokens: int = COPY_MIN_TOKENS,
         copy_min_share: float = COPY_MIN_SHARE,
         host_cache_bytes: int = 0,
+        cache_dir: str | None = None,
     ) -> None:
         self.model = model
         self.ctx = ctx
+        self.name = name
         self.parallel = max(1, parallel)
         self.prefix_reuse = prefix_reuse
         #: copy a long prefix shared with another slot's record (see _copy_source)
@@ -256,6 +258,8 @@ class Scheduler:
         self.copy_min_share = copy_min_share
         #: the second tier: evicted slots' states in host memory (--cache-ram)
         self.host = HostCache(host_cache_bytes if prefix_reuse else 0)
+        #: where the host tier is kept across restarts (--cache-dir), if anywhere
+        self.cache_dir = cache_dir if self.host.enabled else None
         self.max_queue = max_queue
         self.prefill_chunk = max(1, prefill_chunk)
         self.end_turn_tokens = end_turn_tokens
@@ -349,14 +353,24 @@ class Scheduler:
         return [s.snapshot() for s in self.slots]
 
     def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread (failing what is still queued or running) and
+        wait until it has ended, so the context may be freed: a thread still
+        inside ``llama_decode`` (a long prefill on a slow machine) is waited
+        for, with a warning every ``timeout`` seconds, since freeing the
+        context under it would crash the process."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         self._thread.join(timeout)
+        while self._thread.is_alive():
+            log.warning("%s: the engine thread is still busy; waiting for it before freeing its context", self.name)
+            self._thread.join(timeout)
 
     # ----------------------------------------------------------------- loop
     def _run(self) -> None:
         try:
+            if self.cache_dir is not None:
+                self._load_host(self.cache_dir)
             while True:
                 with self._cond:
                     while not self._stopping and not self._waiting and not self._active and not self._calibration:
@@ -387,6 +401,25 @@ class Scheduler:
                 job.sink.put(EngineError("the model was unloaded before this request ran"))
             for seq in list(self._active):
                 self._fail(seq, EngineError("the model was unloaded during this request"))
+            if self.cache_dir is not None:
+                self._persist_host(self.cache_dir)
+
+    def _load_host(self, folder: str) -> None:
+        n = self.host.load(folder)
+        if n:
+            log.info("%s: %d saved KV record(s) loaded from %s", self.name, n, folder)
+
+    def _persist_host(self, folder: str) -> None:
+        """Park every slot's record in the host tier, then write the tier to
+        ``folder`` (the scheduler thread, on its way out: it owns the KV)."""
+        try:
+            for slot in self.slots:
+                if slot.tokens:
+                    self._save_to_host(slot)
+            n = self.host.persist(folder)
+            log.info("%s: %d KV record(s) kept in %s", self.name, n, folder)
+        except Exception:  # never fail a shutdown over the second tier
+            log.exception("keeping the KV records in %s failed", folder)
 
     def _calibrate(self, n: int) -> None:
         """Time one decode step of ``n`` tokens on an idle slot (after its

@@ -19,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 
 from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
+from ..engine.interface import ChatModel
 from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded
 from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta, complete, prepare, stream
 from ..middleware import ERROR_KEY, LEASES_KEY, REPORTER_KEY
@@ -135,7 +136,7 @@ async def route_and_prepare(
 
 async def prepare_and_admit(
     request: Request,
-    model: Any,
+    model: ChatModel,
     req: ChatRequest,
     prepare_fn: Callable[[Any, ChatRequest], Prepared] = prepare,
 ) -> Prepared:
@@ -278,14 +279,14 @@ class Frames:
         return None
 
 
-async def run_nonstream(request: Request, model: Any, prepared: Prepared, cancel: CancelFlag) -> Final:
+async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag) -> Final:
     """The whole answer, cancelled if the client disconnects while waiting."""
     async with DisconnectWatch(request, cancel):
         return await complete(model, prepared, cancel, reporter_of(request))
 
 
 async def stream_frames(
-    request: Request, model: Any, prepared: Prepared, cancel: CancelFlag, frames: Frames
+    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag, frames: Frames
 ) -> AsyncIterator[bytes]:
     """A streamed answer in ``frames``' dialect, cancelled if the client
     disconnects; any failure once the stream has begun becomes its error frame."""
@@ -309,7 +310,7 @@ async def stream_frames(
 
 async def respond(
     request: Request,
-    model: Any,
+    model: ChatModel,
     prepared: Prepared,
     streamed: bool,
     response: Callable[[Final], Any],

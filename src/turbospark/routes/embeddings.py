@@ -11,7 +11,6 @@ event (that one is for generations).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import anyio.to_thread
 from starlette.requests import Request
@@ -22,11 +21,12 @@ from ..dialects import ollama_embed as oe
 from ..dialects import openai_embeddings as emb
 from ..dialects.common import validate
 from ..dialects.errors import ollama_error, openai_error
+from ..engine.interface import ChatModel
 from ..engine.types import Embeddings
 from .common import JSONResponse, endpoint, read_json, route_model
 
 
-async def encode(model: Any, texts: list[str], truncate: bool = False) -> Embeddings:
+async def encode(model: ChatModel, texts: list[str], truncate: bool = False) -> Embeddings:
     """The model's blocking ``encode`` in a worker thread."""
     return await anyio.to_thread.run_sync(model.encode, texts, truncate)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -11,6 +9,7 @@ from starlette.routing import Route
 from ..dialects import openai_responses as rs
 from ..dialects.common import validate
 from ..dialects.errors import openai_error
+from ..engine.interface import ChatModel
 from ..engine.types import AdmissionError, Overloaded
 from ..generation import ChatRequest, Prepared, prepare
 from .common import Frames, classify, endpoint, read_json, respond, route_and_prepare, warning_headers
@@ -19,7 +18,7 @@ from .common import Frames, classify, endpoint, read_json, respond, route_and_pr
 _PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
 
 
-def _prepare(model: Any, req: ChatRequest) -> Prepared:
+def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     """``prepare``, with admission errors naming this dialect's fields."""
     try:
         return prepare(model, req)

@@ -1,0 +1,176 @@
+"""The event schema (CONTRACT §2): what a request, a model attach and a
+detach look like to every sink. Frozen, slotted dataclasses serialized as JSON
+objects tagged by ``kind`` with camelCase fields; the request ids that tie a
+request's events together."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar, dataclass_transform
+
+import orjson
+
+RequestId = int
+
+#: Key under which the middleware stores the request id in the ASGI scope's
+#: ``state`` dict (Starlette exposes it as ``request.state``). A namespaced
+#: string so no other layer collides with it.
+REQUEST_ID_KEY = "turbospark_request_id"
+
+
+def now_ms() -> int:
+    """Milliseconds since the Unix epoch, to place an event on a timeline."""
+    return time.time_ns() // 1_000_000
+
+
+class RequestIds:
+    """Monotonic id source, one per running server. Thread-safe.
+
+    ``itertools.count`` advances atomically under the GIL, which is all that
+    uniqueness needs.
+    """
+
+    def __init__(self, start: int = 1) -> None:
+        self._counter = itertools.count(start)
+
+    def next(self) -> RequestId:
+        return next(self._counter)
+
+
+class ServerEvent:
+    """Base of every event; ``to_dict`` gives the wire shape."""
+
+    kind: ClassVar[str]
+    _fields: ClassVar[tuple[tuple[str, str], ...]]  # (attribute, camelCase)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for attr, key in self._fields:
+            out[key] = getattr(self, attr)
+        return out
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+_E = TypeVar("_E")
+
+
+@dataclass_transform(frozen_default=True)
+def _event(kind: str) -> Callable[[type[_E]], type[_E]]:
+    """Class decorator: a slotted dataclass event with its camelCase map."""
+
+    def wrap(cls: type[_E]) -> type[_E]:
+        made: Any = dataclass(frozen=True, slots=True)(cls)
+        made.kind = kind
+        made._fields = tuple((f, _camel(f)) for f in made.__dataclass_fields__)
+        return made
+
+    return wrap
+
+
+@_event("requestStarted")
+class RequestStarted(ServerEvent):
+    """From the middleware, before any handler runs, for every request."""
+
+    id: RequestId
+    at_ms: int
+    method: str
+    path: str
+
+
+@_event("requestRouted")
+class RequestRouted(ServerEvent):
+    """From a handler once the body is parsed and a model chosen.
+
+    ``requested`` and ``served`` are separate because they differ on every
+    single-model fallback (Claude Code asks for ``claude-sonnet-...``).
+    """
+
+    id: RequestId
+    requested: str | None
+    served: str
+    stream: bool
+
+
+@_event("generated")
+class Generated(ServerEvent):
+    """One completed generation, straight off the engine's result. Its times
+    are the request's own wall-clock intervals (CONTRACT §2): queue =
+    submitted → admitted, prefill = admitted → first token, decode = first →
+    last token. There is deliberately no time-to-first-token field."""
+
+    id: RequestId
+    model: str
+    prompt_tokens: int
+    new_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    stop_reason: str
+    reused_prefix_tokens: int
+    session_slot_evicted: bool
+    #: prompt-lookup speculation (CONTRACT §3 "anything more the engine
+    #: measures"); both omitted when nothing was drafted
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    queue_seconds: float = 0.0
+    #: where the reused prefix came from: "slot" (the request's own slot) or
+    #: "copy" (copied from another slot's KV); omitted when nothing was reused
+    reused_from: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = ServerEvent.to_dict(self)
+        if not self.drafted_tokens:
+            del out["draftedTokens"], out["acceptedTokens"]
+        if self.reused_from is None:
+            del out["reusedFrom"]
+        return out
+
+
+@_event("requestFinished")
+class RequestFinished(ServerEvent):
+    """From the middleware, when the response is really over (its last byte
+    sent, or the client gone), streams included: after every ``generated``
+    of the request. ``error``: the error the client was sent (a mid-stream
+    failure keeps its 200), or ``"client disconnected"``."""
+
+    id: RequestId
+    status: int
+    duration_ms: int
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = ServerEvent.to_dict(self)
+        if self.error is None:
+            del out["error"]
+        return out
+
+
+@_event("modelAttached")
+class ModelAttached(ServerEvent):
+    at_ms: int
+    model: str
+
+
+@_event("modelDetached")
+class ModelDetached(ServerEvent):
+    at_ms: int
+    model: str
+
+
+EVENT_TYPES: tuple[type[ServerEvent], ...] = (
+    RequestStarted,
+    RequestRouted,
+    Generated,
+    RequestFinished,
+    ModelAttached,
+    ModelDetached,
+)
