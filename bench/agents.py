@@ -184,11 +184,17 @@ def prefill_rate(url: str, tokens: int, salt: int) -> float:
 
 
 # ---------------------------------------------------------------- running
-def alternate(rounds: int, run: Callable[[str, int], tuple[float, float]]) -> tuple[list[float], list[float]]:
+def order(i: int) -> tuple[str, str]:
+    """Who goes first alternates by round (the first server of a round meets
+    a different machine than the second: caches, clocks)."""
+    return ("turbospark", "llama-server") if i % 2 == 0 else ("llama-server", "turbospark")
+
+
+def alternate(rounds: int, run: Callable[[str, int], float]) -> tuple[list[float], list[float]]:
     ours: list[float] = []
     theirs: list[float] = []
     for i in range(rounds):
-        for who in ("turbospark", "llama-server")[:: 1 if i % 2 == 0 else -1]:
+        for who in order(i):
             (ours if who == "turbospark" else theirs).append(run(who, i))
     return ours, theirs
 
@@ -224,7 +230,7 @@ def bench(name: str, rounds: int, threads: int, only: set[str]) -> list[Row]:
         med: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
         tail: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
         for i in range(rounds):
-            for who in ("turbospark", "llama-server")[:: 1 if i % 2 == 0 else -1]:
+            for who in order(i):
                 proc, url = serve(sv, who)
                 try:
                     ttfts = agent_sessions(url)
@@ -238,36 +244,45 @@ def bench(name: str, rounds: int, threads: int, only: set[str]) -> list[Row]:
         rows.append(ratio_row(f"{name}: (a) agent sessions TTFT p95", tail[ts], tail[ll], "<= 0.7", "ts/ll"))
 
     if "b" in only:
-        for who in ("turbospark", "llama-server"):
-            news, agains = [], []
-            for _ in range(rounds):
+        news: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
+        agains: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
+        for i in range(rounds):
+            for who in order(i):
                 proc, url = serve(sv, who)
                 try:
                     cold, new, again = shared_system(url)
                 finally:
                     stop(proc)
-                news.append(new / cold)
-                agains.append(again / cold)
+                news[who].append(new / cold)
+                agains[who].append(again / cold)
                 print(f"{name} b {who}: cold {cold:.3f} s, new {new:.3f} s, first's next {again:.3f} s", flush=True)
+        for who in order(0):
             rows.append(
-                (f"{name}: (b) new conversation / cold [{who}]", statistics.median(news), _spread(news), "<= 0.03", "")
+                (
+                    f"{name}: (b) new conversation / cold [{who}]",
+                    statistics.median(news[who]),
+                    _spread(news[who]),
+                    "<= 0.03",
+                    "",
+                )
             )
             label = f"{name}: (b) first's next turn / cold [{who}]"
-            rows.append((label, statistics.median(agains), _spread(agains), "warm", ""))
+            rows.append((label, statistics.median(agains[who]), _spread(agains[who]), "warm", ""))
 
     if "c" in only:
-        for who in ("turbospark", "llama-server"):
-            ratios = []
-            for _ in range(rounds):
+        ratios: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
+        for i in range(rounds):
+            for who in order(i):
                 proc, url = serve(sv, who)
                 try:
                     cold, back = many_conversations(url)
                 finally:
                     stop(proc)
-                ratios.append(back / cold)
+                ratios[who].append(back / cold)
                 print(f"{name} c {who}: cold {cold:.3f} s, returning {back:.3f} s", flush=True)
+        for who in order(0):
             label = f"{name}: (c) 16 convs / 4 slots returning / cold [{who}]"
-            rows.append((label, statistics.median(ratios), _spread(ratios), "<= 0.2", ""))
+            rows.append((label, statistics.median(ratios[who]), _spread(ratios[who]), "<= 0.2", ""))
 
     if "d" in only:
         on, off = [], []

@@ -94,6 +94,16 @@ def test_unsafe_or_broken_security_settings_exit_2(args, message):
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("where", ["missing/e.jsonl", ".", "/proc/e.jsonl"])
+def test_an_event_log_that_cannot_be_opened_exits_2_with_a_message(tmp_path, where):
+    path = where if where.startswith("/") else str(tmp_path / where)
+    out = subprocess.run(
+        turbospark("serve", "--port", "0", "--event-log", path), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2, out.stderr
+    assert f"cannot open the event log {path}" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_sigterm_flushes_the_event_log_and_exits_0(tmp_path):
     """uvicorn re-raised the signal after stopping, which killed the process
     before the event log was flushed: a request finished 0.1 s before

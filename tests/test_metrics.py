@@ -12,7 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from turbospark import ListObserver, Server
 from turbospark.auth import Auth
-from turbospark.cli import _model_options, _sinks, parser
+from turbospark.cli import _model_options, parser
+from turbospark.compose import assemble
+from turbospark.guard import BrowserPolicy
 from turbospark.observe import (
     Generated,
     ModelAttached,
@@ -184,16 +186,24 @@ def test_auth_metrics_flag_unit():
     assert Auth().check("GET", "/metrics", {}).allowed  # no keys: nothing is closed
 
 
-def test_serve_flags_build_the_sinks(tmp_path):
+def test_the_composition_root_builds_the_sinks(tmp_path):
+    """``serve`` and ``Server`` both assemble here: Prometheus and the live
+    feed always, the event log when asked; a log that cannot be opened is an
+    OSError naming it, with nothing left open."""
     args = parser().parse_args(["serve", "--metrics-auth", "off", "--event-log", str(tmp_path / "e.jsonl")])
     assert args.metrics_auth == "off" and args.otlp_endpoint is None
-    sinks, metrics = _sinks(args)
+    built = assemble([], auth=Auth(), policy=BrowserPolicy(), event_log=args.event_log)
     try:
-        assert isinstance(metrics, PrometheusSink) and metrics in sinks
-        assert [type(s).__name__ for s in sinks] == ["PrometheusSink", "JsonlSink"]
+        assert isinstance(built.metrics, PrometheusSink)
+        assert [type(s).__name__ for s in built.sinks] == ["JsonlSink"]
+        assert [type(o).__name__ for o in built.observer.observers] == ["PrometheusSink", "JsonlSink", "LiveEvents"]
+        assert built.app.state.turbospark.registry is built.registry
     finally:
-        for s in sinks:
-            getattr(s, "close", lambda: None)()
+        built.close()
+    assert built.sinks == []
+    with pytest.raises(OSError) as err:
+        assemble([], auth=Auth(), policy=BrowserPolicy(), event_log=str(tmp_path / "missing" / "e.jsonl"))
+    assert err.value.filename == str(tmp_path / "missing" / "e.jsonl")
     args = parser().parse_args(["serve"])
     _model_options(args)  # flags not given take the config file's value, else the default
     assert args.metrics_auth == "on"

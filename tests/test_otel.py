@@ -272,21 +272,24 @@ def test_otlp_http_export_reaches_a_collector(monkeypatch):
 
 
 def test_serve_flag_or_env_turns_tracing_on(monkeypatch):
-    from turbospark.cli import _sinks, _traces_label, parser
+    from turbospark.auth import Auth
+    from turbospark.cli import _traces_label, parser
+    from turbospark.compose import assemble
+    from turbospark.guard import BrowserPolicy
+    from turbospark.sinks.otel import otel_wanted
 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
     plain = parser().parse_args(["serve"])
-    assert [type(s).__name__ for s in _sinks(plain)[0]] == ["PrometheusSink"]
-    assert _traces_label(plain) == "off"
+    assert not otel_wanted(plain.otlp_endpoint) and _traces_label(plain) == "off"
     for args, env in [(["serve", "--otlp-endpoint", "http://127.0.0.1:9"], None), (["serve"], "http://127.0.0.1:9")]:
         if env:
             monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", env)
         ns = parser().parse_args(args)
-        sinks, _ = _sinks(ns)
+        assert otel_wanted(ns.otlp_endpoint) and _traces_label(ns).startswith("OTLP ")
+        # what serve then assembles (cli._serve passes tracing=otel_wanted(...))
+        built = assemble([], auth=Auth(), policy=BrowserPolicy(), tracing=True, otlp_endpoint=ns.otlp_endpoint)
         try:
-            assert [type(s).__name__ for s in sinks] == ["PrometheusSink", "OtelSink"]
-            assert _traces_label(ns).startswith("OTLP ")
+            assert [type(s).__name__ for s in built.sinks] == ["OtelSink"]
         finally:
-            for s in sinks:
-                getattr(s, "close", lambda: None)()
+            built.close()

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from turbospark import Server
-from turbospark.app import route_table
+from turbospark.routes.table import route_table
 from turbospark.auth import OpenBind
 from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions

@@ -128,15 +128,14 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .app import build_app
     from .auth import KeyFileError, OpenBind, check_bind, from_config
+    from .compose import assemble
     from .config import ConfigError
     from .engine.memory import MemoryRefused
     from .guard import policy_from
-    from .loading import load_spec, populate
-    from .observe import combine
-    from .registry import Registry, RegistryError
+    from .registry import RegistryError
     from .server import LiveUvicorn, bind_socket, uvicorn_config
+    from .sinks.otel import otel_wanted
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -159,15 +158,6 @@ def _serve(args: argparse.Namespace) -> int:
     except (KeyFileError, OpenBind, ValueError) as exc:
         return _fail(str(exc))
 
-    try:
-        sinks, metrics = _sinks(args)
-    except ImportError as exc:
-        return _fail(f"tracing needs the otel extra (pip install 'turbospark[otel]'): {exc}")
-    from .sinks.live import LiveEvents
-
-    live = LiveEvents()  # /v1/events, /v1/stats, /dashboard: always on
-    observer = combine([*sinks, live])
-    registry = Registry(observer, loader=load_spec, max_resident=args.max_resident)
     started = [time.perf_counter()]
 
     def progress_for(spec: Any):
@@ -193,29 +183,36 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"    {info['kv_cache']}; speculative: {'ngram' if info['speculative'] else 'off'}", file=sys.stderr)
 
     try:
-        models = populate(registry, options, progress_for=progress_for, on_loaded=loaded)
-    except (RegistryError, RuntimeError, FileNotFoundError, ValueError, MemoryRefused) as exc:
-        for entry in registry.entries():
-            if entry.model is not None:
-                entry.model.close()
+        assembly = assemble(
+            options,
+            auth=auth,
+            policy=policy,
+            event_log=args.event_log,
+            tracing=otel_wanted(args.otlp_endpoint),
+            otlp_endpoint=args.otlp_endpoint,
+            max_resident=args.max_resident,
+            guardrails=args.guardrails == "on",
+            model_folders=args.models_dir or None,
+            progress_for=progress_for,
+            on_loaded=loaded,
+        )
+    except ImportError as exc:
+        return _fail(f"tracing needs the otel extra (pip install 'turbospark[otel]'): {exc}")
+    except OSError as exc:
+        if args.event_log and getattr(exc, "filename", None) == args.event_log:
+            return _fail(f"cannot open the event log {args.event_log}: {exc.strerror or exc}")
         return _fail(str(exc))
+    except (RegistryError, RuntimeError, ValueError, MemoryRefused) as exc:
+        return _fail(str(exc))
+    registry = assembly.registry
     for entry in registry.entries():
         if entry.model is None:
             print(f"  model {entry.id}: configured, loads on first use", file=sys.stderr)
 
-    app = build_app(
-        registry,
-        observer,
-        auth,
-        metrics,
-        guardrails=args.guardrails == "on",
-        live=live,
-        policy=policy,
-        model_folders=args.models_dir or None,
-    )
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
+        assembly.close()
         return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"turbospark {__version__} listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
@@ -232,39 +229,15 @@ def _serve(args: argparse.Namespace) -> int:
         + _traces_label(args),
         file=sys.stderr,
     )
-    server = LiveUvicorn(uvicorn_config(app), live)
+    server = LiveUvicorn(uvicorn_config(assembly.app), assembly.live)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # pragma: no cover - uvicorn normally handles it
         pass
     finally:
         print("turbospark: shutting down", file=sys.stderr)
-        for entry in registry.entries():
-            if entry.model is not None:
-                entry.model.close()
-        del models
-        for s in sinks:
-            close = getattr(s, "close", None)
-            if close is not None:
-                close()
+        assembly.close()
     return 0
-
-
-def _sinks(args: argparse.Namespace) -> tuple[list[Any], Any]:
-    """The serve observers: the event log if asked, the Prometheus sink
-    always (``/metrics``), OpenTelemetry when an OTLP endpoint is given by
-    flag or ``OTEL_*`` variable."""
-    from .sinks.jsonl import JsonlSink
-    from .sinks.otel import OtelSink, otel_wanted
-    from .sinks.prometheus import PrometheusSink
-
-    metrics = PrometheusSink()
-    sinks: list[Any] = [metrics]
-    if otel_wanted(args.otlp_endpoint):
-        sinks.append(OtelSink(endpoint=args.otlp_endpoint))
-    if args.event_log:
-        sinks.append(JsonlSink(args.event_log))
-    return sinks, metrics
 
 
 def _traces_label(args: argparse.Namespace) -> str:

@@ -22,15 +22,13 @@ from typing import Any
 import uvicorn
 from uvicorn.server import HANDLED_SIGNALS
 
-from .app import build_app
 from .auth import Auth, check_bind, read_key_file
 from .catalog import DEFAULT_MODEL
+from .compose import assemble
 from .guard import policy_from
-from .loading import ModelArg, load_spec, populate
-from .observe import Observer, combine
-from .registry import Registry
+from .loading import ModelArg
+from .observe import Observer
 from .sinks.live import LiveEvents
-from .sinks.prometheus import PrometheusSink
 
 log = logging.getLogger("turbospark.server")
 
@@ -64,23 +62,21 @@ class Server:
         keys = [*api_keys, *(read_key_file(api_key_file) if api_key_file else [])]
         self.auth = Auth(tuple(keys), tuple(admin_keys), metrics_open=not metrics_auth)
         check_bind(host, self.auth)  # the same rule as `turbospark serve`
-        #: always present, before the registry, so it sees the models attach
-        self.metrics = PrometheusSink()
-        self.live = LiveEvents()  # /v1/events, /v1/stats, /dashboard
-        self.observer = combine([observer, *observers, self.metrics, self.live])
-        self.registry = Registry(self.observer, loader=load_spec, max_resident=max_resident)
-        chosen = list(models) if models is not None else [DEFAULT_MODEL]
-        self._owned = populate(self.registry, chosen, model_defaults)
-        self.app = build_app(
-            self.registry,
-            self.observer,
-            self.auth,
-            self.metrics,
-            live=self.live,
-            guardrails=guardrails,
+        self.assembly = assemble(
+            list(models) if models is not None else [DEFAULT_MODEL],
+            auth=self.auth,
             policy=policy_from(host, allowed_hosts, cors_origins, max_body),
+            observers=[observer, *observers],
+            max_resident=max_resident,
+            guardrails=guardrails,
             model_folders=tuple(models_dirs) if models_dirs is not None else None,
+            model_defaults=model_defaults,
         )
+        self.registry = self.assembly.registry
+        self.observer = self.assembly.observer
+        self.metrics = self.assembly.metrics
+        self.live = self.assembly.live  # /v1/events, /v1/stats, /dashboard
+        self.app = self.assembly.app
         self._log_level = log_level
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -124,15 +120,7 @@ class Server:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(10)
-        # close what this server loaded (models passed in as objects are the
-        # caller's), including models loaded on demand since
-        owned = {id(m) for m in self._owned}
-        for entry in self.registry.entries():
-            if entry.model is not None and (entry.spec is not None or id(entry.model) in owned):
-                if id(entry.model) in owned or entry.spec is not None:
-                    _close(entry.model)
-                    entry.model = None
-        self._owned.clear()
+        self.assembly.close()  # what this server loaded (a model object passed in stays the caller's)
 
     def __enter__(self) -> Server:
         return self.start()
@@ -227,13 +215,6 @@ def uvicorn_config(app: Any, log_level: str = "warning") -> uvicorn.Config:
         http=protocol if protocol is not None else "h11",
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
-
-
-def _close(model: Any) -> None:
-    try:
-        model.close()
-    except Exception:  # pragma: no cover
-        log.exception("closing %s failed", getattr(model, "model_id", model))
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from ..routes.table import route_table
+
 #: The label of a path no route takes (404s from scanners, typos).
 UNMATCHED = "other"
 #: Methods kept as label values; anything else is folded into ``other``.
@@ -59,8 +61,6 @@ def default_templates() -> RouteTemplates:
     server in the process), built on first use."""
     global _default
     if _default is None:
-        from ..app import route_table  # late: app imports the sinks
-
         with _default_lock:
             if _default is None:
                 _default = RouteTemplates(route_table())

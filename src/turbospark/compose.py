@@ -1,0 +1,134 @@
+"""The one composition root: ``turbospark serve`` (``cli._serve``) and the
+embedding :class:`~turbospark.server.Server` both build a server here, so the
+parts are made, wired and closed the same way.
+
+Order matters in one place: the sinks exist before the registry, so they see
+every model attach; the app is built last, over what is already made, and
+creates nothing itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+
+from . import __version__
+from .app import build_app
+from .auth import Auth
+from .guard import BrowserPolicy
+from .loading import ModelArg, default_model_folders, load_spec, populate
+from .observe import Observer, combine
+from .registry import ModelSpec, Registry
+from .routes.common import ServerState
+from .sinks.live import LiveEvents
+from .sinks.prometheus import PrometheusSink
+
+log = logging.getLogger("turbospark.server")
+
+
+@dataclass
+class Assembly:
+    """A built server: what the HTTP layer serves and what :meth:`close`
+    releases."""
+
+    registry: Registry
+    observer: Observer | None
+    metrics: PrometheusSink
+    live: LiveEvents
+    app: Starlette
+    #: sinks this assembly opened (event log, OpenTelemetry): closed by it
+    sinks: list[Any] = field(default_factory=list)
+    #: models this assembly loaded (a model object passed in stays the caller's)
+    owned: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close the models it loaded, at start or on demand since, then the
+        sinks it opened (the event log is flushed last)."""
+        owned = {id(m) for m in self.owned}
+        for entry in self.registry.entries():
+            if entry.model is not None and (entry.spec is not None or id(entry.model) in owned):
+                _close(entry.model, "closing model %s failed", entry.id)
+                entry.model = None
+        self.owned.clear()
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                _close(sink, "closing sink %r failed", sink, call=close)
+        self.sinks.clear()
+
+
+def assemble(
+    models: Iterable[ModelArg],
+    *,
+    auth: Auth,
+    policy: BrowserPolicy,
+    observers: Iterable[Observer | None] = (),
+    event_log: str | None = None,
+    tracing: bool = False,
+    otlp_endpoint: str | None = None,
+    max_resident: int = 0,
+    guardrails: bool = True,
+    model_folders: Sequence[str] | None = None,
+    model_defaults: dict[str, Any] | None = None,
+    progress_for: Callable[[ModelSpec], Callable[[float], None] | None] | None = None,
+    on_loaded: Callable[[Any], None] | None = None,
+) -> Assembly:
+    """Open the sinks, register (and load) the models, build the app.
+    Raises what loading raises (a bad model, no memory, a name clash; an
+    event log that cannot be opened: ``OSError``; tracing without its extra:
+    ``ImportError``) after closing whatever it had opened."""
+    sinks: list[Any] = []
+    try:
+        if tracing:  # to ``otlp_endpoint``, else where the OTEL_* variables say
+            from .sinks.otel import OtelSink
+
+            sinks.append(OtelSink(endpoint=otlp_endpoint))
+        if event_log:
+            from .sinks.jsonl import JsonlSink
+
+            sinks.append(JsonlSink(event_log))
+    except BaseException:
+        _close_all(sinks)
+        raise
+    metrics = PrometheusSink()  # /metrics: always on
+    live = LiveEvents()  # /v1/events, /v1/stats, /dashboard: always on
+    observer = combine([*observers, metrics, *sinks, live])
+    registry = Registry(observer, loader=load_spec, max_resident=max_resident)
+    try:
+        owned = populate(registry, models, model_defaults, progress_for, on_loaded)
+    except BaseException:
+        for entry in registry.entries():
+            if entry.model is not None and entry.spec is not None:
+                _close(entry.model, "closing model %s failed", entry.id)
+        _close_all(sinks)
+        raise
+    metrics.watch(registry)
+    state = ServerState(
+        registry=registry,
+        observer=observer,
+        version=__version__,
+        metrics=metrics,
+        live=live,
+        guardrails=guardrails,
+        model_folders=tuple(model_folders) if model_folders is not None else default_model_folders(registry),
+    )
+    app = build_app(state, auth, policy)
+    return Assembly(registry, observer, metrics, live, app, sinks, owned)
+
+
+def _close_all(sinks: list[Any]) -> None:
+    for sink in sinks:
+        close = getattr(sink, "close", None)
+        if close is not None:
+            _close(sink, "closing sink %r failed", sink, call=close)
+
+
+def _close(thing: Any, message: str, name: Any, call: Callable[[], Any] | None = None) -> None:
+    try:
+        (call or thing.close)()
+    except Exception:  # pragma: no cover - shutting down goes on
+        log.exception(message, name)
