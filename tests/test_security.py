@@ -21,11 +21,11 @@ import orjson
 import pytest
 
 from turbospark import Server
-from turbospark.routes.table import route_table
 from turbospark.auth import OpenBind
 from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.loading import NotAttachable
+from turbospark.routes.table import route_table
 
 from .chromium import run_once
 

@@ -27,9 +27,13 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final
+from ..generation import ChatRequest, Final, Prepared, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import BadRequest, argument_pieces, check_json_schema, check_tool_schemas, new_id, sse_event
+from .errors import Failure, anthropic_error
+from .render import SSE
+from .translate import SAMPLING, copy_sampling, pick
+from .translate import ToolChoice as Choice
 
 DEFAULT_MAX_TOKENS = 1024
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
@@ -357,17 +361,16 @@ def to_tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]] |
     return out or None, warnings
 
 
-def tool_choice(choice: ToolChoice | None) -> tuple[str, str | None, bool]:
-    """``(tool_choice, tool_name, parallel_tool_calls)`` in internal terms:
-    ``any`` is "required", ``tool`` is "named"."""
+def tool_choice(choice: ToolChoice | None) -> Choice:
+    """In internal terms: ``any`` is "required", ``tool`` is "named"."""
     if choice is None:
-        return "auto", None, True
+        return Choice("auto")
     parallel = choice.disable_parallel_tool_use is not True
     if choice.type == "tool":
         if not choice.name:
             raise BadRequest("'tool_choice.name' is required when tool_choice.type is 'tool'", "tool_choice.name")
-        return "named", choice.name, parallel
-    return {"auto": "auto", "any": "required", "none": "none"}[choice.type], None, parallel
+        return Choice("named", choice.name, parallel)
+    return Choice({"auto": "auto", "any": "required", "none": "none"}[choice.type], None, parallel)
 
 
 def reasoning_effort(body: CountTokensRequest) -> str | None:
@@ -434,12 +437,7 @@ def to_chat_request(body: MessagesRequest) -> tuple[ChatRequest, list[str]]:
     """
     req, warnings = to_prompt_request(body)
     config = GenerationConfig()
-    if body.temperature is not None:
-        config.temperature = body.temperature
-    if body.top_p is not None:
-        config.top_p = body.top_p
-    if body.top_k is not None:
-        config.top_k = body.top_k
+    copy_sampling(body, config, pick(SAMPLING, "temperature", "top_p", "top_k"))
     if body.stop_sequences:
         config.stop = tuple(body.stop_sequences)
     if body.metadata is not None and body.metadata.user_id:
@@ -492,13 +490,20 @@ def tool_use_block(call: ToolCall) -> dict[str, Any]:
 
 
 class MessageRenderer:
-    """Renders one response: a ``message`` object or its SSE events."""
+    """Renders one response: a ``message`` object or its SSE events (a
+    :class:`~turbospark.dialects.render.Renderer`)."""
 
-    def __init__(self, model_name: str, stops: tuple[str, ...] = (), clipped: bool = False) -> None:
+    media_type = SSE
+
+    def __init__(self, model_name: str, prepared: Prepared, stream: bool = False) -> None:
+        self.stream = stream
         self.id = new_id("msg_")
         self.model = model_name
-        self.stops = stops
-        self.clipped = clipped
+        self.stops = prepared.config.stop
+        # the budget (asked for, or the default) was cut to the room in the
+        # context: a turn that ends on it ran out of context, not of budget
+        req = prepared.request
+        self.clipped = req is not None and prepared.config.max_new_tokens < req.default_max_tokens
         #: an opaque value the SDK requires on thinking blocks; history
         #: thinking blocks are dropped on the way in, so it is never checked
         self.signature = new_id("sig_")
@@ -540,11 +545,11 @@ class MessageRenderer:
         blocks.extend(tool_use_block(c) for c in final.tool_calls)
         return blocks
 
-    def response(self, final: Final) -> dict[str, Any]:
+    def complete(self, final: Final) -> dict[str, Any]:
         return self._message(self.content(final), final, 0)
 
     # -- stream ----------------------------------------------------------------
-    def start_frames(self, prompt_tokens: int) -> bytes:
+    def opening(self, prompt_tokens: int) -> bytes:
         """``message_start`` (usage from the rendered prompt: the cached part
         is not known until the engine answers, so the real split comes in
         ``message_delta``) and ``ping``; blocks open as content arrives."""
@@ -572,24 +577,25 @@ class MessageRenderer:
         self._open = None
         return out + sse_event("content_block_stop", {"type": "content_block_stop", "index": self._index})
 
-    def thinking_frame(self, text: str) -> bytes:
+    def reasoning(self, text: str) -> bytes:
         out = b"" if self._open == "thinking" else self._start({"type": "thinking", "thinking": "", "signature": ""})
         return out + self._delta({"type": "thinking_delta", "thinking": text})
 
-    def text_frame(self, text: str) -> bytes:
+    def text(self, text: str) -> bytes:
         out = b"" if self._open == "text" else self._start({"type": "text", "text": ""})
         self._had_text = True
         return out + self._delta({"type": "text_delta", "text": text})
 
-    def tool_call_frames(self, call: ToolCall) -> bytes:
+    def tool_call(self, delta: ToolCallDelta) -> bytes:
         """One whole ``tool_use`` block: start (empty input), the arguments
         in a few ``input_json_delta`` pieces, stop."""
+        call = delta.call
         out = self._start({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}})
         for piece in argument_pieces(call.arguments):
             out += self._delta({"type": "input_json_delta", "partial_json": piece})
         return out + self._close()
 
-    def final_frames(self, final: Final) -> bytes:
+    def final(self, final: Final) -> bytes:
         """Closes the open block (an answer with no content at all still
         gets its empty text block, as the non-streamed one does);
         ``message_delta`` carries the engine's usage (cumulative totals: the
@@ -611,3 +617,8 @@ class MessageRenderer:
             )
             + sse_event("message_stop", {"type": "message_stop"})
         )
+
+    def error(self, failure: Failure) -> bytes:
+        """One ``event: error`` in Anthropic's shape (an engine failure is an
+        ``api_error``), and no ``message_stop`` after it."""
+        return failure.sse_frame(anthropic_error)

@@ -2,7 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
+
+#: a dialect's error body from (status, message, type=, param=, code=)
+ErrorShape = Callable[..., dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What went wrong, in every dialect's terms: the one classification
+    (``routes.common.classify``) behind JSON error bodies, stream error
+    frames, Ollama error lines and the ``error`` of ``requestFinished``."""
+
+    status: int
+    message: str
+    type: str | None = None
+    code: str | None = None
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self, shape: ErrorShape) -> dict[str, Any]:
+        return shape(self.status, self.message, type=self.type, param=self.param, code=self.code)
+
+    def sse_frame(self, shape: ErrorShape) -> bytes:
+        """One SSE ``event: error`` frame carrying the body the non-streamed
+        error would have (OpenAI and Anthropic streams)."""
+        return b"event: error\ndata: " + orjson.dumps(self.body(shape)) + b"\n\n"
+
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -47,20 +77,6 @@ def anthropic_error(status: int, message: str, type: str | None = None, **_: Any
 def ollama_error(status: int, message: str, **_: Any) -> dict[str, Any]:
     """Ollama answers ``{"error": "..."}``."""
     return {"error": message}
-
-
-def error_message(body: Any) -> str | None:
-    """The message inside any of the three shapes (for ``requestFinished``)."""
-    if not isinstance(body, dict):
-        return None
-    err = body.get("error")
-    if isinstance(err, str):
-        return err
-    if isinstance(err, dict):
-        msg = err.get("message")
-        if isinstance(msg, str):
-            return msg
-    return None
 
 
 def shape_for_path(path: str):

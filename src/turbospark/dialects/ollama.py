@@ -23,6 +23,7 @@ import base64
 import binascii
 import hashlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,10 +31,13 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final, Prepared
+from ..generation import ChatRequest, Final, Prepared, ToolCallDelta
 from ..tools.calls import ToolCall
-from .common import BadRequest, check_json_schema
-from .openai_chat import HistoryToolCall, _tool_calls_for_template, check_tools
+from .common import BadRequest, check_json_schema, ndjson
+from .errors import Failure
+from .openai_chat import HistoryToolCall, check_tools
+from .render import NDJSON
+from .translate import SAMPLING, copy_sampling, pick, stop_strings, tool_calls_for_template
 
 #: ``think`` levels (``true``/``false`` are the other values)
 THINK_LEVELS = ("low", "medium", "high")
@@ -183,32 +187,23 @@ class Translation:
     done_reason: str = "load"
 
 
+#: Ollama's own spellings of llama.cpp's sampling options
+OLLAMA_FIELDS = {"repeat_penalty": "repeat_penalty", "penalty_last_n": "repeat_last_n"}
+
+
 def _config(body: _Common, warnings: list[str]) -> tuple[GenerationConfig, int | None, int | None]:
     """Sampling config, the explicit budget (None: until the context is full)
     and ``num_ctx``."""
     config = GenerationConfig(**OLLAMA_DEFAULTS)
     o = body.options or Options()
-    if o.temperature is not None:
-        config.temperature = o.temperature
-    if o.top_p is not None:
-        config.top_p = o.top_p
-    if o.top_k is not None:
-        config.top_k = o.top_k
-    if o.min_p is not None:
-        config.min_p = o.min_p
+    # repeat_last_n -1 (the context) is resolved by fit_context
+    fields = {**pick(SAMPLING, *(k for k in SAMPLING if k != "seed")), **OLLAMA_FIELDS}
+    copy_sampling(o, config, fields)
     if o.seed is not None and o.seed >= 0:  # -1: random, as in Ollama
         config.seed = o.seed
-    if o.repeat_penalty is not None:
-        config.repeat_penalty = o.repeat_penalty
-    if o.repeat_last_n is not None:
-        config.penalty_last_n = o.repeat_last_n  # -1 (the context) is resolved by fit_context
-    if o.presence_penalty is not None:
-        config.presence_penalty = o.presence_penalty
-    if o.frequency_penalty is not None:
-        config.frequency_penalty = o.frequency_penalty
-    if o.stop is not None:
-        stops = [o.stop] if isinstance(o.stop, str) else o.stop
-        config.stop = tuple(s for s in stops if s)
+    stops = stop_strings(o.stop)
+    if stops is not None:
+        config.stop = stops
     extra = o.model_extra or {}
     for name, off in _UNSUPPORTED_SAMPLING.items():
         if name in extra and extra[name] not in (None, off):
@@ -296,7 +291,7 @@ def chat_request(body: ChatBody) -> Translation:
         msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
         images += len(_images(m.images, f"messages[{i}].images"))
         if m.tool_calls:
-            msg["tool_calls"] = _tool_calls_for_template(m.tool_calls, f"messages[{i}].tool_calls")
+            msg["tool_calls"] = tool_calls_for_template(m.tool_calls, f"messages[{i}].tool_calls")
         if m.tool_name:
             msg["name"] = m.tool_name
         messages.append(msg)
@@ -411,11 +406,21 @@ def wire_call(index: int, call: ToolCall) -> dict[str, Any]:
 
 
 class Renderer:
-    """Renders one ``/api/chat`` or ``/api/generate`` answer."""
+    """Renders one ``/api/chat`` or ``/api/generate`` answer: the whole
+    object, or NDJSON lines (a :class:`~turbospark.dialects.render.Renderer`).
+    Durations are measured from ``started_ns`` (the request's arrival)."""
 
-    def __init__(self, kind: Literal["chat", "generate"], model: str) -> None:
+    media_type = NDJSON
+
+    def __init__(self, kind: Literal["chat", "generate"], model: str, stream: bool = True, started_ns: int = 0) -> None:
         self.kind = kind
         self.model = model
+        self.stream = stream
+        self.started_ns = started_ns or time.perf_counter_ns()
+        self._calls: list[ToolCall] = []
+
+    def _wall_ns(self) -> int:
+        return time.perf_counter_ns() - self.started_ns
 
     def _line(self, text: str, done: bool, thinking: str = "", calls: list[ToolCall] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": rfc3339()}
@@ -433,29 +438,35 @@ class Renderer:
         out["done"] = done
         return out
 
-    def piece(self, text: str) -> dict[str, Any]:
-        return self._line(text, False)
-
-    def thinking(self, text: str) -> dict[str, Any]:
-        return self._line("", False, thinking=text)
-
-    def tool_calls(self, calls: list[ToolCall]) -> dict[str, Any]:
-        """One piece carrying every call of the turn (they arrive together,
-        just before the end)."""
-        return self._line("", False, calls=calls)
-
-    def done(self, final: Final, wall_ns: int) -> dict[str, Any]:
-        """The last NDJSON line: empty text, the reason and the numbers."""
-        return {**self._line("", True), "done_reason": done_reason(final.reason), **stats(final, wall_ns)}
-
-    def response(self, final: Final, wall_ns: int) -> dict[str, Any]:
+    def complete(self, final: Final) -> dict[str, Any]:
         """``stream: false``: the whole answer in one object."""
         line = self._line(final.text, True, final.reasoning, final.tool_calls)
-        return {**line, "done_reason": done_reason(final.reason), **stats(final, wall_ns)}
+        return {**line, "done_reason": done_reason(final.reason), **stats(final, self._wall_ns())}
 
-    def error(self, message: str) -> dict[str, Any]:
+    def opening(self, prompt_tokens: int) -> None:
+        return None
+
+    def text(self, text: str) -> bytes:
+        return ndjson(self._line(text, False))
+
+    def reasoning(self, text: str) -> bytes:
+        return ndjson(self._line("", False, thinking=text))
+
+    def tool_call(self, delta: ToolCallDelta) -> None:
+        """Calls are kept: they go out together in one piece at the end."""
+        self._calls.append(delta.call)
+
+    def final(self, final: Final) -> Iterator[bytes]:
+        """Every call of the turn in one piece, then the last line: empty
+        text, the reason and the numbers."""
+        if self._calls:
+            yield ndjson(self._line("", False, calls=self._calls))
+        done = {**self._line("", True), "done_reason": done_reason(final.reason)}
+        yield ndjson({**done, **stats(final, self._wall_ns())})
+
+    def error(self, failure: Failure) -> bytes:
         """A mid-stream failure: the stream still ends with ``done: true``."""
-        return {**self._line("", True), "done_reason": "error", "error": message}
+        return ndjson({**self._line("", True), "done_reason": "error", "error": failure.message})
 
     def loaded(self, reason: str) -> dict[str, Any]:
         return {**self._line("", True), "done_reason": reason}

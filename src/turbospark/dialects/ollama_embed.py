@@ -20,13 +20,6 @@ from .common import BadRequest
 from .openai_embeddings import check_texts, fit_dimensions
 
 
-def model_name(name: str | None) -> str | None:
-    """Clients append Ollama's default tag; ``name:latest`` means ``name``."""
-    if name and name.endswith(":latest"):
-        return name[: -len(":latest")]
-    return name
-
-
 class EmbedRequest(BaseModel):
     """``/api/embed``."""
 

@@ -14,9 +14,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final
+from ..generation import ChatRequest, Final, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, check_tool_schemas, new_id, sse_data, text_of, unix_time
+from .errors import Failure, openai_error
+from .render import SSE
+from .translate import ToolChoice, copy_sampling, tool_calls_for_template
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -105,22 +108,9 @@ class ChatCompletionRequest(BaseModel):
         return v
 
 
-def _sampling(body: Any, config: GenerationConfig) -> None:
+def sampling(body: Any, config: GenerationConfig) -> None:
     """Sampling fields shared by Chat Completions and Completions."""
-    if body.temperature is not None:
-        config.temperature = body.temperature
-    if body.top_p is not None:
-        config.top_p = body.top_p
-    if body.top_k is not None:
-        config.top_k = body.top_k
-    if body.min_p is not None:
-        config.min_p = body.min_p
-    if body.seed is not None:
-        config.seed = body.seed
-    if body.presence_penalty is not None:
-        config.presence_penalty = body.presence_penalty
-    if body.frequency_penalty is not None:
-        config.frequency_penalty = body.frequency_penalty
+    copy_sampling(body, config)
     rp = body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty
     if rp is not None:
         config.repeat_penalty = rp
@@ -141,39 +131,6 @@ def _sampling(body: Any, config: GenerationConfig) -> None:
         raise BadRequest("logprobs are not supported by this server", "logprobs")
 
 
-def _tool_calls_for_template(calls: list[Any], where: str = "tool_calls") -> list[dict[str, Any]]:
-    """Templates expect ``function.arguments`` as an object; the wire has a
-    JSON string. Each call is checked (``where`` names the list in errors):
-    templates and the tools code index into these without further checks."""
-    out = []
-    for j, call in enumerate(calls):
-        at = f"{where}[{j}]"
-        if isinstance(call, BaseModel):
-            call = call.model_dump(exclude_unset=True)
-        if not isinstance(call, dict):
-            raise BadRequest(f"'{at}' must be an object", at)
-        fn = call.get("function")
-        if not isinstance(fn, dict):
-            raise BadRequest(f"'{at}.function' must be an object with 'name' and 'arguments'", f"{at}.function")
-        if not isinstance(fn.get("name"), str):
-            raise BadRequest(f"'{at}.function.name' must be a string", f"{at}.function.name")
-        if call.get("id") is not None and not isinstance(call["id"], str):
-            raise BadRequest(f"'{at}.id' must be a string", f"{at}.id")
-        fn = dict(fn)
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            try:
-                fn["arguments"] = orjson.loads(args) if args.strip() else {}
-            except orjson.JSONDecodeError:
-                pass
-        elif args is not None and not isinstance(args, dict):
-            raise BadRequest(
-                f"'{at}.function.arguments' must be a JSON string or an object", f"{at}.function.arguments"
-            )
-        out.append({**call, "function": fn, **fn})
-    return out
-
-
 def to_messages(messages: list[Message], images: list[Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
@@ -189,7 +146,7 @@ def to_messages(messages: list[Message], images: list[Any]) -> list[dict[str, An
         if m.name:
             msg["name"] = m.name
         if m.tool_calls:
-            msg["tool_calls"] = _tool_calls_for_template(m.tool_calls, f"messages[{i}].tool_calls")
+            msg["tool_calls"] = tool_calls_for_template(m.tool_calls, f"messages[{i}].tool_calls")
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
         out.append(msg)
@@ -209,7 +166,7 @@ def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]
     if images:
         warnings.append(f"{len(images)} image part(s) ignored: this model has no vision support")
     config = GenerationConfig()
-    _sampling(body, config)
+    sampling(body, config)
     config.session_key = body.prompt_cache_key or body.user
     budget = body.max_completion_tokens or body.max_tokens
     req = ChatRequest(
@@ -220,7 +177,7 @@ def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]
         reasoning=body.reasoning_effort,
         parallel_tool_calls=body.parallel_tool_calls is not False,
     )
-    req.tool_choice, req.tool_name = tool_choice(body.tool_choice)
+    req.tool_choice, req.tool_name, _ = tool_choice(body.tool_choice)
     check_tool_schemas(
         [
             (f"tools[{i}].function.parameters", t["function"]["name"], t["function"]["parameters"])
@@ -258,15 +215,15 @@ def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
     return out
 
 
-def tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
+def tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
     if choice is None or choice == "auto":
-        return "auto", None
+        return ToolChoice("auto")
     if choice in ("none", "required"):
-        return choice, None
+        return ToolChoice(choice)
     if isinstance(choice, dict):
         fn = choice.get("function")
         if choice.get("type") == "function" and isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            return "named", fn["name"]
+            return ToolChoice("named", fn["name"])
     raise BadRequest(
         'tool_choice must be \'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": ...}}',
         "tool_choice",
@@ -344,16 +301,22 @@ def message(final: Final) -> dict[str, Any]:
 
 
 class ChatRenderer:
-    """Renders one response (non-streamed JSON or the SSE chunk sequence)."""
+    """Renders one response (non-streamed JSON or the SSE chunk sequence):
+    a :class:`~turbospark.dialects.render.Renderer`."""
 
-    def __init__(self, model_name: str, include_usage: bool = False, want_timings: bool = False):
+    media_type = SSE
+
+    def __init__(
+        self, model_name: str, include_usage: bool = False, want_timings: bool = False, stream: bool = False
+    ) -> None:
+        self.stream = stream
         self.id = new_id("chatcmpl-")
         self.created = unix_time()
         self.model = model_name
         self.include_usage = include_usage
         self.want_timings = want_timings
 
-    def response(self, final: Final) -> dict[str, Any]:
+    def complete(self, final: Final) -> dict[str, Any]:
         out = {
             "id": self.id,
             "object": "chat.completion",
@@ -387,10 +350,11 @@ class ChatRenderer:
             chunk["usage"] = None
         return chunk
 
-    def role_frame(self) -> bytes:
+    def opening(self, prompt_tokens: int) -> bytes:
+        """The role chunk, ``content: null`` as OpenAI sends it."""
         return sse_data(self._chunk({"role": "assistant", "content": None}))
 
-    def text_frame(self, text: str) -> bytes:
+    def text(self, text: str) -> bytes:
         # the hot path (one frame per token): the chunk around the text is
         # the same every time, so it is serialized once
         frame = getattr(self, "_text_parts", None)
@@ -401,13 +365,13 @@ class ChatRenderer:
             frame = self._text_parts = (head, tail)
         return frame[0] + orjson.dumps(text) + frame[1]
 
-    def reasoning_frame(self, text: str) -> bytes:
+    def reasoning(self, text: str) -> bytes:
         return sse_data(self._chunk({"reasoning_content": text}))
 
-    def tool_call_frame(self, index: int, call: ToolCall) -> bytes:
-        return sse_data(self._chunk({"tool_calls": [{"index": index, **wire_call(call)}]}))
+    def tool_call(self, delta: ToolCallDelta) -> bytes:
+        return sse_data(self._chunk({"tool_calls": [{"index": delta.index, **wire_call(delta.call)}]}))
 
-    def final_frames(self, final: Final) -> bytes:
+    def final(self, final: Final) -> bytes:
         last = self._chunk({}, finish_reason(final.reason))
         if self.want_timings:
             last["timings"] = timings(final)
@@ -425,3 +389,7 @@ class ChatRenderer:
                 }
             )
         return out + b"data: [DONE]\n\n"
+
+    def error(self, failure: Failure) -> bytes:
+        """One ``event: error`` frame, and no ``[DONE]``."""
+        return failure.sse_frame(openai_error)

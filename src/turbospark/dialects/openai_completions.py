@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..engine.types import GenerationConfig, StopReason
 from ..generation import ChatRequest, Final
 from .common import BadRequest, new_id, sse_data, unix_time
-from .openai_chat import StreamOptions, _sampling, timings, usage
+from .errors import Failure, openai_error
+from .openai_chat import StreamOptions, sampling, timings, usage
+from .render import SSE, Unsent
 
 #: OpenAI's documented default for ``max_tokens`` on this endpoint.
 DEFAULT_MAX_TOKENS = 16
@@ -60,7 +62,7 @@ class CompletionRequest(BaseModel):
     #: llama.cpp server's opt-in per-response ``timings`` object
     timings: bool | None = None
 
-    #: ``_sampling`` (shared with Chat Completions) reads this; the
+    #: ``sampling`` (shared with Chat Completions) reads this; the
     #: Completions API has no such field.
     @property
     def top_logprobs(self) -> None:
@@ -110,7 +112,7 @@ def to_chat_request(body: CompletionRequest) -> tuple[ChatRequest, list[str]]:
     _refuse_unsupported(body)
     text = prompt_text(body.prompt)
     config = GenerationConfig()
-    _sampling(body, config)
+    sampling(body, config)
     config.session_key = body.prompt_cache_key or body.user
     req = ChatRequest(
         prompt=text,
@@ -128,10 +130,16 @@ def finish_reason(reason: StopReason) -> str:
     return "length" if reason is StopReason.MAX_TOKENS else "stop"
 
 
-class CompletionRenderer:
-    """Renders one response (non-streamed JSON or the SSE chunk sequence)."""
+class CompletionRenderer(Unsent):
+    """Renders one response (non-streamed JSON or the SSE chunk sequence):
+    a :class:`~turbospark.dialects.render.Renderer` of text only."""
 
-    def __init__(self, model_name: str, include_usage: bool = False, want_timings: bool = False) -> None:
+    media_type = SSE
+
+    def __init__(
+        self, model_name: str, include_usage: bool = False, want_timings: bool = False, stream: bool = False
+    ) -> None:
+        self.stream = stream
         self.id = new_id("cmpl-")
         self.created = unix_time()
         self.model = model_name
@@ -152,7 +160,7 @@ class CompletionRenderer:
     def _choice(text: str, finish: str | None) -> dict[str, Any]:
         return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
 
-    def response(self, final: Final) -> dict[str, Any]:
+    def complete(self, final: Final) -> dict[str, Any]:
         out = self._object([self._choice(final.text, finish_reason(final.result.reason))])
         out["usage"] = usage(final)
         if self.want_timings:
@@ -167,13 +175,17 @@ class CompletionRenderer:
             chunk["timings"] = timings(final)
         return sse_data(chunk)
 
-    def text_frame(self, text: str) -> bytes:
+    def text(self, text: str) -> bytes:
         return self._chunk(text)
 
-    def final_frames(self, final: Final) -> bytes:
+    def final(self, final: Final) -> bytes:
         out = self._chunk("", finish_reason(final.result.reason), final)
         if self.include_usage:
             last = self._object([])
             last["usage"] = usage(final)
             out += sse_data(last)
         return out + b"data: [DONE]\n\n"
+
+    def error(self, failure: Failure) -> bytes:
+        """One ``event: error`` frame, and no ``[DONE]``."""
+        return failure.sse_frame(openai_error)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final
+from ..generation import ChatRequest, Final, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import (
     BadRequest,
@@ -37,7 +37,10 @@ from .common import (
     unix_time,
     validation_error,
 )
-from .openai_chat import REASONING_EFFORTS, _tool_calls_for_template
+from .errors import Failure
+from .openai_chat import REASONING_EFFORTS
+from .render import SSE
+from .translate import SAMPLING, ToolChoice, copy_sampling, pick, tool_calls_for_template
 
 TOOL_CHOICES = ("none", "auto", "required")
 TEXT_FORMATS = ("text", "json_object", "json_schema")
@@ -183,7 +186,7 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": ""}
                 out.append(last)
-            last.setdefault("tool_calls", []).extend(_tool_calls_for_template([wire]))
+            last.setdefault("tool_calls", []).extend(tool_calls_for_template([wire]))
         elif kind == "function_call_output":
             result = _check(FunctionCallOutputItem, raw, where)
             msg: dict[str, Any] = {"role": "tool", "content": _content(result.output, images, f"{where}.output")}
@@ -249,17 +252,16 @@ def to_tools(
     return chat, echo
 
 
-def tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
-    """``(tool_choice, tool_name)`` in internal terms."""
+def tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
     if choice is None:
-        return "auto", None
+        return ToolChoice("auto")
     if isinstance(choice, str):
         if choice not in TOOL_CHOICES:
             raise BadRequest(
                 f"unknown tool_choice {choice!r}; expected one of: {', '.join(TOOL_CHOICES)} or an object",
                 "tool_choice",
             )
-        return choice, None
+        return ToolChoice(choice)
     kind = choice.get("type")
     if not isinstance(kind, str):
         raise BadRequest("'tool_choice.type' must be a string", "tool_choice.type")
@@ -270,7 +272,7 @@ def tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
     name = choice.get("name")
     if not isinstance(name, str) or not name:
         raise BadRequest("'tool_choice.name' must be a non-empty string", "tool_choice.name")
-    return "named", name
+    return ToolChoice("named", name)
 
 
 def structured_output(fmt: dict[str, Any] | None, req: ChatRequest) -> None:
@@ -323,7 +325,7 @@ def to_chat_request(body: ResponsesRequest) -> tuple[ChatRequest, list[str], lis
     """Returns the internal request, warnings for the client, and the
     function tools to echo in the response object."""
     _refuse_unsupported(body)
-    choice, name = tool_choice(body.tool_choice)
+    choice, name, _ = tool_choice(body.tool_choice)
     warnings: list[str] = []
     images: list[Any] = []
     messages = to_messages(body, images)
@@ -340,12 +342,7 @@ def to_chat_request(body: ResponsesRequest) -> tuple[ChatRequest, list[str], lis
         name,
     )
     config = GenerationConfig()
-    if body.temperature is not None:
-        config.temperature = body.temperature
-    if body.top_p is not None:
-        config.top_p = body.top_p
-    if body.seed is not None:
-        config.seed = body.seed
+    copy_sampling(body, config, pick(SAMPLING, "temperature", "top_p", "seed"))
     config.session_key = body.prompt_cache_key or body.user
     if body.max_output_tokens is not None:
         config.max_new_tokens = body.max_output_tokens
@@ -403,6 +400,8 @@ class ResponsesRenderer:
     their content arrives, so their order (reasoning, message, calls) and
     ``output_index`` are those of the output itself."""
 
+    media_type = SSE
+
     def __init__(
         self,
         body: ResponsesRequest,
@@ -410,6 +409,7 @@ class ResponsesRenderer:
         config: GenerationConfig,
         tools: list[dict[str, Any]],
     ) -> None:
+        self.stream = bool(body.stream)
         self.id = new_id("resp_")
         self.msg_id = new_id("msg_")
         self.reasoning_id = new_id("rs_")
@@ -501,7 +501,7 @@ class ResponsesRenderer:
         items.extend(function_call_item(c, "fc_" + c.id.removeprefix("call_")) for c in final.tool_calls)
         return items
 
-    def response(self, final: Final) -> dict[str, Any]:
+    def complete(self, final: Final) -> dict[str, Any]:
         """The non-streamed ``response`` object."""
         return self._response(status_of(final.reason), self.output(final), final)
 
@@ -514,7 +514,7 @@ class ResponsesRenderer:
     def _where(self, item_id: str) -> dict[str, Any]:
         return {"item_id": item_id, "output_index": len(self._done), "content_index": 0}
 
-    def opening_frames(self) -> bytes:
+    def opening(self, prompt_tokens: int) -> bytes:
         """``response.created`` and ``response.in_progress`` (sent before
         generation); items follow as their content arrives."""
         snapshot = self._response("in_progress", [])
@@ -559,7 +559,7 @@ class ResponsesRenderer:
         self._open = None
         return out
 
-    def delta_frame(self, text: str) -> bytes:
+    def text(self, text: str) -> bytes:
         out = b"" if self._open and self._open[0] == "message" else self._start("message")
         assert self._open is not None
         self._open[2].append(text)
@@ -567,15 +567,16 @@ class ResponsesRenderer:
             "response.output_text.delta", {**self._where(self._open[1]), "delta": text, "logprobs": []}
         )
 
-    def reasoning_frame(self, text: str) -> bytes:
+    def reasoning(self, text: str) -> bytes:
         out = b"" if self._open and self._open[0] == "reasoning" else self._start("reasoning")
         assert self._open is not None
         self._open[2].append(text)
         return out + self._event("response.reasoning_text.delta", {**self._where(self._open[1]), "delta": text})
 
-    def tool_call_frames(self, call: ToolCall) -> bytes:
+    def tool_call(self, delta: ToolCallDelta) -> bytes:
         """One whole ``function_call`` item: added, the arguments in a few
         deltas, arguments done, item done."""
+        call = delta.call
         out = self._close()
         item_id = "fc_" + call.id.removeprefix("call_")
         index = len(self._done)
@@ -594,7 +595,7 @@ class ResponsesRenderer:
         self._done.append(item)
         return out
 
-    def closing_frames(self, final: Final) -> bytes:
+    def final(self, final: Final) -> bytes:
         """Closes the open item (an answer with no content at all still gets
         its empty message, as the non-streamed one does), then the terminal
         ``response.completed`` (or ``response.incomplete`` when capped)."""
@@ -608,9 +609,12 @@ class ResponsesRenderer:
         terminal = "response.completed" if body["status"] == "completed" else "response.incomplete"
         return out + self._event(terminal, {"response": body})
 
-    def failed_frame(self, message: str, code: str = "server_error") -> bytes:
+    def error(self, failure: Failure) -> bytes:
         """Mid-stream failure: ``response.failed`` carrying the error and the
-        items streamed so far (the open one as incomplete); nothing follows."""
+        items streamed so far (the open one as incomplete); nothing follows.
+        An overloaded server is ``rate_limit_exceeded``."""
+        code = "rate_limit_exceeded" if failure.code == "overloaded" else "server_error"
+        message = failure.message
         output = list(self._done)
         if self._open is not None:
             kind, item_id, pieces = self._open

@@ -16,10 +16,8 @@ from ..dialects.common import validate
 from ..dialects.errors import anthropic_error
 from ..generation import render
 from .common import (
-    Frames,
     JSONResponse,
     endpoint,
-    error_frame,
     off_loop,
     read_json,
     request_id,
@@ -28,12 +26,6 @@ from .common import (
     route_model,
     warning_headers,
 )
-
-
-def anthropic_error_frame(exc: BaseException) -> bytes:
-    """Mid-stream failure: one ``event: error`` in Anthropic's shape (an
-    engine failure is an ``api_error``), and no ``message_stop`` after it."""
-    return error_frame(anthropic_error, exc)
 
 
 def _headers(request: Request, warnings: list[str]) -> dict[str, str]:
@@ -51,19 +43,8 @@ async def messages(request: Request) -> Response:
     body = validate(msgs.MessagesRequest, await read_json(request))
     req, warnings = msgs.to_chat_request(body)
     model, route, prepared = await route_and_prepare(request, req, body.model, bool(body.stream))
-    # the budget (asked for, or the default) was cut to the room in the context
-    clipped = prepared.config.max_new_tokens < req.default_max_tokens
-    renderer = msgs.MessageRenderer(body.model or route.served, req.config.stop, clipped)
-    frames = Frames(
-        opening=lambda: renderer.start_frames(len(prepared.prompt_ids)),
-        text=renderer.text_frame,
-        reasoning=renderer.thinking_frame,
-        tool_call=lambda delta: renderer.tool_call_frames(delta.call),
-        final=renderer.final_frames,
-        error=anthropic_error_frame,
-    )
-    headers = _headers(request, warnings)
-    return await respond(request, model, prepared, bool(body.stream), renderer.response, frames, headers)
+    renderer = msgs.MessageRenderer(body.model or route.served, prepared, bool(body.stream))
+    return await respond(request, model, prepared, renderer, _headers(request, warnings))
 
 
 @endpoint(anthropic_error)

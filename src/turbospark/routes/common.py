@@ -19,6 +19,8 @@ from starlette.responses import Response, StreamingResponse
 
 from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
+from ..dialects.errors import ErrorShape, Failure
+from ..dialects.render import SSE, FrameOut, Renderer
 from ..engine.interface import ChatModel
 from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded
 from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta, complete, prepare, stream
@@ -30,10 +32,6 @@ if TYPE_CHECKING:
     from ..sinks.live import LiveEvents
 
 log = logging.getLogger("turbospark.http")
-
-ErrorShape = Callable[..., dict[str, Any]]
-#: What a frame callback returns: one frame, several (sent one by one), or None (nothing to send).
-FrameOut = bytes | Iterable[bytes] | None
 
 
 @dataclass
@@ -155,23 +153,6 @@ async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
 
 
-@dataclass(frozen=True)
-class Failure:
-    """What an exception means for a client, in every dialect: the one
-    classification behind JSON error bodies, stream error frames, Ollama
-    error lines and the ``error`` of ``requestFinished``."""
-
-    status: int
-    message: str
-    type: str | None = None
-    code: str | None = None
-    param: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def body(self, shape: ErrorShape) -> dict[str, Any]:
-        return shape(self.status, self.message, type=self.type, param=self.param, code=self.code)
-
-
 def classify(exc: BaseException) -> Failure:
     if isinstance(exc, BadRequest):
         return Failure(exc.status, exc.message, exc.type, exc.code, exc.param, dict(exc.headers))
@@ -247,38 +228,6 @@ class DisconnectWatch:
             self._task.cancel()
 
 
-def error_frame(shape: ErrorShape, exc: BaseException) -> bytes:
-    """Mid-stream failure as one SSE ``event: error`` frame carrying the body
-    the non-streamed error would have (OpenAI and Anthropic streams)."""
-    return b"event: error\ndata: " + orjson.dumps(classify(exc).body(shape)) + b"\n\n"
-
-
-@dataclass(frozen=True)
-class Frames:
-    """How a dialect writes a streamed answer. Each callback renders one kind
-    of stream item (a callback left None: that kind is not sent); ``opening``
-    is sent first; ``error`` renders a failure mid-way, after which nothing
-    more is sent."""
-
-    final: Callable[[Final], FrameOut]
-    error: Callable[[BaseException], bytes]
-    opening: Callable[[], bytes] | None = None
-    text: Callable[[str], FrameOut] | None = None
-    reasoning: Callable[[str], FrameOut] | None = None
-    tool_call: Callable[[ToolCallDelta], FrameOut] | None = None
-
-    def render(self, item: Any) -> FrameOut:
-        if isinstance(item, Delta):
-            return self.text(item.text) if self.text else None
-        if isinstance(item, ReasoningDelta):
-            return self.reasoning(item.text) if self.reasoning else None
-        if isinstance(item, ToolCallDelta):
-            return self.tool_call(item) if self.tool_call else None
-        if isinstance(item, Final):
-            return self.final(item)
-        return None
-
-
 async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag) -> Final:
     """The whole answer, cancelled if the client disconnects while waiting."""
     async with DisconnectWatch(request, cancel):
@@ -286,52 +235,59 @@ async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, 
 
 
 async def stream_frames(
-    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag, frames: Frames
+    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag, renderer: Renderer
 ) -> AsyncIterator[bytes]:
-    """A streamed answer in ``frames``' dialect, cancelled if the client
+    """A streamed answer in ``renderer``'s dialect, cancelled if the client
     disconnects; any failure once the stream has begun becomes its error frame."""
     async with DisconnectWatch(request, cancel):
-        if frames.opening is not None:
-            yield frames.opening()
+        for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
+            yield frame
         try:
             async for item in stream(model, prepared, cancel, reporter_of(request)):
-                out = frames.render(item)
-                if out is None:
-                    continue
-                if isinstance(out, (bytes, bytearray)):
-                    yield out
-                else:
-                    for frame in out:
-                        yield frame
+                for frame in _frames(_render(renderer, item)):
+                    yield frame
         except Exception as exc:  # noqa: BLE001 - framed for the client
-            failed(request, exc)  # requestFinished carries the frame's message
-            yield frames.error(exc)
+            yield renderer.error(failed(request, exc))  # requestFinished carries its message
+
+
+def _render(renderer: Renderer, item: Any) -> FrameOut:
+    if isinstance(item, Delta):
+        return renderer.text(item.text)
+    if isinstance(item, ReasoningDelta):
+        return renderer.reasoning(item.text)
+    if isinstance(item, ToolCallDelta):
+        return renderer.tool_call(item)
+    if isinstance(item, Final):
+        return renderer.final(item)
+    return None
+
+
+def _frames(out: FrameOut) -> Iterable[bytes]:
+    if out is None:
+        return ()
+    if isinstance(out, (bytes, bytearray)):
+        return (out,)
+    return out
 
 
 async def respond(
-    request: Request,
-    model: ChatModel,
-    prepared: Prepared,
-    streamed: bool,
-    response: Callable[[Final], Any],
-    frames: Frames,
-    headers: dict[str, str],
-    streaming: Callable[[AsyncIterator[bytes], dict[str, str]], Response] | None = None,
+    request: Request, model: ChatModel, prepared: Prepared, renderer: Renderer, headers: dict[str, str]
 ) -> Response:
-    """The answer as one JSON body (``response``), or, when the request asked
-    for a stream, as ``frames`` in a ``streaming`` response (default: SSE)."""
+    """Every generating route's answer: one JSON body from the renderer, or,
+    when the client asked for a stream, the renderer's frames."""
     cancel = CancelFlag()
-    if not streamed:
+    if not renderer.stream:
         final = await run_nonstream(request, model, prepared, cancel)
-        return JSONResponse(response(final), headers=headers)
-    return (streaming or sse_response)(stream_frames(request, model, prepared, cancel, frames), headers)
+        return JSONResponse(renderer.complete(final), headers=headers)
+    return streaming_response(stream_frames(request, model, prepared, cancel, renderer), renderer.media_type, headers)
 
 
-def sse_response(frames: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> StreamingResponse:
-    h = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    if headers:
-        h.update(headers)
-    return StreamingResponse(frames, media_type="text/event-stream", headers=h)
+def streaming_response(
+    frames: AsyncIterator[bytes], media_type: str = SSE, headers: dict[str, str] | None = None
+) -> StreamingResponse:
+    """A stream no proxy buffers or caches."""
+    h = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
+    return StreamingResponse(frames, media_type=media_type, headers=h)
 
 
 def warning_headers(warnings: list[str]) -> dict[str, str]:

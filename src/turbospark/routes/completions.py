@@ -8,19 +8,13 @@ from starlette.routing import Route
 
 from ..dialects import openai_completions as comp
 from ..dialects.errors import openai_error
-from .common import Frames, endpoint
-from .openai import openai_error_frame, openai_generation
-
-
-def _frames(renderer: comp.CompletionRenderer) -> Frames:
-    return Frames(text=renderer.text_frame, final=renderer.final_frames, error=openai_error_frame)
+from .common import endpoint
+from .openai import openai_generation
 
 
 @endpoint(openai_error)
 async def completions(request: Request) -> Response:
-    return await openai_generation(
-        request, comp.CompletionRequest, comp.to_chat_request, comp.CompletionRenderer, _frames
-    )
+    return await openai_generation(request, comp.CompletionRequest, comp.to_chat_request, comp.CompletionRenderer)
 
 
 routes = [

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..dialects import ollama as ollama_names
 from ..dialects import ollama_embed as oe
 from ..dialects import openai_embeddings as emb
 from ..dialects.common import validate
@@ -46,7 +47,7 @@ async def ollama_embed(request: Request) -> Response:
     body = validate(oe.EmbedRequest, await read_json(request))
     texts = oe.embed_texts(body)
     dimensions = oe.check_dimensions(body.dimensions)
-    model, route = await route_model(request, oe.model_name(body.model), "embeddings", False)
+    model, route = await route_model(request, ollama_names.model_name(body.model), "embeddings", False)
     truncate = body.truncate is not False
     result = await encode(model, texts, truncate) if texts else None
     took = time.perf_counter_ns() - started
@@ -57,7 +58,7 @@ async def ollama_embed(request: Request) -> Response:
 async def ollama_embeddings(request: Request) -> Response:
     body = validate(oe.EmbeddingsRequest, await read_json(request))
     texts = oe.legacy_texts(body)
-    model, _ = await route_model(request, oe.model_name(body.model), "embeddings", False)
+    model, _ = await route_model(request, ollama_names.model_name(body.model), "embeddings", False)
     result = await encode(model, texts) if texts else None
     return JSONResponse(oe.render_legacy(result))
 

@@ -35,7 +35,7 @@ from ..auth import ADMIN_KEY, TENANT_KEY
 from ..dialects.common import BadRequest
 from ..dialects.errors import openai_error
 from ..sinks.live import Gap, LiveEvents, Numbered
-from .common import JSONResponse, endpoint, sse_response, state_of
+from .common import JSONResponse, endpoint, state_of, streaming_response
 
 RETRY_MS = 1000
 
@@ -108,7 +108,7 @@ async def events(request: Request) -> Response:
     since = _int_param(request.headers.get("last-event-id"), "Last-Event-ID")
     if since is None:
         since = _int_param(request.query_params.get("since"), "since")
-    return sse_response(_frames(live, since, viewer(request)))
+    return streaming_response(_frames(live, since, viewer(request)))
 
 
 @endpoint(openai_error)

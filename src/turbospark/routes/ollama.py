@@ -7,23 +7,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..dialects import ollama as ol
-from ..dialects.common import BadRequest, ndjson, validate
+from ..dialects.common import BadRequest, validate
 from ..dialects.errors import ollama_error
-from ..generation import Final, ToolCallDelta
-from ..tools.calls import ToolCall
 from .common import (
-    Frames,
     JSONResponse,
     bind_request,
-    classify,
     endpoint,
     prepare_and_admit,
     read_json,
@@ -34,53 +29,22 @@ from .common import (
 )
 
 
-async def _answer(
-    request: Request, requested: str, tr: ol.Translation, renderer: ol.Renderer, started_ns: int
-) -> Response:
+async def _answer(request: Request, requested: str, tr: ol.Translation, renderer: ol.Renderer) -> Response:
     """Route, prepare, generate and render one chat/generate request."""
     model, _ = await route_model(request, ol.model_name(requested), "chat", tr.stream)
     if tr.request is None:
         return JSONResponse(renderer.loaded(tr.done_reason), headers=warning_headers(tr.warnings))
     prepared = await prepare_and_admit(request, model, bind_request(tr.request, request))
     warnings = tr.warnings + ol.fit_context(prepared, tr, model.max_context)
-    calls: list[ToolCall] = []
-
-    def call(delta: ToolCallDelta) -> None:
-        calls.append(delta.call)  # the calls come last, together: one piece
-
-    def done(final: Final) -> Iterator[bytes]:
-        if calls:
-            yield ndjson(renderer.tool_calls(calls))
-        yield ndjson(renderer.done(final, time.perf_counter_ns() - started_ns))
-
-    frames = Frames(
-        text=lambda text: ndjson(renderer.piece(text)),
-        reasoning=lambda text: ndjson(renderer.thinking(text)),
-        tool_call=call,
-        final=done,
-        error=lambda exc: ndjson(renderer.error(classify(exc).message)),
-    )
-    return await respond(
-        request,
-        model,
-        prepared,
-        tr.stream,
-        lambda final: renderer.response(final, time.perf_counter_ns() - started_ns),
-        frames,
-        warning_headers(warnings),
-        _ndjson_response,
-    )
-
-
-def _ndjson_response(lines: AsyncIterator[bytes], headers: dict[str, str]) -> Response:
-    return StreamingResponse(lines, media_type="application/x-ndjson", headers=headers)
+    return await respond(request, model, prepared, renderer, warning_headers(warnings))
 
 
 @endpoint(ollama_error)
 async def chat(request: Request) -> Response:
     started = time.perf_counter_ns()
     body = validate(ol.ChatBody, await read_json(request))
-    return await _answer(request, body.model, ol.chat_request(body), ol.Renderer("chat", body.model), started)
+    tr = ol.chat_request(body)
+    return await _answer(request, body.model, tr, ol.Renderer("chat", body.model, tr.stream, started))
 
 
 @endpoint(ollama_error)
@@ -88,7 +52,7 @@ async def generate(request: Request) -> Response:
     started = time.perf_counter_ns()
     body = validate(ol.GenerateBody, await read_json(request))
     tr = ol.generate_request(body)
-    return await _answer(request, body.model, tr, ol.Renderer("generate", body.model), started)
+    return await _answer(request, body.model, tr, ol.Renderer("generate", body.model, tr.stream, started))
 
 
 # ---------------------------------------------------------------- model facts

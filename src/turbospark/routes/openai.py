@@ -12,12 +12,11 @@ from starlette.routing import Route
 from ..dialects import openai_chat as chat
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import openai_error
+from ..dialects.render import Renderer
 from ..generation import ChatRequest
 from .common import (
-    Frames,
     JSONResponse,
     endpoint,
-    error_frame,
     read_json,
     respond,
     route_and_prepare,
@@ -26,46 +25,26 @@ from .common import (
 )
 
 
-def openai_error_frame(exc: BaseException) -> bytes:
-    """Mid-stream failure: one ``event: error`` frame, and no ``[DONE]``."""
-    return error_frame(openai_error, exc)
-
-
 async def openai_generation(
     request: Request,
     schema: type[Any],
     translate: Callable[[Any], tuple[ChatRequest, list[str]]],
-    renderer_class: Callable[[str, bool, bool], Any],
-    frames: Callable[[Any], Frames],
+    renderer_class: Callable[[str, bool, bool, bool], Renderer],
 ) -> Response:
     """What the two OpenAI generation routes (chat, legacy completions) share:
     the body validated against ``schema``, translated, routed and prepared,
-    then rendered by ``renderer_class`` as JSON or, streamed, as ``frames``."""
+    then answered through ``renderer_class``."""
     body = validate(schema, await read_json(request))
     req, warnings = translate(body)
     model, route, prepared = await route_and_prepare(request, req, body.model, bool(body.stream))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = renderer_class(body.model or route.served, include_usage, bool(body.timings))
-    headers = warning_headers(warnings)
-    return await respond(request, model, prepared, bool(body.stream), renderer.response, frames(renderer), headers)
-
-
-def _chat_frames(renderer: chat.ChatRenderer) -> Frames:
-    return Frames(
-        opening=renderer.role_frame,
-        text=renderer.text_frame,
-        reasoning=renderer.reasoning_frame,
-        tool_call=lambda delta: renderer.tool_call_frame(delta.index, delta.call),
-        final=renderer.final_frames,
-        error=openai_error_frame,
-    )
+    renderer = renderer_class(body.model or route.served, include_usage, bool(body.timings), bool(body.stream))
+    return await respond(request, model, prepared, renderer, warning_headers(warnings))
 
 
 @endpoint(openai_error)
 async def chat_completions(request: Request) -> Response:
-    return await openai_generation(
-        request, chat.ChatCompletionRequest, chat.to_chat_request, chat.ChatRenderer, _chat_frames
-    )
+    return await openai_generation(request, chat.ChatCompletionRequest, chat.to_chat_request, chat.ChatRenderer)
 
 
 def model_card(entry: Any, created: int) -> dict[str, Any]:

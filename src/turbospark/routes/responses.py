@@ -10,9 +10,9 @@ from ..dialects import openai_responses as rs
 from ..dialects.common import validate
 from ..dialects.errors import openai_error
 from ..engine.interface import ChatModel
-from ..engine.types import AdmissionError, Overloaded
+from ..engine.types import AdmissionError
 from ..generation import ChatRequest, Prepared, prepare
-from .common import Frames, classify, endpoint, read_json, respond, route_and_prepare, warning_headers
+from .common import endpoint, read_json, respond, route_and_prepare, warning_headers
 
 #: Engine parameter names in admission errors -> this dialect's names.
 _PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
@@ -34,21 +34,7 @@ async def create_response(request: Request) -> Response:
     req, warnings, tools = rs.to_chat_request(body)
     model, route, prepared = await route_and_prepare(request, req, body.model, bool(body.stream), _prepare)
     renderer = rs.ResponsesRenderer(body, body.model or route.served, prepared.config, tools)
-
-    def failed(exc: BaseException) -> bytes:
-        code = "rate_limit_exceeded" if isinstance(exc, Overloaded) else "server_error"
-        return renderer.failed_frame(classify(exc).message, code)
-
-    frames = Frames(
-        opening=renderer.opening_frames,
-        text=renderer.delta_frame,
-        reasoning=renderer.reasoning_frame,
-        tool_call=lambda delta: renderer.tool_call_frames(delta.call),
-        final=renderer.closing_frames,
-        error=failed,
-    )
-    headers = warning_headers(warnings)
-    return await respond(request, model, prepared, bool(body.stream), renderer.response, frames, headers)
+    return await respond(request, model, prepared, renderer, warning_headers(warnings))
 
 
 routes: list[Route] = [

@@ -1,0 +1,65 @@
+"""The one interface every dialect's answer is written through.
+
+A route translates the request, routes and prepares it, builds its dialect's
+:class:`Renderer` and hands it to ``routes.common.respond``, which runs the
+generation and asks the renderer for every piece: the whole body when the
+client did not ask for a stream, else an opening, each text / reasoning /
+tool-call delta, the final frames, or an error frame once the stream has
+begun. Nothing else about a dialect's wire format lives outside its module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from ..generation import Final, ToolCallDelta
+from .errors import Failure
+
+#: what a renderer returns for one stream item: one frame, several, or none
+FrameOut = bytes | Iterable[bytes] | None
+
+SSE = "text/event-stream"
+NDJSON = "application/x-ndjson"
+
+
+class Renderer(Protocol):
+    #: whether the client asked for a stream
+    stream: bool
+    #: the stream's content type (SSE or NDJSON)
+    media_type: str
+
+    def complete(self, final: Final) -> dict[str, Any]:
+        """The whole answer as one JSON body (not streamed)."""
+        ...
+
+    def opening(self, prompt_tokens: int) -> FrameOut:
+        """Sent before the first token."""
+        ...
+
+    def text(self, text: str) -> FrameOut: ...
+
+    def reasoning(self, text: str) -> FrameOut: ...
+
+    def tool_call(self, delta: ToolCallDelta) -> FrameOut: ...
+
+    def final(self, final: Final) -> FrameOut:
+        """The closing frames (stop reason, usage, terminator)."""
+        ...
+
+    def error(self, failure: Failure) -> bytes:
+        """A failure once the stream has begun; nothing follows it."""
+        ...
+
+
+class Unsent:
+    """Defaults for the stream items a dialect does not send."""
+
+    def opening(self, prompt_tokens: int) -> FrameOut:
+        return None
+
+    def reasoning(self, text: str) -> FrameOut:
+        return None
+
+    def tool_call(self, delta: ToolCallDelta) -> FrameOut:
+        return None

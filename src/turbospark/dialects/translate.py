@@ -1,0 +1,90 @@
+"""Dialect-neutral pieces of request translation, so every dialect module
+says only what is its own: the sampling-field table, the one tool-choice
+shape, and assistant tool calls in the form chat templates read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import orjson
+from pydantic import BaseModel
+
+from ..engine.types import GenerationConfig
+from .common import BadRequest
+
+#: ``GenerationConfig`` attribute -> request field, for the sampling fields
+#: most dialects name alike (each dialect passes the subset it has, plus its
+#: own spellings)
+SAMPLING: Mapping[str, str] = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+
+def copy_sampling(source: Any, config: GenerationConfig, fields: Mapping[str, str] = SAMPLING) -> None:
+    """Set each config attribute whose request field is given (not None)."""
+    for attr, name in fields.items():
+        value = getattr(source, name, None)
+        if value is not None:
+            setattr(config, attr, value)
+
+
+def pick(fields: Mapping[str, str], *names: str) -> dict[str, str]:
+    """A subset of a field table."""
+    return {k: v for k, v in fields.items() if k in names}
+
+
+def stop_strings(value: str | list[str] | None) -> tuple[str, ...] | None:
+    """One stop string or a list of them; empty strings are dropped."""
+    if value is None:
+        return None
+    return tuple(s for s in ([value] if isinstance(value, str) else value) if s)
+
+
+class ToolChoice(NamedTuple):
+    """A request's tool choice in internal terms: ``mode`` is auto, none,
+    required or named (then ``name`` says which); ``parallel`` is whether
+    several calls may come in one turn."""
+
+    mode: str = "auto"
+    name: str | None = None
+    parallel: bool = True
+
+
+def tool_calls_for_template(calls: list[Any], where: str = "tool_calls") -> list[dict[str, Any]]:
+    """Templates expect ``function.arguments`` as an object; the wire has a
+    JSON string. Each call is checked (``where`` names the list in errors):
+    templates and the tools code index into these without further checks."""
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if isinstance(call, BaseModel):
+            call = call.model_dump(exclude_unset=True)
+        if not isinstance(call, dict):
+            raise BadRequest(f"'{at}' must be an object", at)
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            raise BadRequest(f"'{at}.function' must be an object with 'name' and 'arguments'", f"{at}.function")
+        if not isinstance(fn.get("name"), str):
+            raise BadRequest(f"'{at}.function.name' must be a string", f"{at}.function.name")
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            raise BadRequest(f"'{at}.id' must be a string", f"{at}.id")
+        fn = dict(fn)
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                fn["arguments"] = orjson.loads(args) if args.strip() else {}
+            except orjson.JSONDecodeError:
+                pass
+        elif args is not None and not isinstance(args, dict):
+            raise BadRequest(
+                f"'{at}.function.arguments' must be a JSON string or an object", f"{at}.function.arguments"
+            )
+        out.append({**call, "function": fn, **fn})
+    return out
