@@ -223,5 +223,16 @@ prefill_chunk = 128
     (o,) = _model_options(parser().parse_args(["serve", "--config", path]))
     assert (o.batch, o.prefill_chunk, o.flash_attn, o.cache_dir) == (256, 128, "off", str(tmp_path / "kv-cache"))
     args = ["serve", "--config", path, "--batch", "1024", "--flash-attn", "on", "--cache-dir", "/tmp/kv"]
-    (o,) = _model_options(parser().parse_args(args))
+    ns = parser().parse_args([*args, "--speculative", "off", "--max-queue", "7"])
+    (o,) = _model_options(ns)
     assert (o.batch, o.prefill_chunk, o.flash_attn, o.cache_dir) == (1024, 128, "on", "/tmp/kv")
+    # what a model attached later starts from: the file's [defaults], then the flags
+    d = ns.model_defaults
+    assert (d["batch"], d["flash_attn"], d["cache_dir"], d["speculative"], d["max_queue"]) == (
+        1024,
+        "on",
+        "/tmp/kv",
+        False,
+        7,
+    )
+    assert "prefill_chunk" not in d  # a per-model setting, not a default

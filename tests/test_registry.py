@@ -257,3 +257,91 @@ def test_max_resident_evicts_least_recently_used():
         assert moves == [("modelAttached", "first"), ("modelDetached", "first"), ("modelAttached", "second")]
         assert chat(srv, "first").status_code == 200
         assert srv.registry.lookup("second").model is None
+
+
+def test_admin_attach_inherits_the_server_defaults_and_respects_max_resident():
+    """Issue 16 point 6: an attached model starts from the server's defaults
+    (here --max-queue, --threads, --speculative off, --keep-alive) unless the
+    request sets them, and counts against --max-resident: the least recently
+    used idle model makes room; when every resident model is busy, 409."""
+    defaults = {"max_queue": 3, "threads": 1, "speculative": False, "keep_alive": 300.0, "ctx": 1024}
+    with Server(models=[opts("alpha")], max_resident=1, model_defaults=defaults) as srv:
+        assert chat(srv, "alpha").status_code == 200
+        r = httpx.post(srv.url + "/v1/admin/models", timeout=60, json={"model": "smollm2-135m", "id": "gamma"})
+        assert r.status_code == 201, r.text
+        gamma = srv.registry.lookup("gamma")
+        assert srv.registry.lookup("alpha").model is None  # evicted to make room
+        assert gamma.spec.keep_alive == 300.0
+        sch = gamma.model.scheduler
+        assert (sch.max_queue, sch.speculative, gamma.model.ctx.threads) == (3, False, 1)
+        # what the request sets wins over the defaults
+        assert httpx.delete(srv.url + "/v1/admin/models/gamma", timeout=10).status_code == 200
+        r = httpx.post(
+            srv.url + "/v1/admin/models", timeout=60, json={"model": "smollm2-135m", "id": "delta", "threads": 2}
+        )
+        assert r.status_code == 201, r.text
+        assert srv.registry.lookup("delta").model.ctx.threads == 2
+        # every resident model busy: the attach is refused, nothing is loaded
+        out: dict = {}
+        t = stream_in_thread(srv.url, "delta", out, max_tokens=200)
+        busy = httpx.post(srv.url + "/v1/admin/models", timeout=60, json={"model": "smollm2-135m", "id": "eps"})
+        t.join(120)
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "max_resident", busy.text
+        assert srv.registry.lookup("eps") is None and out["status"] == 200
+
+
+def test_ollama_keep_alive_durations_parse_as_ollama_does():
+    from turbospark.dialects.common import BadRequest
+    from turbospark.dialects.ollama import keep_alive_seconds
+
+    assert keep_alive_seconds(None) is None
+    assert keep_alive_seconds(300) == 300.0 and keep_alive_seconds("300") == 300.0
+    assert keep_alive_seconds("5m") == 300.0 and keep_alive_seconds("1h30m") == 5400.0
+    assert keep_alive_seconds("300ms") == pytest.approx(0.3)
+    assert keep_alive_seconds(0) == 0.0 and keep_alive_seconds("0s") == 0.0
+    assert keep_alive_seconds(-1) == float("inf") and keep_alive_seconds("-1m") == float("inf")
+    for bad in ("soon", "5 minutes", "", True, "m5"):
+        with pytest.raises(BadRequest):
+            keep_alive_seconds(bad)
+
+
+def test_ollama_keep_alive_unloads_sets_the_timeout_and_reports_the_load():
+    """Issue 16 point 7 on the real model: ``keep_alive: 0`` answers
+    ``unload`` and unloads the model once idle; the next request reloads it
+    and reports that as its ``load_duration``; a per-request keep_alive sets
+    the model's idle timeout; bad durations are a 400."""
+    obs = ListObserver()
+    with Server(models=[opts("sleepy")], observer=obs) as srv:
+        r = httpx.post(srv.url + "/api/generate", timeout=30, json={"model": "sleepy", "keep_alive": 0})
+        assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+        deadline = time.monotonic() + 15
+        while srv.registry.lookup("sleepy").model is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.registry.lookup("sleepy").model is None
+        body = {
+            "model": "sleepy",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": False,
+            "keep_alive": "5m",
+            "options": {"num_predict": 4, "temperature": 0},
+        }
+        r = httpx.post(srv.url + "/api/chat", timeout=120, json=body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["load_duration"] > 0 and out["total_duration"] >= out["load_duration"]
+        assert srv.registry.lookup("sleepy").spec.keep_alive == 300.0
+        again = httpx.post(srv.url + "/api/chat", timeout=120, json=body).json()
+        assert again["load_duration"] == 0  # resident now
+        bad = httpx.post(srv.url + "/api/chat", timeout=30, json={**body, "keep_alive": "soon"})
+        assert bad.status_code == 400 and "keep_alive" in bad.json()["error"]
+        kinds = [e.kind for e in obs.events if e.kind.startswith("model")]
+        assert kinds == ["modelAttached", "modelDetached", "modelAttached"]
+
+
+def test_the_keep_alive_reaper_runs_from_start():
+    """A model loaded at start and never used still unloads after its keep-alive."""
+    with Server(models=[opts("idle", keep_alive=0.5)]) as srv:
+        deadline = time.monotonic() + 15
+        while srv.registry.lookup("idle").model is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert srv.registry.lookup("idle").model is None

@@ -72,16 +72,21 @@ def _fail(message: str) -> int:
 
 
 def _model_options(args: argparse.Namespace) -> list[Any]:
-    """Models from --config and --model, with explicit flags applied last."""
-    from .config import ConfigError, load_config
+    """Models from --config and --model, with explicit flags applied last.
+    Also sets ``args.model_defaults``: the options a model attached later
+    (``POST /v1/admin/models``) starts from (the file's [defaults], then the
+    flags)."""
+    from .config import MODEL_KEYS, ConfigError, load_config
     from .loading import options_for
 
     opts: list[Any] = []
     server: dict[str, Any] = {}
+    defaults: dict[str, Any] = dict(FLAG_DEFAULTS)
     if args.config:
         cfg = load_config(args.config)
         opts.extend(cfg.models)
         server = cfg.server
+        defaults.update({MODEL_KEYS[k][0]: v for k, v in cfg.defaults.items()})
     base = {k: v for k, v in FLAG_DEFAULTS.items()}
     for arg in args.model or ([] if opts else [DEFAULT_MODEL]):
         opts.append(options_for(arg, **base))
@@ -106,6 +111,13 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
             o.prefix_reuse = args.prefix_reuse == "on"
         if args.speculative is not None:
             o.speculative = args.speculative == "ngram"
+    given = {attr: getattr(args, flag) for flag, attr in MODEL_FLAGS.items()}
+    defaults.update({attr: value for attr, value in given.items() if value is not None})
+    if args.prefix_reuse is not None:
+        defaults["prefix_reuse"] = args.prefix_reuse == "on"
+    if args.speculative is not None:
+        defaults["speculative"] = args.speculative == "ngram"
+    args.model_defaults = defaults
     fallback = {"host": "127.0.0.1", "port": 8080, "max_resident": 0}
     for key in ("host", "port", "event_log", "max_resident", "otlp_endpoint"):
         if getattr(args, key) is None:
@@ -193,6 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_resident=args.max_resident,
             guardrails=args.guardrails == "on",
             model_folders=args.models_dir or None,
+            model_defaults=args.model_defaults,
             progress_for=progress_for,
             on_loaded=loaded,
         )
@@ -229,7 +242,7 @@ def _serve(args: argparse.Namespace) -> int:
         + _traces_label(args),
         file=sys.stderr,
     )
-    server = LiveUvicorn(uvicorn_config(assembly.app), assembly.live)
+    server = LiveUvicorn(uvicorn_config(assembly.app), assembly.live, assembly.registry)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # pragma: no cover - uvicorn normally handles it

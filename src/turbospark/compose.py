@@ -115,6 +115,7 @@ def assemble(
         live=live,
         guardrails=guardrails,
         model_folders=tuple(model_folders) if model_folders is not None else default_model_folders(registry),
+        model_defaults=dict(model_defaults or {}),
     )
     app = build_app(state, auth, policy)
     return Assembly(registry, observer, metrics, live, app, sinks, owned)

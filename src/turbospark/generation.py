@@ -75,6 +75,11 @@ class ChatRequest:
     reasoning: str | None = None
     #: None: the server's --guardrails setting (filled in by the route)
     guardrails: bool | None = None
+    #: the most tokens this request may use, prompt and answer together
+    #: (Ollama's ``num_ctx``), and the field that set it, for messages; None:
+    #: the model's context
+    context_limit: int | None = None
+    context_limit_field: str = "context_limit"
 
 
 @dataclass
@@ -88,6 +93,8 @@ class Prepared:
     #: thinking is split off the answer
     think: bool = False
     think_open: bool = False  # the generation prompt already opened <think>
+    #: what the client should hear about how the request was taken
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -228,6 +235,38 @@ def _grammar(req: ChatRequest, syntax: str | None) -> str | None:
     return None
 
 
+def _fit_context_limit(model_context: int, req: ChatRequest, n: int) -> list[str]:
+    """Honour the request's own context limit up to the model's context (a
+    larger one is a warning, not an error): a default budget is cut to the
+    room it leaves, an explicit one that does not fit is refused, never the
+    prompt truncated. A repetition window past the context (Ollama's
+    ``repeat_last_n: -1``) becomes the context. Returns the warnings."""
+    warnings: list[str] = []
+    ctx, limit, name = model_context, req.context_limit, req.context_limit_field
+    config = req.config
+    if limit is not None and limit > ctx:
+        warnings.append(f"{name} {limit} is larger than this model's context of {ctx} tokens; using {ctx}")
+    elif limit is not None:
+        ctx = limit
+    if ctx < model_context:
+        room = ctx - n
+        if room < 1:
+            raise AdmissionError(f"the prompt is {n} tokens, which leaves no room for a reply in {name} {ctx}", name)
+        if not req.max_tokens_explicit:
+            config.max_new_tokens = min(config.max_new_tokens, room)
+        elif config.max_new_tokens > room:
+            raise AdmissionError(
+                f"this request needs {n} prompt tokens + {config.max_new_tokens} new tokens = "
+                f"{n + config.max_new_tokens} tokens, but {name} is {ctx}",
+                "max_tokens",
+            )
+    if config.penalty_last_n < 0 or config.penalty_last_n > ctx:
+        # llama.cpp allocates a window of this many tokens: a huge value
+        # must not reach it
+        config.penalty_last_n = ctx
+    return warnings
+
+
 def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     """Render and tokenize the prompt, pick tools/grammar, and admit it."""
     if req.tool_choice == "named":
@@ -244,6 +283,7 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     if not req.max_tokens_explicit:
         config.max_new_tokens = model.default_max_new(len(ids), req.default_max_tokens)
     model.check_admission(len(ids), config.max_new_tokens)
+    warnings = _fit_context_limit(model.max_context, req, len(ids))
     for token in config.logit_bias:  # refused now, not after a stream's headers
         if not 0 <= token < model.vocab_size:
             raise AdmissionError(
@@ -264,7 +304,7 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         think_open = bool(opener) and (ids[-len(opener) :] == opener or ids[-len(opener) - 1 : -1] == opener)
     # thinking is split off whenever the model writes it (the effort only
     # flips the template's switch); raw prompts are left alone
-    return Prepared(ids, config, req, syntax, offered, req.prompt is None, think_open)
+    return Prepared(ids, config, req, syntax, offered, req.prompt is None, think_open, warnings)
 
 
 # --------------------------------------------------------------- generating

@@ -101,6 +101,8 @@ class Route:
     entry: Entry
     requested: str | None
     served: str
+    #: seconds this request spent loading the model (0: it was resident)
+    load_seconds: float = 0.0
 
     @property
     def model(self) -> Any:
@@ -271,7 +273,9 @@ class Registry:
         entry.leases += 1  # leased before any await, so nothing unloads it
         try:
             if entry.model is None:
+                t0 = time.perf_counter()
                 await self._load(entry)
+                route.load_seconds = time.perf_counter() - t0
         except BaseException:
             entry.leases -= 1
             raise
@@ -299,25 +303,28 @@ class Registry:
                 entry._loading = None
 
     async def _do_load(self, entry: Entry) -> None:
-        await self._make_room(exclude=entry)
+        await self.make_room(exclude=entry)
         model = await asyncio.to_thread(self.loader, entry.spec)  # type: ignore[arg-type]
         entry.model = model
         entry.info = _info_of(model)
         record(self.observer, lambda: ModelAttached(at_ms=now_ms(), model=entry.id))
 
-    async def _make_room(self, exclude: Entry) -> None:
-        """Evict least-recently-used idle, reloadable models past the cap."""
+    async def make_room(self, exclude: Entry | None = None) -> bool:
+        """Room for one more resident model under ``max_resident``: evicts
+        least-recently-used idle, reloadable models past the cap. False when
+        the cap is reached and every resident model is busy."""
         if not self.max_resident:
-            return
+            return True
         resident = [e for e in self.entries() if e.model is not None and e is not exclude]
         while len(resident) >= self.max_resident:
             idle = [e for e in resident if e.leases == 0 and e.spec is not None]
             if not idle:
                 log.warning("max resident models reached and every resident model is busy")
-                return
+                return False
             victim = min(idle, key=lambda e: e.last_used)
             await self._unload(victim, "evicted (max resident models)")
             resident.remove(victim)
+        return True
 
     async def _unload(self, entry: Entry, why: str) -> None:
         model, entry.model = entry.model, None
@@ -329,6 +336,20 @@ class Registry:
             await asyncio.to_thread(model.close)
 
     # -- idle unload -------------------------------------------------------------
+    def set_keep_alive(self, entry: Entry, seconds: float | None) -> None:
+        """A request's own keep-alive for its model (Ollama's ``keep_alive``):
+        ``seconds`` idle before unloading (0: as soon as it is idle), None:
+        resident until unloaded otherwise. Only reloadable models."""
+        if entry.spec is None:
+            return
+        entry.spec.keep_alive = seconds
+        self._ensure_reaper()
+
+    def start(self) -> None:
+        """Start the idle reaper with the event loop (call on it), so a model
+        loaded at start and never used is unloaded after its keep-alive too."""
+        self._ensure_reaper()
+
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():
             if any(e.spec is not None and e.spec.keep_alive is not None for e in self.entries()):

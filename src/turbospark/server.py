@@ -28,6 +28,7 @@ from .compose import assemble
 from .guard import policy_from
 from .loading import ModelArg
 from .observe import Observer
+from .registry import Registry
 from .sinks.live import LiveEvents
 
 log = logging.getLogger("turbospark.server")
@@ -91,7 +92,7 @@ class Server:
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn_config(self.app, self._log_level)
-        self._server = server = LiveUvicorn(config, self.live)
+        self._server = server = LiveUvicorn(config, self.live, self.registry)
 
         def run() -> None:
             async def main() -> None:
@@ -130,13 +131,20 @@ class Server:
 
 
 class LiveUvicorn(uvicorn.Server):
-    """uvicorn that ends the open ``/v1/events`` streams when it shuts down:
-    they never end by themselves, so a graceful shutdown would otherwise wait
-    out its whole timeout for them."""
+    """uvicorn that starts the registry's idle reaper with the loop, and ends
+    the open ``/v1/events`` streams when it shuts down: they never end by
+    themselves, so a graceful shutdown would otherwise wait out its whole
+    timeout for them."""
 
-    def __init__(self, config: uvicorn.Config, live: LiveEvents) -> None:
+    def __init__(self, config: uvicorn.Config, live: LiveEvents, registry: Registry | None = None) -> None:
         super().__init__(config)
         self.live = live
+        self.registry = registry
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.registry is not None:
+            self.registry.start()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.live.close()

@@ -32,7 +32,7 @@ from ..tools.calls import ToolCall
 from .common import BadRequest, argument_pieces, check_json_schema, check_tool_schemas, new_id, sse_event
 from .errors import Failure, anthropic_error
 from .render import SSE
-from .translate import SAMPLING, copy_sampling, pick
+from .translate import SAMPLING, Translation, copy_sampling, pick
 from .translate import ToolChoice as Choice
 
 DEFAULT_MAX_TOKENS = 1024
@@ -425,8 +425,8 @@ def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]
     return req, warnings + tool_warnings
 
 
-def to_chat_request(body: MessagesRequest) -> tuple[ChatRequest, list[str]]:
-    """The internal request and any warnings for the client.
+def to_chat_request(body: MessagesRequest) -> Translation:
+    """The internal request, warnings for the client, streamed or not.
 
     The budget is never "explicit" in the engine's sense: Anthropic clients
     (Claude Code) ask for a large ``max_tokens`` whatever the context, and
@@ -445,7 +445,7 @@ def to_chat_request(body: MessagesRequest) -> tuple[ChatRequest, list[str]]:
     req.config = config
     req.max_tokens_explicit = False
     req.default_max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
-    return req, warnings
+    return Translation(req, warnings, bool(body.stream))
 
 
 # ---------------------------------------------------------------- result out

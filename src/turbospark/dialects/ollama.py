@@ -22,22 +22,23 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import math
+import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final, Prepared, ToolCallDelta
+from ..generation import ChatRequest, Final, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, ndjson
 from .errors import Failure
 from .openai_chat import HistoryToolCall, check_tools
 from .render import NDJSON
-from .translate import SAMPLING, copy_sampling, pick, stop_strings, tool_calls_for_template
+from .translate import SAMPLING, Translation, copy_sampling, pick, stop_strings, tool_calls_for_template
 
 #: ``think`` levels (``true``/``false`` are the other values)
 THINK_LEVELS = ("low", "medium", "high")
@@ -175,18 +176,6 @@ class ShowBody(BaseModel):
 
 
 # ------------------------------------------------------------ into the engine
-@dataclass
-class Translation:
-    """A chat/generate body in engine terms. ``request`` is None for
-    Ollama's "load the model" call (no prompt): answered without generating."""
-
-    request: ChatRequest | None
-    stream: bool
-    warnings: list[str] = field(default_factory=list)
-    num_ctx: int | None = None
-    done_reason: str = "load"
-
-
 #: Ollama's own spellings of llama.cpp's sampling options
 OLLAMA_FIELDS = {"repeat_penalty": "repeat_penalty", "penalty_last_n": "repeat_last_n"}
 
@@ -196,7 +185,7 @@ def _config(body: _Common, warnings: list[str]) -> tuple[GenerationConfig, int |
     and ``num_ctx``."""
     config = GenerationConfig(**OLLAMA_DEFAULTS)
     o = body.options or Options()
-    # repeat_last_n -1 (the context) is resolved by fit_context
+    # repeat_last_n -1 (the context) is resolved by prepare
     fields = {**pick(SAMPLING, *(k for k in SAMPLING if k != "seed")), **OLLAMA_FIELDS}
     copy_sampling(o, config, fields)
     if o.seed is not None and o.seed >= 0:  # -1: random, as in Ollama
@@ -249,7 +238,7 @@ def _structured(body: _Common, req: ChatRequest) -> None:
         req.json_schema = check_json_schema(body.format, "format")
 
 
-def _request(body: _Common, warnings: list[str], **kw: Any) -> tuple[ChatRequest, int | None]:
+def _request(body: _Common, warnings: list[str], **kw: Any) -> ChatRequest:
     config, budget, num_ctx = _config(body, warnings)
     req = ChatRequest(
         config=config,
@@ -257,10 +246,20 @@ def _request(body: _Common, warnings: list[str], **kw: Any) -> tuple[ChatRequest
         # None / -1 / -2: until the context is full (prepare clips to the room)
         default_max_tokens=1 << 30,
         reasoning=reasoning(body.think),
+        # prepare honours it (never truncating the prompt)
+        context_limit=num_ctx,
+        context_limit_field="options.num_ctx",
         **kw,
     )
     _structured(body, req)
-    return req, num_ctx
+    return req
+
+
+def _nothing(stream: bool, warnings: list[str], keep_alive: float | None) -> Translation:
+    """A call without a prompt: Ollama's "load" (or, with keep_alive 0,
+    "unload") of the model, answered without generating."""
+    extras = {"done_reason": "unload" if keep_alive == 0 else "load", "keep_alive": keep_alive}
+    return Translation(None, warnings, stream, extras)
 
 
 def _images(images: list[str] | None, where: str) -> list[str]:
@@ -275,8 +274,37 @@ def _images(images: list[str] | None, where: str) -> list[str]:
     return list(images or ())
 
 
-def _unload(keep_alive: float | str | None) -> bool:
-    return keep_alive in (0, "0", "0s", "0m")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """Ollama's ``keep_alive``: seconds as a number, or a Go duration
+    (``"5m"``, ``"1h30m"``, ``"300ms"``; a bare number string is seconds).
+    0 unloads the model once the request is done; a negative value keeps it
+    loaded for good (``math.inf``). None: not given."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise BadRequest("keep_alive must be a number of seconds or a duration like '5m'", "keep_alive")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        text = text.lstrip("+-")
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _DURATION_PART.findall(text)
+            if not text or "".join(n + u for n, u in parts) != text:
+                raise BadRequest(
+                    f"invalid keep_alive {value!r}: expected seconds or a duration like '5m' or '1h30m'",
+                    "keep_alive",
+                ) from None
+            seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+        seconds *= sign
+    return math.inf if seconds < 0 else seconds
 
 
 def chat_request(body: ChatBody) -> Translation:
@@ -284,7 +312,7 @@ def chat_request(body: ChatBody) -> Translation:
     warnings: list[str] = []
     _common_checks(body, warnings)
     if not body.messages:
-        return Translation(None, stream, warnings, done_reason="unload" if _unload(body.keep_alive) else "load")
+        return _nothing(stream, warnings, keep_alive_seconds(body.keep_alive))
     images = 0
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(body.messages):
@@ -297,8 +325,8 @@ def chat_request(body: ChatBody) -> Translation:
         messages.append(msg)
     if images:
         warnings.append(f"{images} image(s) ignored: this model has no vision support")
-    req, num_ctx = _request(body, warnings, messages=messages, tools=check_tools(body.tools))
-    return Translation(req, stream, warnings, num_ctx)
+    req = _request(body, warnings, messages=messages, tools=check_tools(body.tools))
+    return Translation(req, warnings, stream, {"keep_alive": keep_alive_seconds(body.keep_alive)})
 
 
 def generate_request(body: GenerateBody) -> Translation:
@@ -308,7 +336,7 @@ def generate_request(body: GenerateBody) -> Translation:
     if body.suffix:
         raise BadRequest("this model does not support insert ('suffix')", "suffix")
     if not body.prompt and not (body.system and not body.raw):
-        return Translation(None, stream, warnings, done_reason="unload" if _unload(body.keep_alive) else "load")
+        return _nothing(stream, warnings, keep_alive_seconds(body.keep_alive))
     if body.template:
         warnings.append("'template' ignored: the model's own chat template is used")
     if _images(body.images, "images"):
@@ -318,51 +346,13 @@ def generate_request(body: GenerateBody) -> Translation:
     if body.raw:
         if body.system:
             warnings.append("'system' ignored: raw prompts have no template")
-        req, num_ctx = _request(body, warnings, prompt=body.prompt)
+        req = _request(body, warnings, prompt=body.prompt)
     else:
         messages = [{"role": "system", "content": body.system}] if body.system else []
         if body.prompt:
             messages.append({"role": "user", "content": body.prompt})
-        req, num_ctx = _request(body, warnings, messages=messages)
-    return Translation(req, stream, warnings, num_ctx)
-
-
-def fit_context(prepared: Prepared, tr: Translation, model_context: int) -> list[str]:
-    """Honour ``num_ctx`` up to the model's context (larger: a warning, not
-    an error) and resolve ``repeat_last_n: -1``. Never truncates a prompt."""
-    warnings: list[str] = []
-    ctx = model_context
-    if tr.num_ctx is not None:
-        if tr.num_ctx > model_context:
-            warnings.append(
-                f"options.num_ctx {tr.num_ctx} is larger than this model's context of "
-                f"{model_context} tokens; using {model_context}"
-            )
-        else:
-            ctx = tr.num_ctx
-    config = prepared.config
-    n = len(prepared.prompt_ids)
-    if ctx < model_context:
-        room = ctx - n
-        if room < 1:
-            raise BadRequest(
-                f"the prompt is {n} tokens, which leaves no room for a reply in options.num_ctx {ctx}",
-                "options.num_ctx",
-            )
-        explicit = tr.request is not None and tr.request.max_tokens_explicit
-        if not explicit:
-            config.max_new_tokens = min(config.max_new_tokens, room)
-        elif config.max_new_tokens > room:
-            raise BadRequest(
-                f"this request needs {n} prompt tokens + {config.max_new_tokens} new tokens = "
-                f"{n + config.max_new_tokens} tokens, but options.num_ctx is {ctx}",
-                "options.num_predict",
-            )
-    if config.penalty_last_n < 0 or config.penalty_last_n > ctx:
-        # more than the context means the context; llama.cpp allocates a
-        # window of this many tokens, so a huge value must not reach it
-        config.penalty_last_n = ctx
-    return warnings
+        req = _request(body, warnings, messages=messages)
+    return Translation(req, warnings, stream, {"keep_alive": keep_alive_seconds(body.keep_alive)})
 
 
 # ------------------------------------------------------------------ rendering
@@ -384,14 +374,14 @@ def done_reason(reason: StopReason) -> str:
     return "length" if reason is StopReason.MAX_TOKENS else "stop"
 
 
-def stats(final: Final, wall_ns: int) -> dict[str, Any]:
+def stats(final: Final, wall_ns: int, load_ns: int = 0) -> dict[str, Any]:
     """The closing numbers, all from the engine's results, summed over the
-    turn's attempts. The model is resident, so nothing was loaded; the total
-    never undercuts the parts."""
+    turn's attempts; ``load_ns``: the time this request spent loading the
+    model (0 when it was resident). The total never undercuts the parts."""
     prompt_ns, eval_ns = nanos(final.prefill_seconds), nanos(final.decode_seconds)
     return {
-        "total_duration": max(wall_ns, nanos(final.queue_seconds) + prompt_ns + eval_ns),
-        "load_duration": 0,
+        "total_duration": max(wall_ns, load_ns + nanos(final.queue_seconds) + prompt_ns + eval_ns),
+        "load_duration": load_ns,
         "prompt_eval_count": final.prompt_tokens,
         "prompt_eval_duration": prompt_ns,
         "eval_count": final.completion_tokens,
@@ -417,6 +407,8 @@ class Renderer:
         self.model = model
         self.stream = stream
         self.started_ns = started_ns or time.perf_counter_ns()
+        #: set by the route when this request loaded the model
+        self.load_ns = 0
         self._calls: list[ToolCall] = []
 
     def _wall_ns(self) -> int:
@@ -441,7 +433,7 @@ class Renderer:
     def complete(self, final: Final) -> dict[str, Any]:
         """``stream: false``: the whole answer in one object."""
         line = self._line(final.text, True, final.reasoning, final.tool_calls)
-        return {**line, "done_reason": done_reason(final.reason), **stats(final, self._wall_ns())}
+        return {**line, "done_reason": done_reason(final.reason), **stats(final, self._wall_ns(), self.load_ns)}
 
     def opening(self, prompt_tokens: int) -> None:
         return None
@@ -462,7 +454,7 @@ class Renderer:
         if self._calls:
             yield ndjson(self._line("", False, calls=self._calls))
         done = {**self._line("", True), "done_reason": done_reason(final.reason)}
-        yield ndjson({**done, **stats(final, self._wall_ns())})
+        yield ndjson({**done, **stats(final, self._wall_ns(), self.load_ns)})
 
     def error(self, failure: Failure) -> bytes:
         """A mid-stream failure: the stream still ends with ``done: true``."""

@@ -19,7 +19,7 @@ from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, check_tool_schemas, new_id, sse_data, text_of, unix_time
 from .errors import Failure, openai_error
 from .render import SSE
-from .translate import ToolChoice, copy_sampling, tool_calls_for_template
+from .translate import ToolChoice, Translation, copy_sampling, tool_calls_for_template
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -153,8 +153,7 @@ def to_messages(messages: list[Message], images: list[Any]) -> list[dict[str, An
     return out
 
 
-def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]]:
-    """Returns the internal request and any warnings for the client."""
+def to_chat_request(body: ChatCompletionRequest) -> Translation:
     warnings: list[str] = []
     if body.reasoning_effort is not None and body.reasoning_effort not in REASONING_EFFORTS:
         raise BadRequest(
@@ -190,7 +189,7 @@ def to_chat_request(body: ChatCompletionRequest) -> tuple[ChatRequest, list[str]
         structured_output(body.response_format, req)
     if budget is not None:
         config.max_new_tokens = budget
-    return req, warnings
+    return Translation(req, warnings, bool(body.stream))
 
 
 def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -25,6 +25,7 @@ from .common import BadRequest, new_id, sse_data, unix_time
 from .errors import Failure, openai_error
 from .openai_chat import StreamOptions, sampling, timings, usage
 from .render import SSE, Unsent
+from .translate import Translation
 
 #: OpenAI's documented default for ``max_tokens`` on this endpoint.
 DEFAULT_MAX_TOKENS = 16
@@ -107,8 +108,8 @@ def _refuse_unsupported(body: CompletionRequest) -> None:
         raise BadRequest("only n=1 is supported", "n")
 
 
-def to_chat_request(body: CompletionRequest) -> tuple[ChatRequest, list[str]]:
-    """The internal request (raw prompt, no template) and client warnings."""
+def to_chat_request(body: CompletionRequest) -> Translation:
+    """A raw prompt, no template."""
     _refuse_unsupported(body)
     text = prompt_text(body.prompt)
     config = GenerationConfig()
@@ -122,7 +123,7 @@ def to_chat_request(body: CompletionRequest) -> tuple[ChatRequest, list[str]]:
     )
     if body.max_tokens is not None:
         config.max_new_tokens = body.max_tokens
-    return req, []
+    return Translation(req, [], bool(body.stream))
 
 
 def finish_reason(reason: StopReason) -> str:

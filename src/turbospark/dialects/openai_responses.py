@@ -40,7 +40,7 @@ from .common import (
 from .errors import Failure
 from .openai_chat import REASONING_EFFORTS
 from .render import SSE
-from .translate import SAMPLING, ToolChoice, copy_sampling, pick, tool_calls_for_template
+from .translate import SAMPLING, ToolChoice, Translation, copy_sampling, pick, tool_calls_for_template
 
 TOOL_CHOICES = ("none", "auto", "required")
 TEXT_FORMATS = ("text", "json_object", "json_schema")
@@ -321,9 +321,9 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
         )
 
 
-def to_chat_request(body: ResponsesRequest) -> tuple[ChatRequest, list[str], list[dict[str, Any]]]:
-    """Returns the internal request, warnings for the client, and the
-    function tools to echo in the response object."""
+def to_chat_request(body: ResponsesRequest) -> Translation:
+    """The internal request, warnings for the client, streamed or not, and
+    (``extras["tools"]``) the function tools to echo in the response object."""
     _refuse_unsupported(body)
     choice, name, _ = tool_choice(body.tool_choice)
     warnings: list[str] = []
@@ -357,7 +357,7 @@ def to_chat_request(body: ResponsesRequest) -> tuple[ChatRequest, list[str], lis
         reasoning=body.reasoning.effort if body.reasoning else None,
     )
     structured_output(body.text.format if body.text else None, req)
-    return req, warnings, echo_tools
+    return Translation(req, warnings, bool(body.stream), {"tools": echo_tools})
 
 
 def usage(final: Final) -> dict[str, Any]:

@@ -1,17 +1,35 @@
 """Dialect-neutral pieces of request translation, so every dialect module
-says only what is its own: the sampling-field table, the one tool-choice
-shape, and assistant tool calls in the form chat templates read."""
+says only what is its own: the one :class:`Translation` result, the
+sampling-field table, the one tool-choice shape, and assistant tool calls in
+the form chat templates read."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
 from pydantic import BaseModel
 
 from ..engine.types import GenerationConfig
+from ..generation import ChatRequest
 from .common import BadRequest
+
+
+@dataclass
+class Translation:
+    """What every dialect's request translation returns: the internal
+    request (None for a call that generates nothing: Ollama's load and
+    unload), warnings for the client, whether the answer streams, and what
+    the dialect's renderer needs that the core does not (``extras``:
+    Responses' tools to echo, Ollama's load reason)."""
+
+    request: ChatRequest | None
+    warnings: list[str] = field(default_factory=list)
+    stream: bool = False
+    extras: dict[str, Any] = field(default_factory=dict)
+
 
 #: ``GenerationConfig`` attribute -> request field, for the sampling fields
 #: most dialects name alike (each dialect passes the subset it has, plus its

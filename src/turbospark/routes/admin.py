@@ -110,7 +110,10 @@ async def attach_model(request: Request) -> Response:
         raise BadRequest(str(exc), "model", status=403, code="model_not_allowed", type="permission_error") from None
     except ModelNotFound as exc:
         raise BadRequest(str(exc), "model", status=404, code="model_not_found") from None
-    opts = ModelOptions(path=path, id=body.id or default_id, aliases=tuple(body.aliases), kind=body.kind)
+    # the server's own defaults (threads, queue bound, reuse, speculation,
+    # keep-alive ...), then what the request sets
+    base = {k: v for k, v in state_of(request).model_defaults.items() if k not in ("path", "id", "aliases", "kind")}
+    opts = ModelOptions(path=path, id=body.id or default_id, aliases=tuple(body.aliases), kind=body.kind, **base)
     for field_name, attr in (
         ("ctx", "ctx"),
         ("parallel", "parallel"),
@@ -129,6 +132,14 @@ async def attach_model(request: Request) -> Response:
         registry.check_names(spec.id, spec.aliases)
     except RegistryError as exc:
         raise BadRequest(str(exc), "id", status=409, code="model_exists") from None
+    if not await registry.make_room():
+        raise BadRequest(
+            f"{registry.max_resident} model(s) are resident (--max-resident) and every one is busy; "
+            "try again when one is idle",
+            "model",
+            status=409,
+            code="max_resident",
+        )
     try:
         model = await asyncio.to_thread(load_spec, spec)  # off the event loop
     except (RuntimeError, ValueError, OSError) as exc:

@@ -41,10 +41,11 @@ def _headers(request: Request, warnings: list[str]) -> dict[str, str]:
 @endpoint(anthropic_error)
 async def messages(request: Request) -> Response:
     body = validate(msgs.MessagesRequest, await read_json(request))
-    req, warnings = msgs.to_chat_request(body)
-    model, route, prepared = await route_and_prepare(request, req, body.model, bool(body.stream))
-    renderer = msgs.MessageRenderer(body.model or route.served, prepared, bool(body.stream))
-    return await respond(request, model, prepared, renderer, _headers(request, warnings))
+    tr = msgs.to_chat_request(body)
+    assert tr.request is not None
+    model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
+    renderer = msgs.MessageRenderer(body.model or route.served, prepared, tr.stream)
+    return await respond(request, model, prepared, renderer, _headers(request, tr.warnings + prepared.warnings))
 
 
 @endpoint(anthropic_error)

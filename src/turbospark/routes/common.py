@@ -51,6 +51,8 @@ class ServerState:
     metrics: Any = None
     #: folders admin attach may load GGUF files from (``--models-dir``)
     model_folders: tuple[str, ...] = ()
+    #: the options an attached model starts from (the server's own defaults)
+    model_defaults: dict[str, Any] = field(default_factory=dict)
 
 
 class JSONResponse(Response):

@@ -5,6 +5,7 @@ routes/embeddings.py."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from starlette.routing import Route
 from ..dialects import ollama as ol
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import ollama_error
+from ..dialects.translate import Translation
 from .common import (
     JSONResponse,
     bind_request,
@@ -29,14 +31,20 @@ from .common import (
 )
 
 
-async def _answer(request: Request, requested: str, tr: ol.Translation, renderer: ol.Renderer) -> Response:
-    """Route, prepare, generate and render one chat/generate request."""
-    model, _ = await route_model(request, ol.model_name(requested), "chat", tr.stream)
+async def _answer(request: Request, requested: str, tr: Translation, renderer: ol.Renderer) -> Response:
+    """Route, prepare, generate and render one chat/generate request. A
+    request's ``keep_alive`` becomes its model's idle timeout (0: unloaded
+    once idle, e.g. right after this request); the time this request spent
+    loading the model is its ``load_duration``."""
+    model, route = await route_model(request, ol.model_name(requested), "chat", tr.stream)
+    keep_alive = tr.extras.get("keep_alive")
+    if keep_alive is not None:
+        state_of(request).registry.set_keep_alive(route.entry, None if math.isinf(keep_alive) else keep_alive)
+    renderer.load_ns = int(route.load_seconds * 1e9)
     if tr.request is None:
-        return JSONResponse(renderer.loaded(tr.done_reason), headers=warning_headers(tr.warnings))
+        return JSONResponse(renderer.loaded(tr.extras["done_reason"]), headers=warning_headers(tr.warnings))
     prepared = await prepare_and_admit(request, model, bind_request(tr.request, request))
-    warnings = tr.warnings + ol.fit_context(prepared, tr, model.max_context)
-    return await respond(request, model, prepared, renderer, warning_headers(warnings))
+    return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
 
 
 @endpoint(ollama_error)

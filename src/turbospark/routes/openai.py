@@ -13,7 +13,7 @@ from ..dialects import openai_chat as chat
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import openai_error
 from ..dialects.render import Renderer
-from ..generation import ChatRequest
+from ..dialects.translate import Translation
 from .common import (
     JSONResponse,
     endpoint,
@@ -28,18 +28,19 @@ from .common import (
 async def openai_generation(
     request: Request,
     schema: type[Any],
-    translate: Callable[[Any], tuple[ChatRequest, list[str]]],
+    translate: Callable[[Any], Translation],
     renderer_class: Callable[[str, bool, bool, bool], Renderer],
 ) -> Response:
     """What the two OpenAI generation routes (chat, legacy completions) share:
     the body validated against ``schema``, translated, routed and prepared,
     then answered through ``renderer_class``."""
     body = validate(schema, await read_json(request))
-    req, warnings = translate(body)
-    model, route, prepared = await route_and_prepare(request, req, body.model, bool(body.stream))
+    tr = translate(body)
+    assert tr.request is not None
+    model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = renderer_class(body.model or route.served, include_usage, bool(body.timings), bool(body.stream))
-    return await respond(request, model, prepared, renderer, warning_headers(warnings))
+    renderer = renderer_class(body.model or route.served, include_usage, bool(body.timings), tr.stream)
+    return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
 
 
 @endpoint(openai_error)

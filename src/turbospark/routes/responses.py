@@ -31,10 +31,11 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
 @endpoint(openai_error)
 async def create_response(request: Request) -> Response:
     body = validate(rs.ResponsesRequest, await read_json(request))
-    req, warnings, tools = rs.to_chat_request(body)
-    model, route, prepared = await route_and_prepare(request, req, body.model, bool(body.stream), _prepare)
-    renderer = rs.ResponsesRenderer(body, body.model or route.served, prepared.config, tools)
-    return await respond(request, model, prepared, renderer, warning_headers(warnings))
+    tr = rs.to_chat_request(body)
+    assert tr.request is not None
+    model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream, _prepare)
+    renderer = rs.ResponsesRenderer(body, body.model or route.served, prepared.config, tr.extras["tools"])
+    return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
 
 
 routes: list[Route] = [
