@@ -219,7 +219,9 @@ def ratio_row(label: str, a: list[float], b: list[float], target: str, what: str
     return (label, statistics.median(a) / statistics.median(b), spread, target, what)
 
 
-def bench(name: str, rounds: int, threads: int, only: set[str]) -> list[Row]:
+def bench(
+    name: str, rounds: int, threads: int, only: set[str], lengths: tuple[int, ...] = (512, 4096, 16384)
+) -> list[Row]:
     from turbospark.catalog import resolve_model
 
     gguf, _ = resolve_model(name)
@@ -303,9 +305,9 @@ def bench(name: str, rounds: int, threads: int, only: set[str]) -> list[Row]:
         from turbospark.engine.llama import LlamaModelFile
 
         train = LlamaModelFile(gguf).n_ctx_train
-        lengths = sorted({min(n, train - 512) for n in (512, 4096, 16384)})
-        long = Servers(gguf, threads, max(lengths) + 256, 1)
-        for n in lengths:
+        sizes = sorted({min(n, train - 512) for n in lengths})
+        long = Servers(gguf, threads, max(sizes) + 256, 1)
+        for n in sizes:
 
             def run(who: str, i: int, n: int = n) -> float:
                 proc, url = serve(long, who)
@@ -331,11 +333,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--only", default="a,b,c,d,e")
+    ap.add_argument("--lengths", default="512,4096,16384", help="prompt lengths of (e)")
     args = ap.parse_args()
     only = set(args.only.split(","))
     rows: list[Row] = []
     for name in args.model or ["smollm2-135m"]:
-        rows += bench(name, args.rounds, args.threads, only)
+        rows += bench(name, args.rounds, args.threads, only, tuple(int(n) for n in args.lengths.split(",")))
     print(f"\n{'measure':<58}{'value':>8}  {'spread':<13}{'target':<9}")
     for label, value, spread, target, what in rows:
         print(f"{label:<58}{value:>8.3f}  {spread:<13}{target:<9}{what}")

@@ -192,7 +192,9 @@ def test_generate_without_prompt_is_the_load_call(client, ids, hub):
     events = hub.wait_for(lambda es: "requestFinished" in kinds(es), ids.last)
     assert "generated" not in kinds(events)
     assert client.generate(model="smollm2-135m", keep_alive=0).done_reason == "unload"
-    r = client.chat(model="smollm2-135m", messages=[])
+    # keep_alive -1: loaded (again, if the unload came first) and resident for
+    # good, as the other tests on this shared server expect
+    r = client.chat(model="smollm2-135m", messages=[], keep_alive=-1)
     assert r.done_reason == "load" and r.message.content == ""
 
 

@@ -361,7 +361,8 @@ def parser() -> argparse.ArgumentParser:
         "--prefill-chunk",
         type=int,
         default=None,
-        help="most prompt tokens one request feeds per step, so decoders never wait long (default 256)",
+        help="most prompt tokens one request feeds per step while others decode, so they never wait long "
+        "(default 256; with nobody decoding, prompts share the whole --batch)",
     )
     s.add_argument(
         "--cache-ram",

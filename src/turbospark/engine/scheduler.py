@@ -694,11 +694,17 @@ class Scheduler:
                 chosen.append((seq, [seq.last_token, *drafts], "all", drafts))
                 room -= 1 + len(drafts)
         pure_decode = True
+        # Beside decoders a prompt goes in prefill_chunk pieces, so their next
+        # token never waits long; with nobody decoding, the prompts share the
+        # whole batch (fewer, larger steps: each step reads the KV so far once,
+        # which dominates a long prompt's prefill)
+        prefilling = len(self._active) - decoders
+        chunk_limit = self.prefill_chunk if decoders else max(self.prefill_chunk, room // max(1, prefilling))
         for seq in self._active:
             if seq.decoding or room <= 0:
                 continue
             remaining = len(seq.pending) - seq.fed
-            take = min(remaining, room, self.prefill_chunk)
+            take = min(remaining, room, chunk_limit)
             chunk = seq.pending[seq.fed : seq.fed + take]
             chosen.append((seq, chunk, "last" if take == remaining else "none", []))
             room -= take
