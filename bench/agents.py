@@ -35,12 +35,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
 from runtime import EDIT_TEXT, STORY, Servers
 from streams import stream_chat
 
 SLOTS = 4
+T = TypeVar("T")
 TURN_TOKENS = 24
 
 WORDS = (
@@ -190,6 +192,20 @@ def order(i: int) -> tuple[str, str]:
     return ("turbospark", "llama-server") if i % 2 == 0 else ("llama-server", "turbospark")
 
 
+def per_server(sv: Servers, rounds: int, scenario: Callable[[str], T]) -> dict[str, list[T]]:
+    """``scenario(url)`` on a fresh server of each kind per round, who goes
+    first alternating; its results by server."""
+    out: dict[str, list[T]] = {"turbospark": [], "llama-server": []}
+    for i in range(rounds):
+        for who in order(i):
+            proc, url = serve(sv, who)
+            try:
+                out[who].append(scenario(url))
+            finally:
+                stop(proc)
+    return out
+
+
 def alternate(rounds: int, run: Callable[[str, int], float]) -> tuple[list[float], list[float]]:
     ours: list[float] = []
     theirs: list[float] = []
@@ -229,62 +245,32 @@ def bench(
     rows: list[Row] = []
 
     if "a" in only:
-        med: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
-        tail: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
-        for i in range(rounds):
-            for who in order(i):
-                proc, url = serve(sv, who)
-                try:
-                    ttfts = agent_sessions(url)
-                finally:
-                    stop(proc)
-                med[who].append(statistics.median(ttfts))
-                tail[who].append(p95(ttfts))
-                print(f"{name} a {who}: median {med[who][-1]:.3f} s p95 {tail[who][-1]:.3f} s", flush=True)
+        runs = per_server(sv, rounds, agent_sessions)
+        med = {who: [statistics.median(t) for t in runs[who]] for who in runs}
+        tail = {who: [p95(t) for t in runs[who]] for who in runs}
+        print(f"{name} a: median {med} p95 {tail}", flush=True)
         ts, ll = "turbospark", "llama-server"
         rows.append(ratio_row(f"{name}: (a) agent sessions TTFT median", med[ts], med[ll], "<= 0.5", "ts/ll"))
         rows.append(ratio_row(f"{name}: (a) agent sessions TTFT p95", tail[ts], tail[ll], "<= 0.7", "ts/ll"))
 
     if "b" in only:
-        news: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
-        agains: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
-        for i in range(rounds):
-            for who in order(i):
-                proc, url = serve(sv, who)
-                try:
-                    cold, new, again = shared_system(url)
-                finally:
-                    stop(proc)
-                news[who].append(new / cold)
-                agains[who].append(again / cold)
-                print(f"{name} b {who}: cold {cold:.3f} s, new {new:.3f} s, first's next {again:.3f} s", flush=True)
+        shared = per_server(sv, rounds, shared_system)
+        print(f"{name} b (cold, new, first's next): {shared}", flush=True)
         for who in order(0):
-            rows.append(
-                (
-                    f"{name}: (b) new conversation / cold [{who}]",
-                    statistics.median(news[who]),
-                    _spread(news[who]),
-                    "<= 0.03",
-                    "",
-                )
-            )
+            news = [new / cold for cold, new, _ in shared[who]]
+            agains = [again / cold for cold, _, again in shared[who]]
+            label = f"{name}: (b) new conversation / cold [{who}]"
+            rows.append((label, statistics.median(news), _spread(news), "<= 0.03", ""))
             label = f"{name}: (b) first's next turn / cold [{who}]"
-            rows.append((label, statistics.median(agains[who]), _spread(agains[who]), "warm", ""))
+            rows.append((label, statistics.median(agains), _spread(agains), "warm", ""))
 
     if "c" in only:
-        ratios: dict[str, list[float]] = {"turbospark": [], "llama-server": []}
-        for i in range(rounds):
-            for who in order(i):
-                proc, url = serve(sv, who)
-                try:
-                    cold, back = many_conversations(url)
-                finally:
-                    stop(proc)
-                ratios[who].append(back / cold)
-                print(f"{name} c {who}: cold {cold:.3f} s, returning {back:.3f} s", flush=True)
+        many = per_server(sv, rounds, many_conversations)
+        print(f"{name} c (cold, returning): {many}", flush=True)
         for who in order(0):
+            ratios = [back / cold for cold, back in many[who]]
             label = f"{name}: (c) 16 convs / 4 slots returning / cold [{who}]"
-            rows.append((label, statistics.median(ratios[who]), _spread(ratios[who]), "<= 0.2", ""))
+            rows.append((label, statistics.median(ratios), _spread(ratios), "<= 0.2", ""))
 
     if "d" in only:
         on, off = [], []

@@ -283,7 +283,7 @@ def test_admin_attach_inherits_the_server_defaults_and_respects_max_resident():
         assert srv.registry.lookup("delta").model.ctx.threads == 2
         # every resident model busy: the attach is refused, nothing is loaded
         out: dict = {}
-        t = stream_in_thread(srv.url, "delta", out, max_tokens=200)
+        t = stream_in_thread(srv.url, "delta", out, max_tokens=600)  # busy throughout the attach
         busy = httpx.post(srv.url + "/v1/admin/models", timeout=60, json={"model": "smollm2-135m", "id": "eps"})
         t.join(120)
         assert busy.status_code == 409 and busy.json()["error"]["code"] == "max_resident", busy.text

@@ -48,16 +48,9 @@ class Assembly:
     def close(self) -> None:
         """Close the models it loaded, at start or on demand since, then the
         sinks it opened (the event log is flushed last)."""
-        owned = {id(m) for m in self.owned}
-        for entry in self.registry.entries():
-            if entry.model is not None and (entry.spec is not None or id(entry.model) in owned):
-                _close(entry.model, "closing model %s failed", entry.id)
-                entry.model = None
+        _close_models(self.registry, {id(m) for m in self.owned})
         self.owned.clear()
-        for sink in self.sinks:
-            close = getattr(sink, "close", None)
-            if close is not None:
-                _close(sink, "closing sink %r failed", sink, call=close)
+        _close_sinks(self.sinks)
         self.sinks.clear()
 
 
@@ -92,7 +85,7 @@ def assemble(
 
             sinks.append(JsonlSink(event_log))
     except BaseException:
-        _close_all(sinks)
+        _close_sinks(sinks)
         raise
     metrics = PrometheusSink()  # /metrics: always on
     live = LiveEvents()  # /v1/events, /v1/stats, /dashboard: always on
@@ -101,10 +94,8 @@ def assemble(
     try:
         owned = populate(registry, models, model_defaults, progress_for, on_loaded)
     except BaseException:
-        for entry in registry.entries():
-            if entry.model is not None and entry.spec is not None:
-                _close(entry.model, "closing model %s failed", entry.id)
-        _close_all(sinks)
+        _close_models(registry, set())
+        _close_sinks(sinks)
         raise
     metrics.watch(registry)
     state = ServerState(
@@ -121,15 +112,25 @@ def assemble(
     return Assembly(registry, observer, metrics, live, app, sinks, owned)
 
 
-def _close_all(sinks: list[Any]) -> None:
+def _close_models(registry: Registry, owned: set[int]) -> None:
+    """Close the models the registry loaded from a spec (at start or on
+    demand) and those in ``owned`` (ids); a model object a caller passed in
+    stays open."""
+    for entry in registry.entries():
+        if entry.model is not None and (entry.spec is not None or id(entry.model) in owned):
+            try:
+                entry.model.close()
+            except Exception:  # pragma: no cover - shutting down goes on
+                log.exception("closing model %s failed", entry.id)
+            entry.model = None
+
+
+def _close_sinks(sinks: list[Any]) -> None:
     for sink in sinks:
         close = getattr(sink, "close", None)
-        if close is not None:
-            _close(sink, "closing sink %r failed", sink, call=close)
-
-
-def _close(thing: Any, message: str, name: Any, call: Callable[[], Any] | None = None) -> None:
-    try:
-        (call or thing.close)()
-    except Exception:  # pragma: no cover - shutting down goes on
-        log.exception(message, name)
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception:  # pragma: no cover - shutting down goes on
+            log.exception("closing sink %r failed", sink)

@@ -116,13 +116,12 @@ class Run:
                 raise StopAsyncIteration
             self._buffer.extend(await self.channel.get())
         item = self._buffer.popleft()
-        if _terminal(item):
-            self._ended = True
-            self._buffer.clear()
-            if isinstance(item, BaseException):
-                raise item
-        if not isinstance(item, (Progress, RawDecodeResult)):  # pragma: no cover
-            raise TypeError(f"unexpected engine item {item!r}")
+        if isinstance(item, Progress):  # the hot path: one check a token
+            return item
+        self._ended = True  # the terminal item: the result, or the error
+        self._buffer.clear()
+        if isinstance(item, BaseException):
+            raise item
         return item
 
     async def result(self, on_progress: Any = None) -> RawDecodeResult:
