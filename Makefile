@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 export VENV
 
-.PHONY: install serve test lint bench bench-runtime bench-agents clean
+.PHONY: install serve test lint bench bench-runtime bench-agents bench-load clean
 
 install:
 	@scripts/install.sh
@@ -40,6 +40,11 @@ bench-runtime:
 bench-agents:
 	@FOR_TESTS=1 scripts/install.sh
 	$(VENV)/bin/python bench/agents.py $(ARGS)
+
+# many mixed-dialect clients at once, with faults; checks the event log (issue 16)
+bench-load:
+	@FOR_TESTS=1 scripts/install.sh
+	$(VENV)/bin/python bench/load.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

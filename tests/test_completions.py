@@ -149,12 +149,20 @@ def test_one_element_prompt_list_is_accepted(oai):
     assert r.usage.completion_tokens == 2
 
 
+def test_suffix_on_a_model_without_fim_tokens_is_a_400_saying_so(oai):
+    """SmolLM2 has no fill-in-the-middle tokens (Qwen's insert is tested in
+    test_llamacpp.py)."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.completions.create(model="m", prompt="hi", suffix="the end", max_tokens=2)
+    err = exc.value.body
+    assert err["param"] == "suffix" and "no fill-in-the-middle tokens" in err["message"]
+
+
 @pytest.mark.parametrize(
     "extra, param",
     [
         ({"echo": True}, "echo"),
         ({"n": 2}, "n"),
-        ({"suffix": "the end"}, "suffix"),
         ({"logprobs": 1}, "logprobs"),
         ({"best_of": 3}, "best_of"),
     ],

@@ -99,7 +99,7 @@ def test_two_decoders_on_a_tiled_cpu_do_not_draft_but_one_alone_does():
     sch = model.scheduler
     try:
         with sch._cond:
-            sch._calibration.clear()  # no idle timing: the table is imposed
+            sch._calibration.abandon()  # no idle timing: the table is imposed
 
         class Imposed(StepCosts):
             def observe(self, n: int, dt: float) -> None:

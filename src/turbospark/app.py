@@ -13,7 +13,14 @@ from starlette.responses import Response
 from .auth import Auth
 from .dialects.errors import shape_for_path
 from .guard import BrowserPolicy
-from .middleware import ERROR_KEY, AuthMiddleware, GuardMiddleware, LeaseMiddleware, ObserveMiddleware
+from .middleware import (
+    ERROR_KEY,
+    AuthMiddleware,
+    DrainMiddleware,
+    GuardMiddleware,
+    LeaseMiddleware,
+    ObserveMiddleware,
+)
 from .routes.common import JSONResponse, ServerState
 from .routes.table import route_table
 
@@ -40,12 +47,14 @@ def build_app(state: ServerState, auth: Auth, policy: BrowserPolicy) -> Starlett
     app = Starlette(routes=route_table(), exception_handlers={HTTPException: http_error})
     app.state.turbospark = state
     # Outermost first: observe (sees every request, 401s included), then
-    # the browser guard (Host, Origin, CORS, body size) and auth, which both
+    # the drain (counts requests in flight; refuses new ones while the server
+    # shuts down), the browser guard (Host, Origin, CORS, body size) and auth, which both
     # refuse before any body is read, then leases (released once the
     # response, streams included, is complete). All sit outside Starlette's
     # own error handling, so they see every request's final status.
     app.add_middleware(LeaseMiddleware)
     app.add_middleware(AuthMiddleware, auth=auth, observer_ref=lambda: state.observer)
     app.add_middleware(GuardMiddleware, policy=policy)
+    app.add_middleware(DrainMiddleware, drain=state.drain)
     app.add_middleware(ObserveMiddleware, ids=state.ids, observer_ref=lambda: state.observer)
     return app

@@ -11,6 +11,8 @@ from typing import Any
 
 from . import __version__
 from .catalog import CATALOG, DEFAULT_MODEL, ModelNotFound
+from .drain import DEFAULT_DRAIN_SECONDS
+from .registry import STALL_TIMEOUT
 
 DEFAULT_PARALLEL = 4
 
@@ -78,6 +80,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     flags)."""
     from .config import MODEL_KEYS, ConfigError, load_config
     from .loading import options_for
+    from .middleware import BODY_TIMEOUT, SEND_TIMEOUT
 
     opts: list[Any] = []
     server: dict[str, Any] = {}
@@ -118,8 +121,26 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     if args.speculative is not None:
         defaults["speculative"] = args.speculative == "ngram"
     args.model_defaults = defaults
-    fallback = {"host": "127.0.0.1", "port": 8080, "max_resident": 0}
-    for key in ("host", "port", "event_log", "max_resident", "otlp_endpoint"):
+    fallback = {
+        "host": "127.0.0.1",
+        "port": 8080,
+        "max_resident": 0,
+        "drain_timeout": DEFAULT_DRAIN_SECONDS,
+        "stall_timeout": STALL_TIMEOUT,
+        "send_timeout": SEND_TIMEOUT,
+        "body_timeout": BODY_TIMEOUT,
+    }
+    for key in (
+        "host",
+        "port",
+        "event_log",
+        "max_resident",
+        "otlp_endpoint",
+        "drain_timeout",
+        "stall_timeout",
+        "send_timeout",
+        "body_timeout",
+    ):
         if getattr(args, key) is None:
             setattr(args, key, server.get(key, fallback.get(key)))
     for key in ("guardrails", "metrics_auth"):  # on/off flags, booleans in the file
@@ -136,6 +157,8 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
         setattr(args, flag, list(getattr(args, flag) or []) + list(server.get(key, [])))
     if args.max_body is None:
         args.max_body = server.get("max_body")
+    if args.event_log_max_bytes is None:
+        args.event_log_max_bytes = server.get("event_log_max_bytes")
     return opts
 
 
@@ -200,9 +223,11 @@ def _serve(args: argparse.Namespace) -> int:
             auth=auth,
             policy=policy,
             event_log=args.event_log,
+            event_log_max_bytes=args.event_log_max_bytes,
             tracing=otel_wanted(args.otlp_endpoint),
             otlp_endpoint=args.otlp_endpoint,
             max_resident=args.max_resident,
+            stall_timeout=args.stall_timeout,
             guardrails=args.guardrails == "on",
             model_folders=args.models_dir or None,
             model_defaults=args.model_defaults,
@@ -242,7 +267,13 @@ def _serve(args: argparse.Namespace) -> int:
         + _traces_label(args),
         file=sys.stderr,
     )
-    server = LiveUvicorn(uvicorn_config(assembly.app), assembly.live, assembly.registry)
+    server = LiveUvicorn(
+        uvicorn_config(assembly.app, send_timeout=args.send_timeout, body_timeout=args.body_timeout),
+        assembly.live,
+        assembly.registry,
+        assembly.drain,
+        args.drain_timeout,
+    )
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # pragma: no cover - uvicorn normally handles it
@@ -428,6 +459,43 @@ def parser() -> argparse.ArgumentParser:
         help="validate tool calls against their schemas and re-ask once (default on)",
     )
     s.add_argument("--event-log", metavar="FILE", default=None, help="append every event to FILE as JSON lines")
+    s.add_argument(
+        "--event-log-max-bytes",
+        type=_size,
+        default=None,
+        metavar="BYTES",
+        help="rotate the event log past this size, e.g. 100M (one rotated file, FILE.1, is kept)",
+    )
+    s.add_argument(
+        "--send-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="drop a client that reads nothing of its response for this long, cancelling its generation (default 60)",
+    )
+    s.add_argument(
+        "--body-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="answer 408 when a request body stops arriving for this long (default 30)",
+    )
+    s.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="flag a model whose engine makes no step for this long while requests wait: /health "
+        "answers 503 degraded, a modelHealth event and a log line (default 60)",
+    )
+    s.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long requests in flight may finish before they are ended "
+        "with an error (default 30; new requests get 503 meanwhile; a second signal exits at once)",
+    )
     s.add_argument(
         "--metrics-auth",
         choices=["on", "off"],

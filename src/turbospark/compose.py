@@ -19,10 +19,11 @@ from starlette.applications import Starlette
 from . import __version__
 from .app import build_app
 from .auth import Auth
+from .drain import Drain
 from .guard import BrowserPolicy
 from .loading import ModelArg, default_model_folders, load_spec, populate
 from .observe import Observer, combine
-from .registry import ModelSpec, Registry
+from .registry import STALL_TIMEOUT, ModelSpec, Registry
 from .routes.common import ServerState
 from .sinks.live import LiveEvents
 from .sinks.prometheus import PrometheusSink
@@ -40,6 +41,8 @@ class Assembly:
     metrics: PrometheusSink
     live: LiveEvents
     app: Starlette
+    #: requests in flight; a graceful shutdown runs it (``server.LiveUvicorn``)
+    drain: Drain
     #: sinks this assembly opened (event log, OpenTelemetry): closed by it
     sinks: list[Any] = field(default_factory=list)
     #: models this assembly loaded (a model object passed in stays the caller's)
@@ -61,9 +64,11 @@ def assemble(
     policy: BrowserPolicy,
     observers: Iterable[Observer | None] = (),
     event_log: str | None = None,
+    event_log_max_bytes: int | None = None,
     tracing: bool = False,
     otlp_endpoint: str | None = None,
     max_resident: int = 0,
+    stall_timeout: float = STALL_TIMEOUT,
     guardrails: bool = True,
     model_folders: Sequence[str] | None = None,
     model_defaults: dict[str, Any] | None = None,
@@ -83,14 +88,17 @@ def assemble(
         if event_log:
             from .sinks.jsonl import JsonlSink
 
-            sinks.append(JsonlSink(event_log))
+            sinks.append(JsonlSink(event_log, max_bytes=event_log_max_bytes))
     except BaseException:
         _close_sinks(sinks)
         raise
     metrics = PrometheusSink()  # /metrics: always on
+    for sink in sinks:
+        if hasattr(sink, "dropped"):  # the event log's own losses
+            metrics.watch_event_log(sink)
     live = LiveEvents()  # /v1/events, /v1/stats, /dashboard: always on
     observer = combine([*observers, metrics, *sinks, live])
-    registry = Registry(observer, loader=load_spec, max_resident=max_resident)
+    registry = Registry(observer, loader=load_spec, max_resident=max_resident, stall_timeout=stall_timeout)
     try:
         owned = populate(registry, models, model_defaults, progress_for, on_loaded)
     except BaseException:
@@ -109,7 +117,7 @@ def assemble(
         model_defaults=dict(model_defaults or {}),
     )
     app = build_app(state, auth, policy)
-    return Assembly(registry, observer, metrics, live, app, sinks, owned)
+    return Assembly(registry, observer, metrics, live, app, state.drain, sinks, owned)
 
 
 def _close_models(registry: Registry, owned: set[int]) -> None:

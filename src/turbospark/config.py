@@ -4,6 +4,7 @@
     host = "127.0.0.1"
     port = 8080
     event_log = "events.jsonl"
+    event_log_max_bytes = 104857600   # rotate past 100 MiB, keeping events.jsonl.1
     max_resident = 2          # most models in memory at once (0 = no cap)
     guardrails = true         # tool-call validation and one re-ask
     metrics_auth = true       # GET /metrics needs a key when keys are set
@@ -13,6 +14,10 @@
     cors_origins = ["http://localhost:3000"] # web pages that may call the API ("*": any)
     max_body = 33554432                      # bytes (default 32 MiB)
     models_dirs = ["/srv/models"]            # where admin attach may load GGUF files from
+    drain_timeout = 30                       # seconds requests in flight get at SIGTERM
+    stall_timeout = 60                       # seconds without an engine step before /health degrades
+    send_timeout = 60                        # seconds a client may read nothing before it is dropped
+    body_timeout = 30                        # seconds a request body may pause before a 408
 
     [defaults]                # every model, unless its own section says otherwise
     ctx = 4096
@@ -88,9 +93,32 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "cors_origins": (list,),
     "max_body": (int,),
     "models_dirs": (list,),
+    "drain_timeout": (int, float),
+    "stall_timeout": (int, float),
+    "send_timeout": (int, float),
+    "body_timeout": (int, float),
+    "event_log_max_bytes": (int,),
 }
-POSITIVE = {"ctx", "parallel", "draft_max", "max_body"}
-NON_NEGATIVE = {"session_slots", "threads", "max_queue", "cache_ram", "keep_alive", "port", "max_resident"}
+POSITIVE = {
+    "ctx",
+    "parallel",
+    "draft_max",
+    "max_body",
+    "event_log_max_bytes",
+    "stall_timeout",
+    "send_timeout",
+    "body_timeout",
+}
+NON_NEGATIVE = {
+    "session_slots",
+    "threads",
+    "max_queue",
+    "cache_ram",
+    "keep_alive",
+    "port",
+    "max_resident",
+    "drain_timeout",
+}
 
 
 @dataclass

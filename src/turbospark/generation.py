@@ -49,12 +49,30 @@ EFFORTS_OFF = ("none", "off", "disabled")
 
 
 @dataclass
+class FillIn:
+    """Fill-in-the-middle: the model writes what goes between ``prefix`` and
+    ``suffix`` (llama.cpp ``/infill``, OpenAI Completions and Ollama
+    ``suffix``), with the model's own FIM tokens. ``files``: other files for
+    context as (name, text); ``middle``: text the middle starts with."""
+
+    prefix: str
+    suffix: str
+    files: list[tuple[str, str]] = field(default_factory=list)
+    middle: str = ""
+
+
+@dataclass
 class ChatRequest:
     """The internal request: what every chat dialect translates into."""
 
     messages: list[dict[str, Any]] = field(default_factory=list)
     #: A raw prompt (``/v1/completions``, Ollama ``raw``): no chat template.
     prompt: str | None = None
+    #: The prompt as token ids already (llama.cpp's ``/completion`` with
+    #: ids): used as is.
+    prompt_ids: list[int] | None = None
+    #: A fill-in-the-middle prompt, laid out with the model's FIM tokens.
+    fill_in: FillIn | None = None
     #: OpenAI-style function tools: [{"type": "function", "function": {...}}]
     tools: list[dict[str, Any]] | None = None
     config: GenerationConfig = field(default_factory=GenerationConfig)
@@ -195,6 +213,13 @@ def render(model: ChatModel, req: ChatRequest) -> list[int]:
 
 def _render(model: ChatModel, req: ChatRequest) -> tuple[list[int], str | None, bool]:
     """(prompt ids, tool syntax or None, whether thinking is on)."""
+    if req.fill_in is not None:
+        return fim_ids(model, req.fill_in), None, False
+    if req.prompt_ids is not None:
+        bad = next((t for t in req.prompt_ids if not 0 <= t < model.vocab_size), None)
+        if bad is not None:
+            raise AdmissionError(f"the prompt names token {bad}, but the vocabulary has {model.vocab_size}", "prompt")
+        return list(req.prompt_ids), None, False
     if req.prompt is not None:
         if req.prompt == "":
             raise AdmissionError("the prompt is empty", "prompt")
@@ -215,6 +240,34 @@ def _render(model: ChatModel, req: ChatRequest) -> tuple[list[int], str | None, 
         messages = inline_tools(messages, tools, syntax or "hermes")
         return model.render_chat(messages, tools=None, **kwargs), syntax, think
     return model.render_chat(messages, tools=tools, **kwargs), syntax, think
+
+
+def fim_ids(model: ChatModel, fill: FillIn) -> list[int]:
+    """llama.cpp's fill-in-the-middle layout: each context file after the
+    file separator (when the vocabulary has one), then the prefix marker and
+    prefix, the suffix marker and suffix, the middle marker and the start of
+    the middle. Texts are tokenised as text (a marker inside a file stays
+    text). A model without FIM tokens is refused."""
+    fim: dict[str, int] = getattr(model, "fim_tokens", None) or {}
+    pre, suf, mid = fim.get("pre", -1), fim.get("suf", -1), fim.get("mid", -1)
+    if min(pre, suf, mid) < 0:
+        raise AdmissionError(
+            f"model {model.model_id!r} has no fill-in-the-middle tokens; use a FIM model (e.g. qwen2.5-coder-0.5b)",
+            "suffix",
+        )
+
+    def text(t: str) -> list[int]:
+        return model.tokenize(t, False, False) if t else []
+
+    ids: list[int] = []
+    sep = fim.get("sep", -1)
+    for name, body in fill.files:
+        if sep >= 0:
+            ids += [sep, *text(f"{name}\n")]
+        ids += text(body if body.endswith("\n") else body + "\n")
+    if fill.files and sep >= 0:
+        ids += [sep, *text("\n")]
+    return [*ids, pre, *text(fill.prefix), suf, *text(fill.suffix), mid, *text(fill.middle)]
 
 
 def _grammar(req: ChatRequest, syntax: str | None) -> str | None:
@@ -277,8 +330,9 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     if req.tool_choice in ("required", "named") and not tool_names(req.tools):
         raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
     ids, syntax, think = _render(model, req)
+    raw = req.prompt is not None or req.prompt_ids is not None or req.fill_in is not None
     if not ids:
-        raise AdmissionError("the prompt is empty", "messages" if req.prompt is None else "prompt")
+        raise AdmissionError("the prompt is empty", "prompt" if raw else "messages")
     config = req.config
     if not req.max_tokens_explicit:
         config.max_new_tokens = model.default_max_new(len(ids), req.default_max_tokens)
@@ -297,14 +351,14 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         names = set(offered)
         config.tool_call_check = lambda text: bool(toolcalls.parse_tool_calls(text, names).calls)
     think_open = False
-    if think and req.prompt is None and "<think>" in _template_source(model):
+    if think and not raw and "<think>" in _template_source(model):
         # a template whose generation prompt opens <think> itself: the
         # output starts inside the reasoning
         opener = model.tokenize("<think>", False, True)
         think_open = bool(opener) and (ids[-len(opener) :] == opener or ids[-len(opener) - 1 : -1] == opener)
     # thinking is split off whenever the model writes it (the effort only
     # flips the template's switch); raw prompts are left alone
-    return Prepared(ids, config, req, syntax, offered, req.prompt is None, think_open, warnings)
+    return Prepared(ids, config, req, syntax, offered, not raw, think_open, warnings)
 
 
 # --------------------------------------------------------------- generating
@@ -432,6 +486,7 @@ async def stream(
         else:
             result = item
     assert result is not None
+    _raise_if_failed(result, cancel)
     attempts.append(result)
     for d in router.flush():
         yield d
@@ -462,6 +517,7 @@ async def stream(
                         router.reasoning.append(d.text)
                         yield d
             assert second is not None
+            _raise_if_failed(second, cancel)
             attempts.append(second)
             result = second
             calls, problems, leftover = _calls_of(again.tail, retry)
@@ -482,6 +538,13 @@ async def stream(
         reasoning_tokens=len(model.tokenize(reasoning, False, False)) if reasoning else 0,
         problems=problems,
     )
+
+
+def _raise_if_failed(result: RawDecodeResult, cancel: CancelFlag) -> None:
+    """A run stopped by :meth:`CancelFlag.fail` ends the request with that
+    error (its ``generated`` is reported all the same)."""
+    if result.reason is StopReason.CANCELLED and cancel.error is not None:
+        raise cancel.error
 
 
 def _calls_of(text: str, prepared: Prepared) -> tuple[list[toolcalls.ToolCall], list[str], str]:

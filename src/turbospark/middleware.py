@@ -16,6 +16,7 @@ for a status ≥ 400: nothing is parsed back out of a body.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -25,6 +26,7 @@ import orjson
 from .auth import ADMIN_KEY, TENANT_KEY
 from .dialects.common import BadRequest
 from .dialects.errors import shape_for_path
+from .drain import ShuttingDown
 from .guard import CORS_EXPOSE, CORS_MAX_AGE, CORS_METHODS, BrowserPolicy
 from .observe import (
     REQUEST_ID_KEY,
@@ -51,10 +53,14 @@ REPORTER_KEY = "turbospark_reporter"
 #: Where whoever answered with an error (a handler, a stream's error frame, a
 #: refusal here) leaves its message for ``requestFinished``.
 ERROR_KEY = "turbospark_error"
+#: Where a generating route leaves its request's ``CancelFlag``, so a client
+#: found too slow (:class:`ClientTimeouts`) stops its engine work at once.
+CANCEL_KEY = "turbospark_cancel"
 #: How long the end of a request waits for its engine runs to be reported
 #: (a cancelled run ends at the engine's next step).
 SETTLE_SECONDS = 30.0
 DISCONNECTED = "client disconnected"
+TOO_SLOW = "client too slow"
 
 
 class ObserveMiddleware:
@@ -143,6 +149,9 @@ class ObserveMiddleware:
                 state.setdefault(ERROR_KEY, DISCONNECTED)
             else:
                 state.setdefault(ERROR_KEY, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            reporter = state.get(REPORTER_KEY)
+            if reporter is not None and isinstance(exc, Exception):
+                await reporter.settled(SETTLE_SECONDS)  # its generated events first
             finish(outcome())
             raise
         reporter = state.get(REPORTER_KEY)
@@ -158,12 +167,13 @@ async def refuse(
     message: str,
     *,
     type: str | None = None,
+    code: str | None = None,
     headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
     """An error in the path's dialect shape, sent without reading the body."""
     scope.setdefault("state", {})[ERROR_KEY] = message
     shape = shape_for_path(scope.get("path", ""))
-    body = orjson.dumps(shape(status, message, type=type, param=None, code=None))
+    body = orjson.dumps(shape(status, message, type=type, param=None, code=code))
     await send(
         {
             "type": "http.response.start",
@@ -339,6 +349,34 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
 
+#: paths a drain neither refuses nor waits for: ``/health`` says "draining"
+#: itself, and the live event feed never ends by itself (it is closed last)
+DRAIN_EXEMPT = ("/health", "/v1/events")
+
+
+class DrainMiddleware:
+    """Counts the requests in flight for a graceful shutdown
+    (``drain.Drain``); once it has begun, new requests get a 503 with
+    ``Retry-After`` in their dialect's shape, and their connection is closed.
+    Sits inside :class:`ObserveMiddleware`: refusals are observed."""
+
+    def __init__(self, app: Any, drain: Any) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") in DRAIN_EXEMPT:
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining:
+            refused = ShuttingDown()
+            headers = [(b"retry-after", str(refused.retry_after).encode()), (b"connection", b"close")]
+            await refuse(scope, send, 503, str(refused), code="shutting_down", headers=headers)
+            return
+        with self.drain.entered():
+            await self.app(scope, receive, send)
+
+
 class LeaseMiddleware:
     """Releases the registry leases a request took (``route_model``) once its
     response is complete, streams included, so a detached or idle model is
@@ -353,3 +391,92 @@ class LeaseMiddleware:
         finally:
             for release in scope.get("state", {}).pop(LEASES_KEY, ()):
                 release()
+
+
+#: seconds a client may leave a response chunk unread before it is dropped
+SEND_TIMEOUT = 60.0
+#: seconds a request body may pause before the request gets a 408
+BODY_TIMEOUT = 30.0
+
+
+class ClientTooSlow(Exception):
+    """A client read nothing of its response for the send timeout."""
+
+
+class BodyTimeout(BadRequest):
+    """The request body stopped arriving (408)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"the request body stopped arriving: nothing for {seconds:g} s (--body-timeout)",
+            status=408,
+            code="request_timeout",
+            headers={"Connection": "close"},
+        )
+
+
+class ClientTimeouts:
+    """Outermost, around the whole app (uvicorn calls it): a response body
+    chunk the client does not take within ``send_timeout`` seconds (it holds
+    the socket open and reads nothing, so the server's buffers are full)
+    ends the request as a disconnect would — its engine work is cancelled,
+    ``requestFinished`` says ``client too slow``, the connection is dropped;
+    a request body that stops arriving for ``body_timeout`` seconds raises
+    :class:`BodyTimeout` in the handler reading it (a 408 in its dialect's
+    shape)."""
+
+    def __init__(self, app: Any, send_timeout: float, body_timeout: float) -> None:
+        self.app = app
+        self.send_timeout = send_timeout
+        self.body_timeout = body_timeout
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        body_done = False
+
+        async def timed_receive() -> dict[str, Any]:
+            nonlocal body_done
+            if body_done:  # after the body: a disconnect, whenever it comes
+                return await receive()
+            try:
+                async with asyncio.timeout(self.body_timeout):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimeout(self.body_timeout) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def timed_send(message: dict[str, Any]) -> None:
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            try:
+                async with asyncio.timeout(self.send_timeout):
+                    await send(message)
+            except TimeoutError:
+                state[ERROR_KEY] = TOO_SLOW
+                cancel = state.get(CANCEL_KEY)
+                if cancel is not None:
+                    cancel.fail(ClientTooSlow(TOO_SLOW))
+                _drop_connection(send)
+                raise ClientTooSlow(TOO_SLOW) from None
+
+        try:
+            await self.app(scope, timed_receive, timed_send)
+        except ClientTooSlow:
+            # the connection is aborted (its loss is noted on the next loop
+            # turn, so uvicorn sees a client gone, not an unfinished response)
+            # and requestFinished has recorded it
+            await asyncio.sleep(0)
+
+
+def _drop_connection(send: Any) -> None:
+    """Abort the connection under uvicorn's ``send`` (closing it would wait
+    to flush buffers the client never reads)."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is not None:
+        transport.abort()

@@ -11,6 +11,16 @@ Resolution, among the models capable of the request (chat vs embeddings):
 
 Lookups (``GET /v1/models/{id}``, Ollama ``/api/show``) never fall back.
 
+Health (the watchdog, :meth:`Registry.check`, twice a second and at every
+acquire): a model whose engine thread died is taken out of memory at once
+(``modelDetached`` with the reason; its requests in flight already got their
+error) and reloaded by the next request that wants it, after a backoff that
+doubles with each consecutive failure (1 s … 60 s; after
+:data:`MAX_FAILURES` in a row it stays failed until attached again). A model
+whose engine has made no step for ``stall_timeout`` seconds while work waits
+is ``stalled`` (``modelHealth``, a log line) until it steps again. Either
+makes ``/health`` answer 503 ``degraded``.
+
 A model is an :class:`Entry`: its names, how to (re)load it (a spec, when the
 registry may load it on demand) and, while resident, the loaded model. Each
 request holds a lease on the entry it was routed to; a detached or idle model
@@ -29,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .observe import ModelAttached, ModelDetached, Observer, now_ms, record
+from .observe import ModelAttached, ModelDetached, ModelHealth, Observer, now_ms, record
 
 log = logging.getLogger("turbospark.registry")
 
@@ -37,15 +47,34 @@ Capability = Literal["chat", "embeddings"]
 Kind = Literal["chat", "embedding"]
 
 
+#: consecutive engine failures (or failed reloads) after which a model is
+#: no longer reloaded by requests
+MAX_FAILURES = 5
+#: the longest wait between reloads of a failing model (seconds)
+MAX_BACKOFF = 60.0
+#: a reloaded model that runs this long without failing is healthy again
+HEALTHY_AFTER = 60.0
+#: the watchdog's default: seconds without an engine step while work waits
+STALL_TIMEOUT = 60.0
+
+
 class RoutingError(Exception):
     """A request no known model can take; carries its HTTP meaning."""
 
-    def __init__(self, status: int, message: str, code: str, param: str | None = "model") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        param: str | None = "model",
+        retry_after: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.retry_after = retry_after
 
 
 class RegistryError(ValueError):
@@ -78,6 +107,32 @@ class Entry:
     detached: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     _loading: asyncio.Future[Any] | None = None
+    #: the last engine failure (or failed reload) while it is not healed
+    failure: str | None = None
+    #: consecutive failures, and when the next reload may be tried
+    failures: int = 0
+    retry_at: float = 0.0
+    #: since when the resident model has run without failing
+    healthy_since: float = field(default_factory=time.monotonic)
+    #: the watchdog's finding: no engine step for the stall timeout
+    stalled: bool = False
+    stall_reason: str = ""
+
+    @property
+    def problem(self) -> str | None:
+        """What is wrong with it now, for ``/health`` (None: nothing)."""
+        if self.state == "failed":
+            return self.failure
+        return self.stall_reason if self.stalled else None
+
+    @property
+    def state(self) -> str:
+        """``failed``, ``stalled``, ``loaded`` or ``unloaded``."""
+        if self.failure is not None and self.model is None:
+            return "failed"
+        if self.stalled:
+            return "stalled"
+        return "loaded" if self.model is not None else "unloaded"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -126,14 +181,19 @@ class Registry:
         observer: Observer | None = None,
         loader: Callable[[ModelSpec], Any] | None = None,
         max_resident: int = 0,
+        stall_timeout: float = STALL_TIMEOUT,
     ) -> None:
         self._entries: dict[str, Entry] = {}
         self._lock = threading.RLock()
         self.observer = observer
         self.loader = loader
         self.max_resident = max_resident
+        self.stall_timeout = stall_timeout
         self._reaper: asyncio.Task[None] | None = None
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[Any]] = set()
+        #: requests holding each loaded model object (by id): a failed model
+        #: is freed only once none does (one may still be templating with it)
+        self._in_use: dict[int, int] = {}
 
     # -- membership ------------------------------------------------------------
     def _owner_of(self, name: str) -> Entry | None:
@@ -229,6 +289,10 @@ class Registry:
     def state(self) -> str:
         return "ready" if self._entries else "empty"
 
+    def unhealthy(self) -> list[Entry]:
+        """The models that are failed or stalled now."""
+        return [e for e in self.entries() if e.state in ("failed", "stalled")]
+
     def lookup(self, name: str) -> Entry | None:
         """Exact id or alias (``:latest`` ignored); never falls back."""
         with self._lock:
@@ -270,6 +334,9 @@ class Registry:
         self._ensure_reaper()
         route = self.resolve(requested, capability)
         entry = route.entry
+        self.check(entry)
+        if entry.model is None and entry.failure is not None:
+            self._may_reload(entry)
         entry.leases += 1  # leased before any await, so nothing unloads it
         try:
             if entry.model is None:
@@ -279,6 +346,8 @@ class Registry:
         except BaseException:
             entry.leases -= 1
             raise
+        model = entry.model
+        self._in_use[id(model)] = self._in_use.get(id(model), 0) + 1
         released = False
 
         def release() -> None:
@@ -287,6 +356,11 @@ class Registry:
                 released = True
                 entry.leases -= 1
                 entry.last_used = time.monotonic()
+                left = self._in_use.get(id(model), 1) - 1
+                if left:
+                    self._in_use[id(model)] = left
+                else:
+                    self._in_use.pop(id(model), None)
 
         entry.last_used = time.monotonic()
         return route, release
@@ -304,10 +378,92 @@ class Registry:
 
     async def _do_load(self, entry: Entry) -> None:
         await self.make_room(exclude=entry)
-        model = await asyncio.to_thread(self.loader, entry.spec)  # type: ignore[arg-type]
+        try:
+            model = await asyncio.to_thread(self.loader, entry.spec)  # type: ignore[arg-type]
+        except Exception as exc:
+            if entry.failure is not None:  # a failed model's reload failed too
+                self._failed(entry, f"reload failed: {exc}")
+            raise
         entry.model = model
         entry.info = _info_of(model)
+        entry.stalled = False
+        entry.healthy_since = time.monotonic()
+        if entry.failure is not None:
+            log.warning("%s reloaded after an engine failure (%s)", entry.id, entry.failure)
+            entry.failure = None
         record(self.observer, lambda: ModelAttached(at_ms=now_ms(), model=entry.id))
+
+    # -- health ----------------------------------------------------------------
+    def check(self, entry: Entry) -> None:
+        """Take a model whose engine died out of memory (reloaded on demand),
+        note a stalled one, and forget old failures of one that has run well
+        for a while. Call on the event loop."""
+        model = entry.model
+        if model is None:
+            return
+        failure = getattr(model, "failure", None)
+        if failure:
+            entry.model = None
+            self._failed(entry, f"engine failure: {failure}")
+            record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=entry.id, reason=entry.failure))
+            self._close_later(model)
+            return
+        now = time.monotonic()
+        if entry.failures and now - entry.healthy_since >= HEALTHY_AFTER:
+            entry.failures = 0
+        stalled_for = getattr(model, "stalled_for", None)
+        seconds = float(stalled_for()) if stalled_for is not None else 0.0
+        if seconds >= self.stall_timeout and not entry.stalled:
+            entry.stalled = True
+            why = entry.stall_reason = f"no engine step for {seconds:.0f} s while requests wait"
+            log.error("%s is stalled: %s", entry.id, why)
+            record(self.observer, lambda: ModelHealth(at_ms=now_ms(), model=entry.id, state="stalled", reason=why))
+        elif entry.stalled and seconds < self.stall_timeout:
+            entry.stalled = False
+            log.warning("%s is making progress again", entry.id)
+            record(self.observer, lambda: ModelHealth(at_ms=now_ms(), model=entry.id, state="ok"))
+
+    def _failed(self, entry: Entry, why: str) -> None:
+        entry.failure = why
+        entry.failures += 1
+        backoff = min(MAX_BACKOFF, 2.0 ** (entry.failures - 1))
+        entry.retry_at = time.monotonic() + backoff
+        log.error(
+            "%s failed (%d in a row): %s; reloaded on demand after %.0f s", entry.id, entry.failures, why, backoff
+        )
+
+    def _may_reload(self, entry: Entry) -> None:
+        """Refuse (503) a reload of a failed model while it backs off, or
+        once it has failed :data:`MAX_FAILURES` times in a row."""
+        if entry.failures >= MAX_FAILURES:
+            raise RoutingError(
+                503,
+                f"model {entry.id!r} failed {entry.failures} times in a row ({entry.failure}); "
+                "it is not reloaded again until it is attached anew",
+                "model_failed",
+            )
+        wait = entry.retry_at - time.monotonic()
+        if wait > 0:
+            raise RoutingError(
+                503,
+                f"model {entry.id!r} failed ({entry.failure}); it is reloaded in {wait:.0f} s",
+                "model_failed",
+                retry_after=max(1, round(wait)),
+            )
+
+    def _close_later(self, model: Any) -> None:
+        """Close a model taken out of its entry once no request holds it."""
+        if not hasattr(model, "close"):
+            return
+
+        async def close() -> None:
+            while self._in_use.get(id(model), 0) > 0:
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(model.close)
+
+        task = asyncio.ensure_future(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def make_room(self, exclude: Entry | None = None) -> bool:
         """Room for one more resident model under ``max_resident``: evicts
@@ -331,7 +487,7 @@ class Registry:
         if model is None:
             return
         log.info("unloading %s: %s", entry.id, why)
-        record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=entry.id))
+        record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=entry.id, reason=why))
         if hasattr(model, "close"):
             await asyncio.to_thread(model.close)
 
@@ -346,20 +502,25 @@ class Registry:
         self._ensure_reaper()
 
     def start(self) -> None:
-        """Start the idle reaper with the event loop (call on it), so a model
-        loaded at start and never used is unloaded after its keep-alive too."""
+        """Start the watchdog with the event loop (call on it), so a model
+        loaded at start and never used is unloaded after its keep-alive too,
+        and a failed or stalled one is noticed without a request."""
         self._ensure_reaper()
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():
-            if any(e.spec is not None and e.spec.keep_alive is not None for e in self.entries()):
-                self._reaper = asyncio.ensure_future(self._reap())
+            self._reaper = asyncio.ensure_future(self._reap())
 
     async def _reap(self, every: float = 0.5) -> None:
+        """The watchdog: health checks and idle unloads, twice a second."""
         while True:
             await asyncio.sleep(every)
             now = time.monotonic()
             for e in self.entries():
+                try:
+                    self.check(e)
+                except Exception:  # pragma: no cover - the watchdog never dies
+                    log.exception("checking %s failed", e.id)
                 ka = e.spec.keep_alive if e.spec is not None else None
                 if ka is not None and e.model is not None and e.leases == 0 and now - e.last_used >= ka:
                     await self._unload(e, f"idle for {ka:g}s (keep-alive)")

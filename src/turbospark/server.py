@@ -25,10 +25,12 @@ from uvicorn.server import HANDLED_SIGNALS
 from .auth import Auth, check_bind, read_key_file
 from .catalog import DEFAULT_MODEL
 from .compose import assemble
+from .drain import CUT_GRACE_SECONDS, DEFAULT_DRAIN_SECONDS, Drain
 from .guard import policy_from
 from .loading import ModelArg
+from .middleware import BODY_TIMEOUT, SEND_TIMEOUT, ClientTimeouts
 from .observe import Observer
-from .registry import Registry
+from .registry import STALL_TIMEOUT, Registry
 from .sinks.live import LiveEvents
 
 log = logging.getLogger("turbospark.server")
@@ -57,8 +59,14 @@ class Server:
         cors_origins: Iterable[str] = (),
         max_body: int | None = None,
         models_dirs: Iterable[str] | None = None,
+        drain_timeout: float = DEFAULT_DRAIN_SECONDS,
+        stall_timeout: float = STALL_TIMEOUT,
+        send_timeout: float = SEND_TIMEOUT,
+        body_timeout: float = BODY_TIMEOUT,
     ) -> None:
+        self.send_timeout, self.body_timeout = send_timeout, body_timeout
         self.host = host
+        self.drain_timeout = drain_timeout
         self.port = port
         keys = [*api_keys, *(read_key_file(api_key_file) if api_key_file else [])]
         self.auth = Auth(tuple(keys), tuple(admin_keys), metrics_open=not metrics_auth)
@@ -69,6 +77,7 @@ class Server:
             policy=policy_from(host, allowed_hosts, cors_origins, max_body),
             observers=[observer, *observers],
             max_resident=max_resident,
+            stall_timeout=stall_timeout,
             guardrails=guardrails,
             model_folders=tuple(models_dirs) if models_dirs is not None else None,
             model_defaults=model_defaults,
@@ -79,7 +88,7 @@ class Server:
         self.live = self.assembly.live  # /v1/events, /v1/stats, /dashboard
         self.app = self.assembly.app
         self._log_level = log_level
-        self._server: uvicorn.Server | None = None
+        self._server: LiveUvicorn | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -91,8 +100,8 @@ class Server:
     def start(self, timeout: float = 30.0) -> Server:
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
-        config = uvicorn_config(self.app, self._log_level)
-        self._server = server = LiveUvicorn(config, self.live, self.registry)
+        config = uvicorn_config(self.app, self._log_level, self.send_timeout, self.body_timeout)
+        self._server = server = LiveUvicorn(config, self.live, self.registry, self.assembly.drain, self.drain_timeout)
 
         def run() -> None:
             async def main() -> None:
@@ -117,10 +126,20 @@ class Server:
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
+        """Shut down as ``turbospark serve`` does on SIGTERM: new requests are
+        refused, those in flight get up to ``drain_timeout`` seconds, the rest
+        end with an error; then the models close and the event log is flushed."""
+        server, loop = self._server, self._loop
+        if server is not None and loop is not None and self._thread is not None and self._thread.is_alive():
+            try:
+                done = asyncio.run_coroutine_threadsafe(server.drain_and_exit(), loop)
+                done.result(self.drain_timeout + CUT_GRACE_SECONDS + 5)
+            except Exception:  # noqa: BLE001 - stopping goes on regardless
+                log.exception("draining failed")
+        if server is not None:
+            server.should_exit = True
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.join(30)
         self.assembly.close()  # what this server loaded (a model object passed in stays the caller's)
 
     def __enter__(self) -> Server:
@@ -131,17 +150,32 @@ class Server:
 
 
 class LiveUvicorn(uvicorn.Server):
-    """uvicorn that starts the registry's idle reaper with the loop, and ends
-    the open ``/v1/events`` streams when it shuts down: they never end by
-    themselves, so a graceful shutdown would otherwise wait out its whole
-    timeout for them."""
+    """uvicorn with turbospark's lifecycle: the registry's idle reaper starts
+    with the loop; a first SIGTERM/SIGINT drains (``drain.Drain``: new
+    requests refused, those in flight finish for up to ``drain_timeout``
+    seconds, then the rest are ended with an error) before uvicorn stops; a
+    second signal cuts everything and exits at once; the open
+    ``/v1/events`` streams are ended at shutdown (they never end by
+    themselves, so a graceful shutdown would otherwise wait them out)."""
 
-    def __init__(self, config: uvicorn.Config, live: LiveEvents, registry: Registry | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        live: LiveEvents,
+        registry: Registry | None = None,
+        drain: Drain | None = None,
+        drain_timeout: float = DEFAULT_DRAIN_SECONDS,
+    ) -> None:
         super().__init__(config)
         self.live = live
         self.registry = registry
+        self.drain = drain
+        self.drain_timeout = drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.registry is not None:
             self.registry.start()
@@ -149,6 +183,32 @@ class LiveUvicorn(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.live.close()
         await super().shutdown(sockets)
+
+    async def drain_and_exit(self) -> None:
+        """Drain, then let uvicorn stop (on the server's loop)."""
+        try:
+            if self.drain is not None:
+                await self.drain.run(self.drain_timeout)
+        finally:
+            self.should_exit = True
+
+    def begin_drain(self) -> None:
+        """Start :meth:`drain_and_exit` once (on the server's loop)."""
+        if self._draining is None:
+            self._draining = asyncio.ensure_future(self.drain_and_exit())
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.drain is None or self._loop is None or not self.started:
+            super().handle_exit(sig, frame)  # not serving yet: stop at once
+            return
+        if self._draining is None and not self.should_exit:
+            log.warning("turbospark: %s received, draining (a second signal exits now)", signal.Signals(sig).name)
+            self._loop.call_soon_threadsafe(self.begin_drain)
+            return
+        log.warning("turbospark: second signal, exiting now")
+        self.drain.cut()
+        self.should_exit = True
+        self.force_exit = True
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -191,6 +251,14 @@ def _bounded_protocol() -> Any:
         _head_bytes = 0
         _in_head = True
 
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+            transport.set_write_buffer_limits(high=WRITE_BUFFER)
+
         def on_message_begin(self) -> None:
             self._head_bytes = 0
             self._in_head = True
@@ -211,11 +279,17 @@ def _bounded_protocol() -> Any:
     return BoundedHttpToolsProtocol
 
 
-def uvicorn_config(app: Any, log_level: str = "warning") -> uvicorn.Config:
-    """The HTTP server's settings, for ``Server`` and ``turbospark serve`` alike."""
+def uvicorn_config(
+    app: Any,
+    log_level: str = "warning",
+    send_timeout: float = SEND_TIMEOUT,
+    body_timeout: float = BODY_TIMEOUT,
+) -> uvicorn.Config:
+    """The HTTP server's settings, for ``Server`` and ``turbospark serve``
+    alike; the app runs inside the client timeouts (``ClientTimeouts``)."""
     protocol = _bounded_protocol()
     return uvicorn.Config(
-        app,
+        ClientTimeouts(app, send_timeout, body_timeout),
         log_level=log_level,
         access_log=False,
         lifespan="off",
@@ -223,6 +297,15 @@ def uvicorn_config(app: Any, log_level: str = "warning") -> uvicorn.Config:
         http=protocol if protocol is not None else "h11",
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
+
+
+#: each connection's kernel send buffer (Linux doubles it) and the server's
+#: own write buffer before a response's sender waits: far more than a token
+#: stream has in flight, small enough that a client which stops reading
+#: stalls its stream after some hundreds of frames (so --send-timeout can
+#: drop it); autotuned, the kernel would absorb megabytes first
+SEND_BUFFER = 64 * 1024
+WRITE_BUFFER = 16 * 1024
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -79,6 +79,17 @@ def ollama_error(status: int, message: str, **_: Any) -> dict[str, Any]:
     return {"error": message}
 
 
+def llamacpp_error(status: int, message: str, type: str | None = None, **_: Any) -> dict[str, Any]:
+    """llama-server's ``{"error": {"code", "message", "type"}}``."""
+    if type is None or (type == "invalid_request_error" and status != 400):
+        type = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"code": status, "message": message, "type": type}}
+
+
+#: llama-server's native routes (``dialects/llamacpp.py``)
+LLAMACPP_PATHS = ("/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/embedding")
+
+
 def shape_for_path(path: str):
     """The error shape a client of this path parses (for errors raised before
     any handler runs: 401s, unknown routes, wrong methods)."""
@@ -86,4 +97,6 @@ def shape_for_path(path: str):
         return ollama_error
     if path.startswith("/v1/messages") or path.startswith("/messages"):
         return anthropic_error
+    if path in LLAMACPP_PATHS:
+        return llamacpp_error
     return openai_error

@@ -32,7 +32,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final, ToolCallDelta
+from ..generation import ChatRequest, FillIn, Final, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, ndjson
 from .errors import Failure
@@ -333,8 +333,11 @@ def generate_request(body: GenerateBody) -> Translation:
     stream = body.stream is not False
     warnings: list[str] = []
     _common_checks(body, warnings)
-    if body.suffix:
-        raise BadRequest("this model does not support insert ('suffix')", "suffix")
+    if body.suffix:  # insert: fill in between prompt and suffix (a FIM model's tokens)
+        if body.system:
+            warnings.append("'system' ignored: an insert ('suffix') has no template")
+        req = _request(body, warnings, fill_in=FillIn(body.prompt or "", body.suffix))
+        return Translation(req, warnings, stream, {"keep_alive": keep_alive_seconds(body.keep_alive)})
     if not body.prompt and not (body.system and not body.raw):
         return _nothing(stream, warnings, keep_alive_seconds(body.keep_alive))
     if body.template:

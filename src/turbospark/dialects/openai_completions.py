@@ -8,7 +8,9 @@ chunk (``stream_options.include_usage``) and ``data: [DONE]``. With
 ``timings: true`` (llama.cpp server's extension) the body and the finish
 chunk also carry llama.cpp's ``timings`` object, from the engine's result.
 
-Features the engine cannot give (``echo``, ``logprobs``, ``suffix``,
+``suffix`` makes it an insert: the model fills in between the prompt and
+the suffix with its fill-in-the-middle tokens (a model without them is a
+400). Features the engine cannot give (``echo``, ``logprobs``,
 ``best_of``/``n`` above 1, token-id prompts) are refused with a 400 naming
 the field, rather than silently answered without them.
 """
@@ -20,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final
+from ..generation import ChatRequest, FillIn, Final
 from .common import BadRequest, new_id, sse_data, unix_time
 from .errors import Failure, openai_error
 from .openai_chat import StreamOptions, sampling, timings, usage
@@ -98,8 +100,6 @@ def prompt_text(prompt: str | list[Any]) -> str:
 def _refuse_unsupported(body: CompletionRequest) -> None:
     if body.echo:
         raise BadRequest("'echo' is not supported by this server", "echo")
-    if body.suffix:
-        raise BadRequest("'suffix' (insertion) is not supported by this server", "suffix")
     if body.logprobs is not None:
         raise BadRequest("'logprobs' is not supported by this server", "logprobs")
     if body.best_of not in (None, 1):
@@ -115,8 +115,10 @@ def to_chat_request(body: CompletionRequest) -> Translation:
     config = GenerationConfig()
     sampling(body, config)
     config.session_key = body.prompt_cache_key or body.user
+    fill = FillIn(text, body.suffix) if body.suffix is not None else None
     req = ChatRequest(
-        prompt=text,
+        prompt=None if fill else text,
+        fill_in=fill,
         config=config,
         max_tokens_explicit=body.max_tokens is not None,
         default_max_tokens=DEFAULT_MAX_TOKENS,

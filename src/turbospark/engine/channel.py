@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from .types import Progress, RawDecodeResult
@@ -28,10 +29,20 @@ class Channel:
     to one consumer on the loop. The last item of a run is its
     :class:`RawDecodeResult` or the exception that ended it."""
 
-    __slots__ = ("_loop", "_items", "_waiter", "_scheduled", "_lock", "closed", "done")
+    __slots__ = ("_loop", "_items", "_waiter", "_scheduled", "_lock", "closed", "done", "limit", "on_overflow")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        limit: int = 0,
+        on_overflow: Callable[[int], None] | None = None,
+    ) -> None:
         self._loop = loop
+        #: the most items left unread before ``on_overflow(unread)`` is called,
+        #: once (0: no bound): a reader that stops reading must not make the
+        #: producer buffer without end
+        self.limit = limit
+        self.on_overflow = on_overflow
         self._items: deque[Any] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._scheduled = False
@@ -44,6 +55,9 @@ class Channel:
     # -- producer side -------------------------------------------------------
     def put(self, item: Any) -> None:
         self._items.append(item)
+        if self.limit and len(self._items) > self.limit and self.on_overflow is not None:
+            overflow, self.on_overflow = self.on_overflow, None
+            overflow(len(self._items))
         with self._lock:
             if self._scheduled:
                 return

@@ -1,7 +1,11 @@
 """The model interface (CONTRACT §3): what the generation core, the
 registry and the routes may ask of a model. Nothing wraps a model: the
 generation core reports each run through the request's ``observe.Reporter``,
-so every caller sees the real model (its template included)."""
+so every caller sees the real model (its template included).
+
+Optional, read with ``getattr`` by the registry's watchdog: ``failure`` (why
+the model's engine died, or None) and ``stalled_for()`` (seconds without an
+engine step while work waits); a model without them is always healthy."""
 
 from __future__ import annotations
 

@@ -131,6 +131,11 @@ class LlamaModelFile:
         self.bos = L.llama_vocab_bos(self.vocab)
         self.eos = L.llama_vocab_eos(self.vocab)
         self.eot = L.llama_vocab_eot(self.vocab)
+        #: fill-in-the-middle tokens (-1 where the vocabulary has none)
+        self.fim = {
+            name: int(getattr(L, f"llama_vocab_fim_{name}")(self.vocab))
+            for name in ("pre", "suf", "mid", "pad", "rep", "sep")
+        }
         self.metadata = self._read_metadata()
         self._build_piece_table()
 

@@ -31,7 +31,14 @@ from .types import (
     GenerationConfig,
     Progress,
     RawDecodeResult,
+    ReaderBehind,
 )
+
+#: pieces of output a run may hold for a reader that does not take them
+#: (a streaming client that stopped reading) before the run is cut: about
+#: 25 s of decoding at 40 tokens/s, far more than a reader that keeps up
+#: ever leaves (it takes everything at each wake-up)
+MAX_UNREAD = 1024
 
 
 @dataclass
@@ -225,6 +232,24 @@ class LlamaChatModel:
     def detokenize(self, tokens: list[int]) -> str:
         return self.file.detokenize(tokens)
 
+    @property
+    def fim_tokens(self) -> dict[str, int]:
+        """The vocabulary's fill-in-the-middle tokens: pre, suf, mid, pad,
+        rep, sep (-1 where it has none)."""
+        return dict(self.file.fim)
+
+    def chat_text(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """Messages through the model's own template, as text (the prompt
+        :meth:`render_chat` tokenises; llama.cpp's ``/apply-template``)."""
+        if self.default_system and not any(m.get("role") == "system" for m in messages):
+            messages = [{"role": "system", "content": self.default_system}, *messages]
+        return self.template.render(messages, tools=tools, **template_kwargs)
+
     def render_chat(
         self,
         messages: list[dict[str, Any]],
@@ -232,9 +257,7 @@ class LlamaChatModel:
         **template_kwargs: Any,
     ) -> list[int]:
         """Messages to prompt token ids through the model's own template."""
-        if self.default_system and not any(m.get("role") == "system" for m in messages):
-            messages = [{"role": "system", "content": self.default_system}, *messages]
-        text = self.template.render(messages, tools=tools, **template_kwargs)
+        text = self.chat_text(messages, tools, **template_kwargs)
         self._check_length(text)
         bos = self.template.bos_token
         add_bos = self.file.add_bos and not (bos and text.startswith(bos))
@@ -262,6 +285,16 @@ class LlamaChatModel:
                 f"{self.max_context} tokens",
                 "messages",
             )
+
+    @property
+    def failure(self) -> str | None:
+        """Why this model's engine thread died, if it did (it then serves
+        nothing more: the registry replaces it)."""
+        return self.scheduler.failure if self.scheduler is not None else None
+
+    def stalled_for(self) -> float:
+        """Seconds its engine has made no step while work waits (0: none)."""
+        return self.scheduler.stalled_for() if self.scheduler is not None else 0.0
 
     def reserve(self, config: GenerationConfig) -> Callable[[], None]:
         """Hold a place on the wait list for the generation ``config`` will
@@ -301,7 +334,7 @@ class LlamaChatModel:
         if self.scheduler is None:
             raise AdmissionError(f"model {self.model_id!r} serves embeddings only", "model")
         self.check_admission(len(prompt_ids), config.max_new_tokens)
-        channel = Channel(asyncio.get_running_loop())
+        channel = Channel(asyncio.get_running_loop(), MAX_UNREAD, lambda unread: cancel.fail(ReaderBehind(unread)))
         self.scheduler.submit(Job(list(prompt_ids), config, cancel, channel))
         return Run(channel)
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import threading
 import time
 from collections import deque
@@ -52,7 +51,7 @@ from .detok import StopMatcher, Utf8Stream
 from .hostcache import HostCache, common_prefix
 from .llama import Batch, LlamaContext, LlamaModelFile
 from .sampling import SamplerChain
-from .speculative import NgramDrafter, StepCosts
+from .speculative import TIMING_LOCK, Calibration, NgramDrafter, StepCosts
 from .types import (
     AdmissionError,
     CancelFlag,
@@ -119,15 +118,6 @@ def _holds_prefix_of(slot: Slot, prompt: list[int]) -> bool:
     far as its record holds it: a prefill cut short keeps only a part)."""
     n = min(slot.prompt_len, len(slot.tokens))
     return n > 0 and len(prompt) >= n and prompt[:n] == slot.tokens[:n]
-
-
-#: step-cost tables already measured in this process, by model file and
-#: compute settings, so reloading a model does not time it again
-_CALIBRATIONS: dict[tuple, dict[int, float]] = {}
-#: one calibration step at a time in the process: two models timing their
-#: steps at once would each measure the other
-_CALIBRATION_LOCK = threading.Lock()
-CALIBRATION_PASSES = 3
 
 
 class Reservation:
@@ -224,6 +214,20 @@ class Seq:
         self.accepted = 0
 
 
+@dataclass(slots=True)
+class Feed:
+    """One sequence's part of a step: the tokens it feeds, which outputs it
+    wants (``all``: a decoder's token and its drafts; ``last``: a prompt's
+    final chunk; ``none``: a chunk mid-prompt), the drafted tokens among
+    them, and where its first output lands in the batch (-1: none)."""
+
+    seq: Seq
+    tokens: list[int]
+    logits: str
+    drafts: list[int] = field(default_factory=list)
+    first: int = -1
+
+
 class Scheduler:
     """Owns a llama context and runs every generation of one model."""
 
@@ -268,12 +272,8 @@ class Scheduler:
         self.step_costs = StepCosts(min(64, ctx.opts.n_batch))
         # batch sizes still to time while idle (see _calibrate)
         sizes = list(range(1, min(self.step_costs.limit, draft_max + 1) + 1))
-        self._calibration_key = (model.path, ctx.threads, ctx.opts.n_batch, ctx.opts.flash_attn, len(sizes))
-        known = _CALIBRATIONS.get(self._calibration_key)
-        if known is not None:
-            self.step_costs.calibrate(known)
-        self._calibration: list[int] = [0, *sizes * CALIBRATION_PASSES] if speculative and known is None else []
-        self._calibrated: dict[int, list[float]] = {}
+        key = (model.path, ctx.threads, ctx.opts.n_batch, ctx.opts.flash_attn, len(sizes))
+        self._calibration = Calibration(self.step_costs, key, sizes, speculative)
         self.slots = [Slot(i) for i in range(ctx.opts.n_seq_max)]
         self._batch = Batch(ctx.opts.n_batch)
         self._waiting: deque[Job] = deque()
@@ -284,6 +284,15 @@ class Scheduler:
         self._job_seconds = 0.0
         self._cond = threading.Condition()
         self._stopping = False
+        #: why the thread died, if an exception escaped its loop (the model
+        #: is then failed: ``registry`` takes it out and reloads it)
+        self.failure: str | None = None
+        #: when the loop last began a step (or woke up for work): the
+        #: watchdog's measure of progress (see :meth:`stalled_for`)
+        self._progress_at = time.monotonic()
+        #: test hooks (:meth:`inject`): the next step raises / sleeps first
+        self._fault: Exception | None = None
+        self._pause = 0.0
         self._on_step = on_step
         self._pieces = model.pieces
         self._eog = model.eog_tokens
@@ -308,7 +317,7 @@ class Scheduler:
 
     def _check_room_locked(self) -> None:
         if self._stopping:
-            raise EngineError("the model is shutting down")
+            raise EngineError(f"engine failure: {self.failure}" if self.failure else "the model is shutting down")
         if not self.max_queue:
             return
         # free sequences take submitted jobs at once: they are no wait
@@ -352,6 +361,22 @@ class Scheduler:
     def slot_view(self) -> list[dict[str, Any]]:
         return [s.snapshot() for s in self.slots]
 
+    def stalled_for(self) -> float:
+        """Seconds since the loop last began a step while work is waiting or
+        running (0 when there is none): a scheduler stuck inside the engine
+        shows here (the registry's watchdog reads it)."""
+        if not (self._waiting or self._active) or self.failure is not None:
+            return 0.0
+        return max(0.0, time.monotonic() - self._progress_at)
+
+    def inject(self, fault: Exception | None = None, pause: float = 0.0) -> None:
+        """Test hook: the next engine step first sleeps ``pause`` seconds
+        (a stuck engine) and then raises ``fault`` (an engine failure), on
+        the real model's own thread."""
+        with self._cond:
+            self._fault, self._pause = fault, pause
+            self._cond.notify()
+
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread (failing what is still queued or running) and
         wait until it has ended, so the context may be freed: a thread still
@@ -377,32 +402,52 @@ class Scheduler:
                         self._cond.wait()
                     if self._stopping:
                         break
+                    self._progress_at = time.monotonic()
                     self._drop_cancelled_waiting()
                     self._drop_cancelled_running()
                     admitted = self._admit_locked()
                 if not admitted and not self._active and self._calibration:
-                    self._calibrate(self._calibration.pop(0))
+                    self._calibrate(self._calibration.next_size())
                     continue
                 for job, slot, extension in admitted:
                     self._start(job, slot, extension)
                 if self._active:
+                    self._injected()
                     self._step()
                     if self._on_step is not None:
                         self._on_step()
-        except Exception as exc:  # pragma: no cover - defensive: never die silently
-            log.exception("scheduler crashed")
+        except Exception as exc:  # never die silently: the model is marked failed
+            log.exception("%s: the engine thread failed", self.name)
+            self.failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             for seq in list(self._active):
-                self._fail(seq, EngineError(f"engine failure: {exc}"))
+                self._fail(seq, EngineError(f"engine failure: {self.failure}"))
         finally:
             with self._cond:
                 self._stopping = True
                 waiting, self._waiting = list(self._waiting), deque()
             for job in waiting:
-                job.sink.put(EngineError("the model was unloaded before this request ran"))
+                job.sink.put(
+                    EngineError(
+                        f"engine failure: {self.failure}"
+                        if self.failure
+                        else "the model was unloaded before this request ran"
+                    )
+                )
             for seq in list(self._active):
                 self._fail(seq, EngineError("the model was unloaded during this request"))
             if self.cache_dir is not None:
                 self._persist_host(self.cache_dir)
+
+    def _injected(self) -> None:
+        if not (self._fault or self._pause):
+            return
+        with self._cond:
+            fault, pause = self._fault, self._pause
+            self._fault, self._pause = None, 0.0
+        if pause:
+            time.sleep(pause)
+        if fault is not None:
+            raise fault
 
     def _load_host(self, folder: str) -> None:
         n = self.host.load(folder)
@@ -425,36 +470,26 @@ class Scheduler:
         """Time one decode step of ``n`` tokens on an idle slot (after its
         cached tokens, removed again at once), so the draft-length choice
         knows this machine's step costs before requests need them. Runs only
-        while nothing waits; size 0 is an untimed warm-up. Each size is timed
-        in several passes, and the table keeps the median of each size, made
-        non-decreasing (more tokens never cost less, so a noisy size is
-        capped by a larger one)."""
+        while nothing waits; what is timed and how the table is made is
+        ``speculative.Calibration``'s."""
         slot = max(self.slots, key=lambda s: self.ctx.n_ctx_seq - len(s.tokens))
         p0 = len(slot.tokens)
         if slot.busy or p0 + max(n, 1) > self.ctx.n_ctx_seq:
-            self._calibration.clear()
+            self._calibration.abandon()
             return
         batch = self._batch
         batch.clear()
         for j in range(max(n, 1)):
             batch.add(self.model.bos if self.model.bos >= 0 else 0, p0 + j, slot.seq_id, True)
-        with _CALIBRATION_LOCK:
+        with TIMING_LOCK:
             t0 = time.perf_counter()
             rc = self.ctx.decode(batch)
             dt = time.perf_counter() - t0
         self.ctx.seq_rm(slot.seq_id, p0, -1)
         if rc != 0:
-            self._calibration.clear()
+            self._calibration.abandon()
             return
-        if n:
-            self._calibrated.setdefault(n, []).append(dt)
-        if not self._calibration:
-            table = {size: statistics.median(ts) for size, ts in self._calibrated.items()}
-            low = float("inf")
-            for size in sorted(table, reverse=True):
-                low = table[size] = min(table[size], low)
-            self.step_costs.calibrate(table)
-            _CALIBRATIONS[self._calibration_key] = table
+        self._calibration.record(n, dt)
 
     def _drop_cancelled_waiting(self) -> None:
         if not any(j.cancel.cancelled for j in self._waiting):
@@ -667,9 +702,9 @@ class Scheduler:
             return
         # Choose the tokens: decoders first (one token each, plus drafts), so
         # a long prompt never starves them; then prefill chunks in the room
-        # left. (seq, tokens, logits wanted: "all" | "last" | "none", drafts)
+        # left.
         room = batch.capacity
-        chosen: list[tuple[Seq, list[int], str, list[int]]] = []
+        chosen: list[Feed] = []
         decoders = sum(1 for seq in self._active if seq.decoding)
         base = decoders - 1  # other tokens in the step, for the draft-length choice
         # Drafts are priced for everyone: beside other sequences (decoding or
@@ -691,7 +726,7 @@ class Scheduler:
                     drafts = seq.drafter.choose(self.step_costs, base, drafts)
                     base += len(drafts)
                     spare -= len(drafts)
-                chosen.append((seq, [seq.last_token, *drafts], "all", drafts))
+                chosen.append(Feed(seq, [seq.last_token, *drafts], "all", drafts))
                 room -= 1 + len(drafts)
         pure_decode = True
         # Beside decoders a prompt goes in prefill_chunk pieces, so their next
@@ -706,26 +741,23 @@ class Scheduler:
             remaining = len(seq.pending) - seq.fed
             take = min(remaining, room, chunk_limit)
             chunk = seq.pending[seq.fed : seq.fed + take]
-            chosen.append((seq, chunk, "last" if take == remaining else "none", []))
+            chosen.append(Feed(seq, chunk, "last" if take == remaining else "none"))
             room -= take
             pure_decode = False
         # Write them in sequence-id order: with one KV stream per sequence,
         # llama.cpp computes a batch in one pass only over runs of
         # consecutive sequence ids (its "sequential equal split").
-        chosen.sort(key=lambda c: c[0].slot.seq_id)
-        # (seq, tokens fed, index of its first output or -1, drafted tokens)
-        plan: list[tuple[Seq, int, int, list[int]]] = []
-        for seq, tokens, logits, drafts in chosen:
-            sid = seq.slot.seq_id
-            if logits == "all":
-                first = batch.n
-                for j, t in enumerate(tokens):
+        chosen.sort(key=lambda f: f.seq.slot.seq_id)
+        for feed in chosen:
+            seq, sid = feed.seq, feed.seq.slot.seq_id
+            if feed.logits == "all":
+                feed.first = batch.n
+                for j, t in enumerate(feed.tokens):
                     batch.add(t, seq.n_past + j, sid, True)
-                plan.append((seq, len(tokens), first, drafts))
             else:
-                idx = batch.add_run(tokens, seq.n_past, sid, logits == "last")
-                plan.append((seq, len(tokens), idx if logits == "last" else -1, []))
-        if not plan:
+                idx = batch.add_run(feed.tokens, seq.n_past, sid, feed.logits == "last")
+                feed.first = idx if feed.logits == "last" else -1
+        if not chosen:
             return
         t0 = time.perf_counter()
         rc = self.ctx.decode(batch)
@@ -734,26 +766,29 @@ class Scheduler:
             self.step_costs.observe(batch.n, dt)
         if rc != 0:
             err = EngineError(f"llama_decode failed (code {rc})")
-            for seq, _, _, _ in plan:
+            for feed in chosen:
+                seq = feed.seq
                 self.ctx.seq_rm(seq.slot.seq_id)
                 seq.slot.tokens = []
                 seq.slot.prompt_len = 0
                 self._fail(seq, err)
             return
-        for seq, k, idx, drafts in plan:
+        for feed in chosen:
+            seq, k, idx = feed.seq, len(feed.tokens), feed.first
             if seq.decoding:
                 seq.slot.tokens.append(seq.last_token)
                 seq.n_past += 1
                 self._sample(seq, idx)
-                if drafts:
-                    self._verify(seq, idx, drafts)
+                if feed.drafts:
+                    self._verify(seq, idx, feed.drafts)
                 continue
             seq.slot.tokens.extend(seq.pending[seq.fed : seq.fed + k])
             seq.fed += k
             seq.n_past += k
             if idx >= 0:
                 self._sample(seq, idx)
-        for seq, _, _, _ in plan:
+        for feed in chosen:
+            seq = feed.seq
             if seq.out and not seq.finished:
                 seq.job.sink.put(Progress("".join(seq.out), 1))
                 seq.out.clear()

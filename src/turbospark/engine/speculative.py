@@ -37,6 +37,9 @@ beside a neighbour; a sequence alone keeps the throughput rule.
 
 from __future__ import annotations
 
+import statistics
+import threading
+
 #: how much slower a step with drafts may be than the same step without them
 #: when other sequences decode in it (they pay for every verification token).
 #: The step table prices only llama_decode; verifying drafts also costs
@@ -221,3 +224,54 @@ class NgramDrafter:
             self.k = max(1, self.k // 2)
         elif accepted == drafted:
             self.k = min(self.k_max, self.k * 2)
+
+
+#: step-cost tables already measured in this process, by model file and
+#: compute settings, so reloading a model does not time it again
+_MEASURED: dict[tuple[object, ...], dict[int, float]] = {}
+#: one timed step at a time in the process: two models timing their steps at
+#: once would each measure the other
+TIMING_LOCK = threading.Lock()
+#: how many times each size is timed (the median is kept)
+CALIBRATION_PASSES = 3
+
+
+class Calibration:
+    """The step sizes still to be timed while the engine is idle after a
+    load, and the table they make for ``costs``: size 0 first (an untimed
+    warm-up), then every size ``CALIBRATION_PASSES`` times; the table keeps
+    each size's median, made non-decreasing (more tokens never cost less, so
+    a noisy size is capped by a larger one). A table measured before under
+    the same ``key`` (model file, threads, batch, flash attention, sizes) is
+    reused at once. The scheduler does the timing: it owns the context."""
+
+    def __init__(self, costs: StepCosts, key: tuple[object, ...], sizes: list[int], wanted: bool) -> None:
+        self.costs = costs
+        self.key = key
+        known = _MEASURED.get(key)
+        if known is not None:
+            costs.calibrate(known)
+        self.pending: list[int] = [0, *sizes * CALIBRATION_PASSES] if wanted and known is None else []
+        self._samples: dict[int, list[float]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def next_size(self) -> int:
+        return self.pending.pop(0)
+
+    def abandon(self) -> None:
+        """No more timing (the context is busy or too full, or a step failed)."""
+        self.pending.clear()
+
+    def record(self, n: int, seconds: float) -> None:
+        """One timed step of ``n`` tokens; the last one completes the table."""
+        if n:
+            self._samples.setdefault(n, []).append(seconds)
+        if not self.pending and self._samples:
+            table = {size: statistics.median(ts) for size, ts in self._samples.items()}
+            low = float("inf")
+            for size in sorted(table, reverse=True):
+                low = table[size] = min(table[size], low)
+            self.costs.calibrate(table)
+            _MEASURED[self.key] = table

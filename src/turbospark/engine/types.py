@@ -117,19 +117,38 @@ class CancelFlag:
     by the scheduler once per step. A queued request that is cancelled never
     runs."""
 
-    __slots__ = ("_event", "reason")
+    __slots__ = ("_event", "error", "reason")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = ""
+        #: set by :meth:`fail`: the run ends as cancelled, and the generation
+        #: core raises this instead of answering (the server shutting down, a
+        #: client too slow to read)
+        self.error: Exception | None = None
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.reason = reason
         self._event.set()
 
+    def fail(self, error: Exception) -> None:
+        """Cancel, and end the request with ``error`` rather than an answer."""
+        if self._event.is_set():
+            return
+        self.error = error
+        self.cancel(str(error))
+
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
+
+
+class ReaderBehind(Exception):
+    """The reader of a run stopped taking its output (a client that does not
+    read its stream): the run is cut rather than buffered without end."""
+
+    def __init__(self, unread: int) -> None:
+        super().__init__(f"client too slow: {unread} pieces of output unread")
 
 
 class EngineError(RuntimeError):

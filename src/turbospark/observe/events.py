@@ -162,8 +162,29 @@ class ModelAttached(ServerEvent):
 
 @_event("modelDetached")
 class ModelDetached(ServerEvent):
+    """A model left memory or routing; ``reason`` says why when it was not
+    asked for (an engine failure, an eviction, its keep-alive)."""
+
     at_ms: int
     model: str
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = ServerEvent.to_dict(self)
+        if self.reason is None:
+            del out["reason"]
+        return out
+
+
+@_event("modelHealth")
+class ModelHealth(ServerEvent):
+    """The watchdog's finding about a resident model: ``stalled`` (no engine
+    step for ``--stall-timeout`` while work waits) or ``ok`` again."""
+
+    at_ms: int
+    model: str
+    state: str
+    reason: str = ""
 
 
 EVENT_TYPES: tuple[type[ServerEvent], ...] = (
@@ -173,4 +194,5 @@ EVENT_TYPES: tuple[type[ServerEvent], ...] = (
     RequestFinished,
     ModelAttached,
     ModelDetached,
+    ModelHealth,
 )

@@ -14,17 +14,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
 from ..dialects.errors import ErrorShape, Failure
 from ..dialects.render import SSE, FrameOut, Renderer
+from ..drain import Drain, ShuttingDown
 from ..engine.interface import ChatModel
-from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded
+from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded, ReaderBehind
 from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta, complete, prepare, stream
-from ..middleware import ERROR_KEY, LEASES_KEY, REPORTER_KEY
+from ..middleware import CANCEL_KEY, DISCONNECTED, ERROR_KEY, LEASES_KEY, REPORTER_KEY, TOO_SLOW
 from ..observe import NO_REPORTER, REQUEST_ID_KEY, Observer, Reporter, RequestIds, RequestRouted, record
 from ..registry import Capability, Registry, Route, RoutingError
 
@@ -53,6 +54,8 @@ class ServerState:
     model_folders: tuple[str, ...] = ()
     #: the options an attached model starts from (the server's own defaults)
     model_defaults: dict[str, Any] = field(default_factory=dict)
+    #: requests in flight, and whether new ones are taken (graceful shutdown)
+    drain: Drain = field(default_factory=Drain)
 
 
 class JSONResponse(Response):
@@ -159,11 +162,18 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, BadRequest):
         return Failure(exc.status, exc.message, exc.type, exc.code, exc.param, dict(exc.headers))
     if isinstance(exc, RoutingError):
-        return Failure(exc.status, exc.message, None, exc.code, exc.param)
+        retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after else {}
+        return Failure(exc.status, exc.message, None, exc.code, exc.param, retry)
     if isinstance(exc, AdmissionError):
         return Failure(400, str(exc), "invalid_request_error", None, exc.param)
     if isinstance(exc, Overloaded):
         return Failure(503, str(exc), None, "overloaded", None, {"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, ReaderBehind):
+        return Failure(499, TOO_SLOW, None, "client_too_slow")
+    if isinstance(exc, ClientDisconnect):  # gone while sending its body: its own doing, not ours
+        return Failure(499, DISCONNECTED, None, "client_disconnected")
+    if isinstance(exc, ShuttingDown):
+        return Failure(503, str(exc), None, "shutting_down", None, {"Retry-After": str(exc.retry_after)})
     if isinstance(exc, EngineError):
         return Failure(500, f"engine error: {exc}", "server_error")
     log.exception("unhandled error", exc_info=exc)
@@ -231,25 +241,29 @@ class DisconnectWatch:
 
 
 async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag) -> Final:
-    """The whole answer, cancelled if the client disconnects while waiting."""
-    async with DisconnectWatch(request, cancel):
-        return await complete(model, prepared, cancel, reporter_of(request))
+    """The whole answer, cancelled if the client disconnects while waiting
+    (or cut by a drain that ran out of time)."""
+    with state_of(request).drain.watch(cancel):
+        async with DisconnectWatch(request, cancel):
+            return await complete(model, prepared, cancel, reporter_of(request))
 
 
 async def stream_frames(
     request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag, renderer: Renderer
 ) -> AsyncIterator[bytes]:
     """A streamed answer in ``renderer``'s dialect, cancelled if the client
-    disconnects; any failure once the stream has begun becomes its error frame."""
-    async with DisconnectWatch(request, cancel):
-        for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
-            yield frame
-        try:
-            async for item in stream(model, prepared, cancel, reporter_of(request)):
-                for frame in _frames(_render(renderer, item)):
-                    yield frame
-        except Exception as exc:  # noqa: BLE001 - framed for the client
-            yield renderer.error(failed(request, exc))  # requestFinished carries its message
+    disconnects (or cut by a drain that ran out of time); any failure once the
+    stream has begun becomes its error frame."""
+    with state_of(request).drain.watch(cancel):
+        async with DisconnectWatch(request, cancel):
+            for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
+                yield frame
+            try:
+                async for item in stream(model, prepared, cancel, reporter_of(request)):
+                    for frame in _frames(_render(renderer, item)):
+                        yield frame
+            except Exception as exc:  # noqa: BLE001 - framed for the client
+                yield renderer.error(failed(request, exc))  # requestFinished carries its message
 
 
 def _render(renderer: Renderer, item: Any) -> FrameOut:
@@ -278,6 +292,7 @@ async def respond(
     """Every generating route's answer: one JSON body from the renderer, or,
     when the client asked for a stream, the renderer's frames."""
     cancel = CancelFlag()
+    request.scope.setdefault("state", {})[CANCEL_KEY] = cancel  # a too-slow client cancels it
     if not renderer.stream:
         final = await run_nonstream(request, model, prepared, cancel)
         return JSONResponse(renderer.complete(final), headers=headers)

@@ -120,10 +120,14 @@ async def ps(request: Request) -> Response:
     now = time.time_ns()
     entries = []
     for entry in st.registry.entries():
-        if entry.model is None:
+        if entry.model is None and entry.state != "failed":
             continue  # configured but not resident
         info = _info(entry)
-        entries.append(ol.ps_entry(info, _mtime_ns(info, st.started_at), now))
+        row = ol.ps_entry(info, _mtime_ns(info, st.started_at), now)
+        row["state"] = entry.state  # this server's: loaded, stalled, failed (then not in memory)
+        if entry.state == "failed":
+            row["size"], row["error"] = 0, entry.failure
+        entries.append(row)
     return JSONResponse({"models": entries})
 
 

@@ -49,7 +49,12 @@ async def chat_completions(request: Request) -> Response:
 
 
 def model_card(entry: Any, created: int) -> dict[str, Any]:
-    return {"id": entry.id, "object": "model", "created": created, "owned_by": "turbospark"}
+    """OpenAI's model object, plus this server's ``state`` (loaded,
+    unloaded, stalled, failed) and, for a failed model, its ``error``."""
+    card = {"id": entry.id, "object": "model", "created": created, "owned_by": "turbospark", "state": entry.state}
+    if entry.state == "failed":
+        card["error"] = entry.failure
+    return card
 
 
 @endpoint(openai_error)

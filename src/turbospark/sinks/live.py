@@ -45,7 +45,7 @@ from ..observe import ServerEvent
 log = logging.getLogger("turbospark.sinks")
 
 #: Events that belong to no request: every tenant sees them.
-MODEL_KINDS = frozenset({"modelAttached", "modelDetached"})
+MODEL_KINDS = frozenset({"modelAttached", "modelDetached", "modelHealth"})
 
 
 @dataclass(frozen=True, slots=True)

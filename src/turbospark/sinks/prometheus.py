@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ..observe import (
@@ -196,6 +196,11 @@ class PrometheusSink:
             self._load_collector = EngineLoadCollector(models)
             self.registry.register(self._load_collector)
 
+    def watch_event_log(self, sink: Any) -> None:
+        """Report the event log's failed writes and lost events (``sink``: a
+        ``JsonlSink``) at scrape time."""
+        self.registry.register(EventLogCollector(sink))
+
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -299,3 +304,25 @@ class EngineLoadCollector:
             running.add_metric([name], float(state.get("running", 0)))
             waiting.add_metric([name], float(state.get("waiting", 0)))
         return [running, waiting]
+
+
+class EventLogCollector:
+    """The event log's own troubles, read at scrape time from the writer: a
+    write that failed loses events no other sink would miss."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        errors = CounterMetricFamily(
+            "turbospark_event_log_errors", "Writes to the event log that failed (a full disk, ...)."
+        )
+        errors.add_metric([], float(self.sink.errors))
+        dropped = CounterMetricFamily(
+            "turbospark_event_log_dropped", "Events the event log lost (failed writes, a full queue)."
+        )
+        dropped.add_metric([], float(self.sink.dropped))
+        return [errors, dropped]

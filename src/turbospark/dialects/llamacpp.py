@@ -1,0 +1,267 @@
+"""llama.cpp server's own API (``llama-server``'s native routes): wire models
+and pure translations, so editors and tools written for llama-server
+(llama.vscode's ``/infill``, scripts using ``/completion`` or
+``/tokenize``) work unchanged.
+
+- ``POST /completion``: a raw prompt (a string, or token ids) →
+  ``{"content", "stop", "stop_type", "tokens_predicted",
+  "tokens_evaluated", "tokens_cached", "timings", ...}``; streamed, one
+  ``data: {"content": ..., "stop": false}`` per piece and a last frame with
+  ``"stop": true`` and every count (no ``[DONE]``, as llama-server).
+- ``POST /infill``: fill-in-the-middle with the model's own FIM tokens
+  (``input_prefix``, ``input_suffix``, ``input_extra`` files, an optional
+  ``prompt`` after the middle marker); a model without FIM tokens is a 400
+  saying so.
+- ``/tokenize``, ``/detokenize``, ``/apply-template``, ``/props``,
+  ``/embedding``: the model's tokenizer, template and embeddings.
+
+Errors: ``{"error": {"code", "message", "type"}}``, as llama-server.
+Sampling follows llama-server's field names (``n_predict``,
+``repeat_penalty``, ``repeat_last_n``, ``ignore_eos``, ``cache_prompt``);
+``samplers`` (a custom chain order) is taken with a warning, and ``n_probs``
+is refused until token probabilities exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.types import GenerationConfig, StopReason
+from ..generation import ChatRequest, FillIn, Final
+from .common import BadRequest, sse_data
+from .errors import Failure, llamacpp_error
+from .openai_chat import timings
+from .render import SSE, Unsent
+from .translate import SAMPLING, Translation, copy_sampling, stop_strings
+
+#: llama-server's default when ``n_predict`` is -1 or absent is "until the
+#: end"; a server that must answer on a budget uses the context's room
+UNLIMITED = -1
+
+_STOP_TYPES = {
+    StopReason.END_OF_TURN: "eos",
+    StopReason.EOS: "eos",
+    StopReason.TOOL_CALLS: "eos",
+    StopReason.MAX_TOKENS: "limit",
+    StopReason.STOP_STRING: "word",
+    StopReason.CANCELLED: "none",
+}
+
+
+class CompletionBody(BaseModel):
+    """``/completion``'s fields we act on; unknown ones are accepted."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    prompt: str | list[int | str] = ""
+    n_predict: int | None = Field(default=None, ge=-1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_k: int | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+    repeat_last_n: int | None = Field(default=None, ge=-1)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool | None = None
+    cache_prompt: bool | None = None
+    stream: bool | None = False
+    n_probs: int | None = Field(default=None, ge=0)
+    samplers: list[str] | str | None = None
+    logit_bias: list[list[Any]] | dict[str, float] | None = None
+    id_slot: int | None = None
+
+
+class ExtraFile(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    filename: str = ""
+    text: str = ""
+
+
+class InfillBody(CompletionBody):
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraFile] = Field(default_factory=list)
+
+
+class TokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class TemplateBody(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    messages: list[dict[str, Any]]
+
+
+class EmbeddingBody(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    content: str | list[str]
+
+
+def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
+    config = GenerationConfig()
+    copy_sampling(body, config, SAMPLING)
+    if body.repeat_penalty is not None:
+        config.repeat_penalty = body.repeat_penalty
+    if body.repeat_last_n is not None:
+        config.penalty_last_n = body.repeat_last_n  # -1: the whole context (fitted in prepare)
+    config.stop = stop_strings(body.stop) or ()
+    config.ignore_eos = bool(body.ignore_eos)
+    if body.cache_prompt is False:
+        warnings.append("cache_prompt false is ignored: a reused prefix gives the same output")
+    if body.samplers is not None:
+        warnings.append("samplers: the server's sampler order is used")
+    if body.n_probs:
+        raise BadRequest("'n_probs' (token probabilities) is not supported by this server yet", "n_probs")
+    if body.logit_bias:
+        config.logit_bias = _logit_bias(body.logit_bias)
+    return config
+
+
+def _logit_bias(value: list[list[Any]] | dict[str, float]) -> dict[int, float]:
+    """llama-server's ``[[token, bias], ...]`` (``false`` bans the token) or
+    an OpenAI-style ``{"token": bias}``."""
+    pairs = value.items() if isinstance(value, dict) else value
+    out: dict[int, float] = {}
+    for pair in pairs:
+        try:
+            token, bias = pair
+            tid = int(token)
+        except (TypeError, ValueError):
+            raise BadRequest("logit_bias entries must be [token id, bias]", "logit_bias") from None
+        if tid < 0 or isinstance(bias, str):
+            raise BadRequest("logit_bias entries must be [token id, bias]", "logit_bias")
+        out[tid] = -100.0 if bias is False else max(-100.0, min(100.0, float(bias)))
+    return out
+
+
+def _budget(body: CompletionBody, req: ChatRequest) -> None:
+    if body.n_predict is not None and body.n_predict != UNLIMITED:
+        if body.n_predict == 0:
+            raise BadRequest("'n_predict' 0 asks for nothing; send -1 or a positive number", "n_predict")
+        req.config.max_new_tokens = body.n_predict
+        req.max_tokens_explicit = True
+    elif body.n_predict == UNLIMITED:
+        req.default_max_tokens = 1 << 30  # until the context is full or the model stops
+
+
+def prompt_of(prompt: str | list[int | str]) -> tuple[str | None, list[int] | None]:
+    """(text, token ids): a string, or a list of token ids (strings in a
+    mixed list are refused: tokenise them with /tokenize)."""
+    if isinstance(prompt, str):
+        return prompt, None
+    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return None, [int(t) for t in prompt]
+    raise BadRequest("'prompt' must be a string or a list of token ids", "prompt")
+
+
+def to_completion(body: CompletionBody) -> Translation:
+    """``/completion``: a raw prompt (no template)."""
+    warnings: list[str] = []
+    text, ids = prompt_of(body.prompt)
+    req = ChatRequest(prompt=text, prompt_ids=ids, config=_config(body, warnings))
+    _budget(body, req)
+    return Translation(req, warnings, bool(body.stream))
+
+
+def to_infill(body: InfillBody) -> Translation:
+    """``/infill``: fill-in-the-middle, laid out with the model's FIM tokens
+    by the core (``generation.fim_ids``)."""
+    warnings: list[str] = []
+    if not isinstance(body.prompt, str):
+        raise BadRequest("'prompt' of /infill must be text (it follows the middle marker)", "prompt")
+    fill = FillIn(body.input_prefix, body.input_suffix, [(f.filename, f.text) for f in body.input_extra], body.prompt)
+    req = ChatRequest(fill_in=fill, config=_config(body, warnings))
+    _budget(body, req)
+    return Translation(req, warnings, bool(body.stream))
+
+
+def stop_type(reason: StopReason) -> str:
+    return _STOP_TYPES.get(reason, "none")
+
+
+class CompletionRenderer(Unsent):
+    """``/completion`` and ``/infill`` answers: llama-server's JSON, or its
+    stream of ``data:`` frames ending in one with ``"stop": true``."""
+
+    media_type = SSE
+
+    def __init__(self, model_name: str, stream: bool, prompt: str, stop_words: tuple[str, ...]) -> None:
+        self.model = model_name
+        self.stream = stream
+        self.prompt = prompt
+        self.stop_words = stop_words
+        self.text_so_far: list[str] = []
+
+    def _last(self, final: Final) -> dict[str, Any]:
+        reason = final.result.reason
+        stopping = ""
+        if reason is StopReason.STOP_STRING:
+            stopping = next((w for w in self.stop_words if w), "")
+        return {
+            "index": 0,
+            "id_slot": -1,
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": final.completion_tokens,
+            "tokens_evaluated": final.prompt_tokens,
+            "tokens_cached": final.cached_tokens,
+            "prompt": self.prompt,
+            "has_new_line": "\n" in final.text,
+            "truncated": False,
+            "stop_type": stop_type(reason),
+            "stopping_word": stopping,
+            "timings": timings(final),
+        }
+
+    def complete(self, final: Final) -> dict[str, Any]:
+        return {"content": final.text, "tokens": [], **self._last(final)}
+
+    def text(self, text: str) -> bytes:
+        return sse_data({"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1})
+
+    def final(self, final: Final) -> bytes:
+        return sse_data({"content": "", "tokens": [], **self._last(final)})
+
+    def error(self, failure: Failure) -> bytes:
+        return sse_data(failure.body(llamacpp_error))
+
+
+def props(info: dict[str, Any], parallel: int, template: str) -> dict[str, Any]:
+    """``GET /props``."""
+    ctx = int(info.get("context") or 0)
+    return {
+        "default_generation_settings": {
+            "n_ctx": ctx,
+            "params": {"n_predict": UNLIMITED, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
+        },
+        "total_slots": parallel,
+        "model_path": info.get("path") or info.get("id"),
+        "model_alias": info.get("id"),
+        "chat_template": template,
+        "modalities": {"vision": False, "audio": False},
+        "build_info": "turbospark",
+    }

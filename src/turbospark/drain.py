@@ -1,0 +1,108 @@
+"""Graceful drain: what a SIGTERM or SIGINT (``turbospark serve``) or
+``Server.stop()`` does before the process lets go of its models.
+
+1. :meth:`Drain.start`: from now on new requests are refused (503 with
+   ``Retry-After``, in their dialect's shape: ``middleware.DrainMiddleware``)
+   and ``/health`` answers 503 ``draining``, so a load balancer moves on.
+2. The requests already in flight finish on their own, for up to the drain
+   timeout (``--drain-timeout``, default 30 s).
+3. The rest are cut: each generation's cancel flag fails with
+   :class:`ShuttingDown`, so the engine stops it at its next step, its
+   ``generated`` is still reported, and the client gets its dialect's error
+   frame (streams) or a 503 body, and ``requestFinished`` names the error.
+4. Then the HTTP server stops, the models close and the event log is flushed.
+
+Nothing here knows HTTP: the middleware counts requests through
+:meth:`Drain.entered`, the generating routes register their cancel flags
+with :meth:`Drain.watch`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+
+from .engine.types import CancelFlag
+
+log = logging.getLogger("turbospark.server")
+
+#: the drain timeout when none is given
+DEFAULT_DRAIN_SECONDS = 30.0
+#: how long requests that were cut get to send their error frame
+CUT_GRACE_SECONDS = 10.0
+#: what a refused client is told to wait before trying again (seconds)
+RETRY_AFTER = 5
+
+
+class ShuttingDown(Exception):
+    """A request refused or ended because the server is shutting down (503)."""
+
+    retry_after = RETRY_AFTER
+
+    def __init__(self, message: str = "the server is shutting down; try again shortly") -> None:
+        super().__init__(message)
+
+
+class Drain:
+    """The requests in flight, and whether new ones are still taken."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.in_flight = 0
+        self._flags: set[CancelFlag] = set()
+
+    def start(self) -> None:
+        self.draining = True
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """One request in flight for the length of the block."""
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    @contextlib.contextmanager
+    def watch(self, cancel: CancelFlag) -> Iterator[CancelFlag]:
+        """A generation :meth:`cut` may stop; cut at once if the drain's
+        deadline has already passed."""
+        self._flags.add(cancel)
+        try:
+            yield cancel
+        finally:
+            self._flags.discard(cancel)
+
+    def cut(self) -> int:
+        """Fail every watched generation with :class:`ShuttingDown`; how many."""
+        flags = [f for f in self._flags if not f.cancelled]
+        for flag in flags:
+            flag.fail(ShuttingDown())
+        return len(flags)
+
+    async def _settle(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.in_flight == 0
+
+    async def run(self, timeout: float = DEFAULT_DRAIN_SECONDS) -> int:
+        """Stop taking requests, wait up to ``timeout`` seconds for those in
+        flight, then cut the rest and give them a moment to send their error
+        frames. Returns how many were cut."""
+        self.start()
+        if self.in_flight:
+            log.warning(
+                "draining %d request(s) for up to %.0f s (a second signal exits now)",
+                self.in_flight,
+                timeout,
+            )
+        if await self._settle(timeout):
+            return 0
+        cut = self.cut()
+        log.warning("drain timeout: ending %d generation(s) with an error", cut)
+        await self._settle(CUT_GRACE_SECONDS)
+        return cut

@@ -1,0 +1,105 @@
+"""llama.cpp server's native routes (``dialects/llamacpp.py``):
+``/completion``, ``/infill``, ``/tokenize``, ``/detokenize``,
+``/apply-template``, ``/props``, ``/embedding``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..dialects import llamacpp as ll
+from ..dialects.common import BadRequest, validate
+from ..dialects.errors import llamacpp_error
+from ..dialects.translate import Translation
+from .common import (
+    JSONResponse,
+    endpoint,
+    off_loop,
+    read_json,
+    respond,
+    route_and_prepare,
+    route_model,
+    warning_headers,
+)
+from .embeddings import encode
+
+
+async def _generate(request: Request, body: ll.CompletionBody, tr: Translation) -> Response:
+    assert tr.request is not None
+    model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
+    prompt = body.prompt if isinstance(body.prompt, str) else ""
+    renderer = ll.CompletionRenderer(body.model or route.served, tr.stream, prompt, prepared.config.stop)
+    return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
+
+
+@endpoint(llamacpp_error)
+async def completion(request: Request) -> Response:
+    body = validate(ll.CompletionBody, await read_json(request))
+    return await _generate(request, body, ll.to_completion(body))
+
+
+@endpoint(llamacpp_error)
+async def infill(request: Request) -> Response:
+    body = validate(ll.InfillBody, await read_json(request))
+    return await _generate(request, body, ll.to_infill(body))
+
+
+@endpoint(llamacpp_error)
+async def tokenize(request: Request) -> Response:
+    body = validate(ll.TokenizeBody, await read_json(request))
+    model, _ = await route_model(request, body.model, "chat", False)
+    ids = await off_loop(model.tokenize, body.content, body.add_special, body.parse_special)
+    if not body.with_pieces:
+        return JSONResponse({"tokens": ids})
+    return JSONResponse({"tokens": [{"id": t, "piece": model.detokenize([t])} for t in ids]})
+
+
+@endpoint(llamacpp_error)
+async def detokenize(request: Request) -> Response:
+    body = validate(ll.DetokenizeBody, await read_json(request))
+    model, _ = await route_model(request, body.model, "chat", False)
+    bad = next((t for t in body.tokens if not 0 <= t < model.vocab_size), None)
+    if bad is not None:
+        raise BadRequest(f"token {bad} is not in the vocabulary ({model.vocab_size} tokens)", "tokens")
+    return JSONResponse({"content": await off_loop(model.detokenize, body.tokens)})
+
+
+@endpoint(llamacpp_error)
+async def apply_template(request: Request) -> Response:
+    body = validate(ll.TemplateBody, await read_json(request))
+    model, _ = await route_model(request, body.model, "chat", False)
+    return JSONResponse({"prompt": await off_loop(model.chat_text, body.messages)})
+
+
+@endpoint(llamacpp_error)
+async def props(request: Request) -> Response:
+    model, route = await route_model(request, request.query_params.get("model"), "chat", False)
+    info = route.entry.info or {}
+    template = getattr(getattr(model, "template", None), "source", "") or ""
+    return JSONResponse(ll.props(info, int(info.get("parallel") or 1), template))
+
+
+@endpoint(llamacpp_error)
+async def embedding(request: Request) -> Response:
+    body = validate(ll.EmbeddingBody, await read_json(request))
+    texts = [body.content] if isinstance(body.content, str) else body.content
+    if not texts:
+        raise BadRequest("'content' must not be empty", "content")
+    model, _ = await route_model(request, body.model, "embeddings", False)
+    result = await encode(model, texts)
+    out: list[dict[str, Any]] = [{"index": i, "embedding": [v]} for i, v in enumerate(result.vectors)]
+    return JSONResponse(out)
+
+
+routes = [
+    Route("/completion", completion, methods=["POST"]),
+    Route("/infill", infill, methods=["POST"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/apply-template", apply_template, methods=["POST"]),
+    Route("/props", props, methods=["GET"]),
+    Route("/embedding", embedding, methods=["POST"]),
+]

@@ -1,0 +1,257 @@
+"""Graceful drain (issue 16 point 1): SIGTERM with streams in flight in four
+dialects lets them finish, refuses new requests with a 503 in their shape,
+loses no event and exits 0; past ``--drain-timeout`` the rest end with their
+dialect's error frame; a second signal exits at once; ``Server.stop()`` drains
+the same way. Real model, real ``turbospark serve`` processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from turbospark.server import Server
+
+from .test_cli import listening_url, turbospark
+
+COUNT = [{"role": "user", "content": "Count from 1 to 200, separated by commas."}]
+SHUTTING_DOWN = "the server is shutting down"
+
+
+def stream_bodies(max_tokens: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """One streamed request per dialect: (name, path, body)."""
+    return [
+        (
+            "chat",
+            "/v1/chat/completions",
+            {"model": "m", "messages": COUNT, "max_tokens": max_tokens, "stream": True, "ignore_eos": True},
+        ),
+        ("anthropic", "/v1/messages", {"model": "m", "messages": COUNT, "max_tokens": max_tokens, "stream": True}),
+        ("responses", "/v1/responses", {"model": "m", "input": COUNT, "max_output_tokens": max_tokens, "stream": True}),
+        (
+            "ollama",
+            "/api/chat",
+            {"model": "m", "messages": COUNT, "stream": True, "options": {"num_predict": max_tokens}},
+        ),
+    ]
+
+
+@dataclass
+class Reader:
+    """A streamed request read to its end on a thread."""
+
+    name: str
+    url: str
+    body: dict[str, Any]
+    status: int = 0
+    rid: int = -1
+    text: str = ""
+    first_byte: threading.Event = field(default_factory=threading.Event)
+    #: the response's headers arrived (an NDJSON stream sends nothing more until its first token)
+    answered: threading.Event = field(default_factory=threading.Event)
+    ended_at: float = 0.0
+    error: str = ""
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self._run, daemon=True)
+        t.start()
+        return t
+
+    def _run(self) -> None:
+        try:
+            with httpx.stream("POST", self.url, json=self.body, timeout=120) as r:
+                self.status = r.status_code
+                self.rid = int(r.headers.get("x-request-id", -1))
+                self.answered.set()
+                for chunk in r.iter_text():
+                    self.text += chunk
+                    self.first_byte.set()
+        except httpx.HTTPError as exc:
+            self.error = repr(exc)
+        finally:
+            self.ended_at = time.monotonic()
+            self.first_byte.set()
+            self.answered.set()
+
+    def completed(self) -> bool:
+        """The stream ended with its dialect's normal end."""
+        t = self.text
+        return {
+            "chat": "data: [DONE]" in t and "event: error" not in t,
+            "anthropic": "event: message_stop" in t and "event: error" not in t,
+            "responses": ("response.completed" in t or "response.incomplete" in t) and "response.failed" not in t,
+            "ollama": '"done":true' in t and '"error"' not in t,
+        }[self.name]
+
+    def cut(self) -> bool:
+        """The stream ended with its dialect's error frame for the shutdown."""
+        t = self.text
+        marker = {
+            "chat": "event: error",
+            "anthropic": "event: error",
+            "responses": "response.failed",
+            "ollama": '"done_reason":"error"',
+        }[self.name]
+        return marker in t and SHUTTING_DOWN in t
+
+
+def serve(tmp_path, *extra: str) -> tuple[subprocess.Popen, str, Any]:
+    log = tmp_path / "events.jsonl"
+    proc = subprocess.Popen(
+        turbospark("serve", "--port", "0", "--ctx", "4096", "--event-log", str(log), *extra),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return proc, listening_url(proc), log
+
+
+def events_of(log) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def assert_log_complete(events: list[dict[str, Any]]) -> None:
+    """Every request started also finished, exactly once, last."""
+    started = [e["id"] for e in events if e["kind"] == "requestStarted"]
+    finished = [e["id"] for e in events if e["kind"] == "requestFinished"]
+    assert sorted(started) == sorted(finished), (started, finished)
+    for rid in started:
+        kinds = [e["kind"] for e in events if e.get("id") == rid]
+        assert kinds[0] == "requestStarted" and kinds[-1] == "requestFinished", kinds
+
+
+def test_sigterm_lets_four_dialect_streams_finish_refuses_new_requests_and_exits_0(tmp_path):
+    proc, url, log = serve(tmp_path, "--parallel", "4")
+    readers = [Reader(name, url + path, body) for name, path, body in stream_bodies(96)]
+    try:
+        threads = [r.start() for r in readers]
+        for r in readers:
+            assert r.first_byte.wait(60), r.name
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # the drain begins on the server's loop
+        refused = httpx.post(url + "/v1/messages", json={"model": "m", "max_tokens": 4, "messages": COUNT}, timeout=30)
+        health = httpx.get(url + "/health", timeout=30)
+        ollama_refused = httpx.post(url + "/api/chat", json={"model": "m", "messages": COUNT}, timeout=30)
+        for t in threads:
+            t.join(120)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "draining 4 request(s)" in err, err
+    # new work is refused in the caller's dialect, with a time to come back
+    assert refused.status_code == 503 and refused.headers["retry-after"].isdigit()
+    assert refused.json()["type"] == "error" and SHUTTING_DOWN in refused.json()["error"]["message"]
+    assert ollama_refused.status_code == 503 and SHUTTING_DOWN in ollama_refused.json()["error"]
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    for r in readers:
+        assert r.ended_at > signalled, f"{r.name} ended before the signal: the test proves nothing"
+        assert r.status == 200 and r.completed(), (r.name, r.error, r.text[-300:])
+    events = events_of(log)
+    assert_log_complete(events)
+    for r in readers:
+        mine = [e for e in events if e.get("id") == r.rid]
+        generated = [e for e in mine if e["kind"] == "generated"]
+        assert len(generated) == 1 and generated[0]["stopReason"] != "cancelled", (r.name, mine)
+        assert mine[-1].get("error") is None, (r.name, mine[-1])
+    refused_ids = {int(refused.headers["x-request-id"]), int(ollama_refused.headers["x-request-id"])}
+    for e in events:
+        if e["kind"] == "requestFinished" and e["id"] in refused_ids:
+            assert e["status"] == 503 and SHUTTING_DOWN in e["error"]
+
+
+def test_past_the_drain_timeout_streams_end_with_their_dialects_error_frame(tmp_path):
+    """One long generation runs and three wait behind it (``--parallel 1``);
+    a 1-second drain cuts all four: each gets its dialect's error frame, the
+    event log says why, the process still exits 0."""
+    proc, url, log = serve(tmp_path, "--parallel", "1", "--drain-timeout", "1")
+    readers = [Reader(name, url + path, body) for name, path, body in stream_bodies(4000)]
+    try:
+        threads = [readers[0].start()]
+        assert readers[0].first_byte.wait(60)
+        threads += [r.start() for r in readers[1:]]
+        for r in readers[1:]:
+            assert r.answered.wait(60), r.name  # its headers: it waits in the queue
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(120)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    for r in readers:
+        assert r.status == 200 and r.cut(), (r.name, r.error, r.text[-300:])
+        assert r.ended_at - signalled < 60  # the drain's 1 s, plus one engine step; generous on a busy box
+    events = events_of(log)
+    assert_log_complete(events)
+    for r in readers:
+        finished = [e for e in events if e.get("id") == r.rid and e["kind"] == "requestFinished"]
+        assert finished and SHUTTING_DOWN in (finished[0].get("error") or ""), (r.name, finished)
+    # the long one ran: its cut run is reported with its real counts
+    first = [e for e in events if e.get("id") == readers[0].rid and e["kind"] == "generated"]
+    assert first and first[0]["stopReason"] == "cancelled" and first[0]["newTokens"] > 0
+
+
+def test_a_second_signal_exits_at_once(tmp_path):
+    proc, url, log = serve(tmp_path, "--parallel", "1", "--drain-timeout", "600")
+    reader = Reader("chat", url + "/v1/chat/completions", stream_bodies(4000)[0][2])
+    try:
+        thread = reader.start()
+        assert reader.first_byte.wait(60)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert proc.poll() is None  # draining: it waits for the stream
+        second = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        took = time.monotonic() - second
+        thread.join(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert took < 30, took  # far below the 600 s drain
+    assert reader.cut() or reader.error, reader.text[-300:]
+    assert_log_complete(events_of(log))
+
+
+def test_server_stop_drains_the_same_way():
+    srv = Server(drain_timeout=1.0).start()
+    url = srv.url
+    reader = Reader("chat", url + "/v1/chat/completions", stream_bodies(4000)[0][2])
+    done = threading.Event()
+    try:
+        thread = reader.start()
+        assert reader.first_byte.wait(60)
+        outcome: dict[str, Any] = {}
+
+        def late_request() -> None:
+            time.sleep(0.3)
+            try:
+                outcome["r"] = httpx.post(
+                    url + "/v1/chat/completions", json={"model": "m", "messages": COUNT, "max_tokens": 2}, timeout=30
+                )
+            except httpx.HTTPError as exc:
+                outcome["r"] = exc
+            done.set()
+
+        threading.Thread(target=late_request, daemon=True).start()
+    finally:
+        srv.stop()
+    thread.join(60)
+    done.wait(30)
+    # the drain ran out of time: the stream got its error event
+    assert reader.cut(), reader.text[-300:]
+    r = outcome["r"]
+    assert isinstance(r, httpx.Response) and r.status_code == 503, r
+    assert r.json()["error"]["code"] == "shutting_down"
