@@ -168,7 +168,7 @@ def parse_stream(dialect: str, text: str) -> tuple[str, int | None]:
                 usage = (obj.get("usage") or {}).get("output_tokens", usage)
             ended = ended or kind == "message_stop"
         elif dialect == "responses":
-            if kind == "response.completed":
+            if kind in ("response.completed", "response.incomplete"):
                 ended = True
                 usage = ((obj.get("response") or {}).get("usage") or {}).get("output_tokens")
         elif obj.get("usage"):
@@ -286,6 +286,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--warm-up", type=float, default=20, help="seconds before the RSS baseline")
+    ap.add_argument("--serve-arg", action="append", default=[], help="an extra turbospark serve argument")
     args = ap.parse_args()
     if args.clients < 1 or args.seconds <= 0 or args.max_requests < 1:
         raise SystemExit("clients, seconds and max-requests must be positive")
@@ -309,6 +310,7 @@ def main() -> None:
             "2048",
             "--event-log",
             log,
+            *args.serve_arg,
         ],
         stderr=subprocess.DEVNULL,
     )

@@ -173,6 +173,8 @@ def stream_in_thread(url: str, model: str, out: dict, max_tokens: int = 120):
                 if line.startswith("data: "):
                     chunks.append(line)
                     out["started"] = True
+                if out.get("stop"):  # the test has what it needs: hang up
+                    break
         out["chunks"] = chunks
 
     t = threading.Thread(target=run)
@@ -285,6 +287,7 @@ def test_admin_attach_inherits_the_server_defaults_and_respects_max_resident():
         out: dict = {}
         t = stream_in_thread(srv.url, "delta", out, max_tokens=600)  # busy throughout the attach
         busy = httpx.post(srv.url + "/v1/admin/models", timeout=60, json={"model": "smollm2-135m", "id": "eps"})
+        out["stop"] = True
         t.join(120)
         assert busy.status_code == 409 and busy.json()["error"]["code"] == "max_resident", busy.text
         assert srv.registry.lookup("eps") is None and out["status"] == 200

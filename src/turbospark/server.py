@@ -304,7 +304,7 @@ def uvicorn_config(
 #: stream has in flight, small enough that a client which stops reading
 #: stalls its stream after some hundreds of frames (so --send-timeout can
 #: drop it); autotuned, the kernel would absorb megabytes first
-SEND_BUFFER = 64 * 1024
+SEND_BUFFER = 32 * 1024
 WRITE_BUFFER = 16 * 1024
 
 
