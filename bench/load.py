@@ -31,15 +31,13 @@ import os
 import random
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from runtime import free_port, wait_up
+from runtime import Servers
 
 SYSTEM = "You are a terse assistant. Answer in one short sentence."
 QUESTIONS = [
@@ -290,34 +288,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.clients < 1 or args.seconds <= 0 or args.max_requests < 1:
         raise SystemExit("clients, seconds and max-requests must be positive")
+    from turbospark.catalog import resolve_model
+
     log = os.path.join(tempfile.mkdtemp(prefix="turbospark-load-"), "events.jsonl")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "turbospark.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",  # loopback only
-            "--port",
-            str(port),
-            "--model",
-            args.model,
-            "--parallel",
-            str(args.parallel),
-            "--ctx",
-            "2048",
-            "--event-log",
-            log,
-            *args.serve_arg,
-        ],
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    gguf, _ = resolve_model(args.model)
+    # bench/runtime.py's launcher: loopback only, started and waited for
+    proc, url = Servers(gguf, os.cpu_count() or 2, 2048, args.parallel).turbospark("--event-log", log, *args.serve_arg)
     samples: list[tuple[float, float]] = []
     try:
-        wait_up(url, proc)
         t0 = time.monotonic()
 
         async def run() -> Tally:

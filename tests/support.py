@@ -177,3 +177,15 @@ def wait_event(obs: Any, rid: int | str, kind: str, timeout: float = 30.0) -> An
                 return e
         time.sleep(0.02)
     raise AssertionError(f"no {kind} event for request {rid}")
+
+
+def wait_until(pred: Any, timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns something truthy (returned), or fail
+    naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"{what} never held")

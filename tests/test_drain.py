@@ -112,6 +112,14 @@ def serve(tmp_path, *extra: str) -> tuple[subprocess.Popen, str, Any]:
     return proc, listening_url(proc), log
 
 
+def finish(proc: subprocess.Popen) -> str:
+    """Make sure the server ends (it was signalled already, unless the test
+    failed first) and return its stderr."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return proc.communicate(timeout=120)[1]
+
+
 def events_of(log) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
@@ -127,8 +135,9 @@ def assert_log_complete(events: list[dict[str, Any]]) -> None:
 
 
 def test_sigterm_lets_four_dialect_streams_finish_refuses_new_requests_and_exits_0(tmp_path):
-    proc, url, log = serve(tmp_path, "--parallel", "4")
-    readers = [Reader(name, url + path, body) for name, path, body in stream_bodies(96)]
+    # a drain window no loaded 2-core box outlasts: the streams must finish, not be cut
+    proc, url, log = serve(tmp_path, "--parallel", "4", "--drain-timeout", "300")
+    readers = [Reader(name, url + path, body) for name, path, body in stream_bodies(128)]
     try:
         threads = [r.start() for r in readers]
         for r in readers:
@@ -142,9 +151,7 @@ def test_sigterm_lets_four_dialect_streams_finish_refuses_new_requests_and_exits
         for t in threads:
             t.join(120)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        err = finish(proc)
     assert proc.returncode == 0, err
     assert "draining 4 request(s)" in err, err
     # new work is refused in the caller's dialect, with a time to come back
@@ -185,9 +192,7 @@ def test_past_the_drain_timeout_streams_end_with_their_dialects_error_frame(tmp_
         for t in threads:
             t.join(120)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        err = finish(proc)
     assert proc.returncode == 0, err
     for r in readers:
         assert r.status == 200 and r.cut(), (r.name, r.error, r.text[-300:])
@@ -226,7 +231,9 @@ def test_a_second_signal_exits_at_once(tmp_path):
 
 
 def test_server_stop_drains_the_same_way():
-    srv = Server(drain_timeout=1.0).start()
+    # 5 s: long enough for the late request to meet the drain on a loaded box,
+    # far shorter than the 4000-token stream on any machine
+    srv = Server(drain_timeout=5.0).start()
     url = srv.url
     reader = Reader("chat", url + "/v1/chat/completions", stream_bodies(4000)[0][2])
     done = threading.Event()
@@ -255,3 +262,19 @@ def test_server_stop_drains_the_same_way():
     r = outcome["r"]
     assert isinstance(r, httpx.Response) and r.status_code == 503, r
     assert r.json()["error"]["code"] == "shutting_down"
+
+
+def test_a_generation_that_starts_after_the_cut_is_cut_too():
+    """A request still being prepared when the drain runs out of time is
+    failed the moment its generation is watched, not left to run on."""
+    from turbospark.drain import Drain, ShuttingDown
+    from turbospark.engine.types import CancelFlag
+
+    drain = Drain()
+    running = CancelFlag()
+    with drain.watch(running):
+        assert drain.cut() == 1
+    assert isinstance(running.error, ShuttingDown)
+    late = CancelFlag()
+    with drain.watch(late):
+        assert late.cancelled and isinstance(late.error, ShuttingDown)

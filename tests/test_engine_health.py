@@ -16,17 +16,9 @@ import pytest
 from turbospark import ListObserver, Server
 from turbospark.registry import MAX_FAILURES
 
+from .support import wait_until
+
 ASK = [{"role": "user", "content": "Count from 1 to 100, separated by commas."}]
-
-
-def wait_until(pred, timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"{what} never held")
 
 
 def kinds(obs: ListObserver, kind: str) -> list[dict[str, Any]]:

@@ -152,3 +152,20 @@ def _settle(sink: JsonlSink) -> None:
             if not sink._queue:
                 return
         subprocess.run(["sleep", "0.01"])
+
+
+def test_an_event_that_cannot_be_serialized_does_not_stop_the_writer(tmp_path):
+    class Broken:
+        def to_dict(self) -> dict:
+            return {"kind": "broken", "value": {1, 2}}  # a set: not JSON
+
+    path = tmp_path / "events.jsonl"
+    sink = JsonlSink(str(path), flush_every=0.01)
+    sink.record(started(1))
+    sink.record(Broken())  # type: ignore[arg-type]
+    _settle(sink)
+    sink.record(started(2))
+    sink.close()
+    lines = lines_of(path)
+    assert [e["id"] for e in lines if e["kind"] == "requestStarted"] == [1, 2]
+    assert sink.dropped == 1 and [e["missed"] for e in lines if e["kind"] == "gap"] == [1]

@@ -16,6 +16,8 @@ import pytest
 
 from turbospark import ListObserver, Server
 
+from .support import wait_until
+
 
 @pytest.fixture(scope="module")
 def slow_server():
@@ -39,18 +41,8 @@ def head(path: str, length: int) -> bytes:
     ).encode()
 
 
-def wait_for(pred, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"{what} never happened")
-
-
 def new_request(obs: ListObserver, before: set[int]) -> int:
-    return wait_for(
+    return wait_until(
         lambda: next((e.id for e in obs.events if e.kind == "requestStarted" and e.id not in before), None),
         30,
         "request started",
@@ -103,7 +95,7 @@ def test_a_client_that_never_reads_is_cut_and_releases_the_engine(slow_server):
         s.sendall(head("/v1/chat/completions", len(body)) + body)
         # it reads nothing from here on; the server must give up on it
         rid = new_request(obs, before)
-        done = wait_for(lambda: finished(obs, rid), 240, "the silent client's request to end")
+        done = wait_until(lambda: finished(obs, rid), 240, "the silent client's request to end")
     finally:
         s.close()
     assert done["error"] == "client too slow", done
@@ -142,7 +134,7 @@ def test_a_body_that_stops_arriving_gets_408_in_the_dialects_shape(slow_server, 
     else:
         assert "stopped arriving" in body["error"]
     rid = int(headers["x-request-id"])
-    done = wait_for(lambda: finished(obs, rid), 30, "requestFinished")
+    done = wait_until(lambda: finished(obs, rid), 30, "requestFinished")
     assert done["status"] == 408
 
 
@@ -154,7 +146,7 @@ def test_a_client_that_leaves_mid_body_is_a_499_not_a_server_error(slow_server):
     time.sleep(0.2)
     s.close()
     rid = new_request(obs, before)
-    done = wait_for(lambda: finished(obs, rid), 30, "requestFinished")
+    done = wait_until(lambda: finished(obs, rid), 30, "requestFinished")
     assert done["status"] == 499 and done["error"] == "client disconnected", done
     metrics = httpx.get(srv.url + "/metrics", timeout=30).text
     assert 'status="499"' in metrics and 'status="500"' not in metrics

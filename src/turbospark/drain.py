@@ -52,6 +52,8 @@ class Drain:
     def __init__(self) -> None:
         self.draining = False
         self.in_flight = 0
+        #: the deadline passed: generations are failed as they are watched
+        self.cutting = False
         self._flags: set[CancelFlag] = set()
 
     def start(self) -> None:
@@ -69,7 +71,9 @@ class Drain:
     @contextlib.contextmanager
     def watch(self, cancel: CancelFlag) -> Iterator[CancelFlag]:
         """A generation :meth:`cut` may stop; cut at once if the drain's
-        deadline has already passed."""
+        deadline has already passed (it was still being prepared then)."""
+        if self.cutting:
+            cancel.fail(ShuttingDown())
         self._flags.add(cancel)
         try:
             yield cancel
@@ -77,7 +81,9 @@ class Drain:
             self._flags.discard(cancel)
 
     def cut(self) -> int:
-        """Fail every watched generation with :class:`ShuttingDown`; how many."""
+        """Fail every watched generation with :class:`ShuttingDown`, and
+        every one watched from now on; how many were running."""
+        self.cutting = True
         flags = [f for f in self._flags if not f.cancelled]
         for flag in flags:
             flag.fail(ShuttingDown())

@@ -450,8 +450,13 @@ class ClientTimeouts:
                 body_done = True
             return message
 
+        # uvicorn's send waits only while its flow control has paused writing
+        # (the client is not taking what was sent); until then no timer is
+        # armed, so a frame that goes straight out costs nothing more
+        flow = getattr(getattr(send, "__self__", None), "flow", None)
+
         async def timed_send(message: dict[str, Any]) -> None:
-            if message["type"] != "http.response.body":
+            if message["type"] != "http.response.body" or (flow is not None and not flow.write_paused):
                 await send(message)
                 return
             try:

@@ -214,7 +214,6 @@ class CompletionRenderer(Unsent):
         self.stream = stream
         self.prompt = prompt
         self.stop_words = stop_words
-        self.text_so_far: list[str] = []
 
     def _last(self, final: Final) -> dict[str, Any]:
         reason = final.result.reason

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import orjson
@@ -45,11 +45,16 @@ class ServerEvent:
 
     kind: ClassVar[str]
     _fields: ClassVar[tuple[tuple[str, str], ...]]  # (attribute, camelCase)
+    #: fields left out of the wire shape when they are None
+    _optional: ClassVar[frozenset[str]] = frozenset()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
         for attr, key in self._fields:
-            out[key] = getattr(self, attr)
+            value = getattr(self, attr)
+            if value is None and attr in self._optional:
+                continue
+            out[key] = value
         return out
 
     def to_json(self) -> bytes:
@@ -71,7 +76,7 @@ def _event(kind: str) -> Callable[[type[_E]], type[_E]]:
     def wrap(cls: type[_E]) -> type[_E]:
         made: Any = dataclass(frozen=True, slots=True)(cls)
         made.kind = kind
-        made._fields = tuple((f, _camel(f)) for f in made.__dataclass_fields__)
+        made._fields = tuple((f.name, _camel(f.name)) for f in fields(made))
         return made
 
     return wrap
@@ -125,13 +130,12 @@ class Generated(ServerEvent):
     #: where the reused prefix came from: "slot" (the request's own slot) or
     #: "copy" (copied from another slot's KV); omitted when nothing was reused
     reused_from: str | None = None
+    _optional: ClassVar[frozenset[str]] = frozenset({"reused_from"})
 
     def to_dict(self) -> dict[str, Any]:
         out = ServerEvent.to_dict(self)
         if not self.drafted_tokens:
             del out["draftedTokens"], out["acceptedTokens"]
-        if self.reused_from is None:
-            del out["reusedFrom"]
         return out
 
 
@@ -146,12 +150,7 @@ class RequestFinished(ServerEvent):
     status: int
     duration_ms: int
     error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = ServerEvent.to_dict(self)
-        if self.error is None:
-            del out["error"]
-        return out
+    _optional: ClassVar[frozenset[str]] = frozenset({"error"})
 
 
 @_event("modelAttached")
@@ -168,12 +167,7 @@ class ModelDetached(ServerEvent):
     at_ms: int
     model: str
     reason: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = ServerEvent.to_dict(self)
-        if self.reason is None:
-            del out["reason"]
-        return out
+    _optional: ClassVar[frozenset[str]] = frozenset({"reason"})
 
 
 @_event("modelHealth")

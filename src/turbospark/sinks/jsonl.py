@@ -100,7 +100,14 @@ class JsonlSink:
         lines = []
         if missed:
             lines.append(orjson.dumps({"kind": "gap", "atMs": now_ms(), "missed": missed}))
-        lines += [orjson.dumps(e.to_dict()) for e in batch]
+        for event in batch:
+            try:
+                lines.append(orjson.dumps(event.to_dict()))
+            except Exception:  # an event that cannot be written must not stop the writer
+                log.exception("an event could not be serialized for the event log")
+                with self._cond:
+                    self.dropped += 1
+                    self._missed += 1  # marked by the next write's gap line
         data = b"\n".join(lines) + b"\n"
         if self._torn:
             data = b"\n" + data
