@@ -125,7 +125,11 @@ class ObserveMiddleware:
             if kind == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), header]}
                 status = int(message["status"])
-            elif kind == "http.response.body" and not message.get("more_body", False):
+            # the last body bytes end a response; a HEAD response has none,
+            # so its headers are its end (the client holds it from then on)
+            if (kind == "http.response.body" and not message.get("more_body", False)) or (
+                kind == "http.response.start" and method == "HEAD"
+            ):
                 complete = True
                 reporter = state.get(REPORTER_KEY)
                 if reporter is None or reporter.idle:
