@@ -162,8 +162,8 @@ def test_suffix_on_a_model_without_fim_tokens_is_a_400_saying_so(oai):
     "extra, param",
     [
         ({"echo": True}, "echo"),
-        ({"n": 2}, "n"),
-        ({"logprobs": 1}, "logprobs"),
+        ({"n": 17}, "n"),
+        ({"logprobs": 21}, "logprobs"),
         ({"best_of": 3}, "best_of"),
     ],
 )

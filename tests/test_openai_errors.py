@@ -35,11 +35,12 @@ def post(base_url: str, body, **kw) -> httpx.Response:
         ({"model": "m", "messages": OK_MSG, "top_p": 1.5}, "top_p", ""),
         ({"model": "m", "messages": OK_MSG, "stream": "yes"}, "stream", ""),
         ({"model": "m", "messages": OK_MSG, "stop": 5}, "stop", ""),
-        ({"model": "m", "messages": OK_MSG, "n": 3}, "n", "n=1"),
+        ({"model": "m", "messages": OK_MSG, "n": 17}, "n", "between 1 and 16"),
         ({"model": "m", "messages": OK_MSG, "reasoning_effort": "extreme"}, "reasoning_effort", "extreme"),
         ({"model": "m", "messages": OK_MSG, "seed": "abc"}, "seed", ""),
         ({"model": 7, "messages": OK_MSG}, "model", ""),
-        ({"model": "m", "messages": OK_MSG, "logprobs": True}, "logprobs", "not supported"),
+        ({"model": "m", "messages": OK_MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "20"),
+        ({"model": "m", "messages": OK_MSG, "top_logprobs": 2}, "top_logprobs", "needs 'logprobs'"),
     ],
 )
 def test_bad_bodies_are_400_in_openai_shape(base_url, body, param, contains):

@@ -407,7 +407,7 @@ def post(base_url: str, body: Any) -> httpx.Response:
         ({"model": "m", "input": "hi", "tool_choice": "sometimes"}, "tool_choice", "sometimes"),
         ({"model": "m", "input": "hi", "previous_response_id": "resp_123"}, "previous_response_id", "store"),
         ({"model": "m", "input": "hi", "conversation": "conv_1"}, "conversation", "store"),
-        ({"model": "m", "input": "hi", "top_logprobs": 3}, "top_logprobs", "not supported"),
+        ({"model": "m", "input": "hi", "top_logprobs": 21}, "top_logprobs", ""),
     ],
 )
 def test_bad_bodies_are_400_in_openai_shape(base_url, body, param, contains):

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import __version__
@@ -17,7 +18,7 @@ from .registry import STALL_TIMEOUT
 DEFAULT_PARALLEL = 4
 
 
-def _progress_printer(label: str):
+def _progress_printer(label: str) -> Callable[[float], None]:
     """A one-line progress bar on stderr while llama.cpp loads the weights."""
     tty = sys.stderr.isatty()
     last = [-1]
@@ -195,7 +196,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     started = [time.perf_counter()]
 
-    def progress_for(spec: Any):
+    def progress_for(spec: Any) -> Callable[[float], None]:
         started[0] = time.perf_counter()
         return _progress_printer(os.path.basename(spec.path))
 

@@ -186,7 +186,7 @@ class Fold:
             if event["model"] in self.models:
                 self.models.remove(event["model"])
             return None
-        rid = event.get("id")
+        rid: int | None = event.get("id")
         if rid is None or rid in self._hidden:
             if kind == "requestFinished":
                 self._hidden.discard(rid)

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .engine.channel import Run
 from .engine.interface import ChatModel
 from .engine.types import (
     AdmissionError,
@@ -36,6 +37,7 @@ from .engine.types import (
     Progress,
     RawDecodeResult,
     StopReason,
+    TokenProb,
 )
 from .observe import NO_REPORTER, Reporter
 from .tools import calls as toolcalls
@@ -98,6 +100,8 @@ class ChatRequest:
     #: the model's context
     context_limit: int | None = None
     context_limit_field: str = "context_limit"
+    #: how many choices to generate for the one prompt (OpenAI ``n``)
+    n: int = 1
 
 
 @dataclass
@@ -117,9 +121,13 @@ class Prepared:
 
 @dataclass
 class Delta:
-    """Answer text produced since the previous delta."""
+    """Answer text produced since the previous delta, with the
+    log-probabilities of the tokens behind it (when asked for)."""
 
     text: str
+    logprobs: list[TokenProb] = field(default_factory=list)
+    #: which of the request's choices it belongs to (OpenAI ``n``)
+    choice: int = 0
 
 
 @dataclass
@@ -127,6 +135,7 @@ class ReasoningDelta:
     """Reasoning (thinking) text produced since the previous one."""
 
     text: str
+    choice: int = 0
 
 
 @dataclass
@@ -135,6 +144,7 @@ class ToolCallDelta:
 
     index: int
     call: toolcalls.ToolCall
+    choice: int = 0
 
 
 @dataclass
@@ -150,6 +160,7 @@ class Final:
     reasoning_tokens: int = 0
     #: why the calls (if any) were not accepted, after the last attempt
     problems: list[str] = field(default_factory=list)
+    choice: int = 0
 
     def __post_init__(self) -> None:
         if not self.attempts:
@@ -158,6 +169,12 @@ class Final:
     @property
     def prompt_tokens(self) -> int:
         return sum(a.prompt_tokens for a in self.attempts)
+
+    @property
+    def logprobs(self) -> list[TokenProb]:
+        """Every sampled token's log-probability, over all attempts (empty
+        unless asked for)."""
+        return [p for a in self.attempts for p in a.logprobs]
 
     @property
     def completion_tokens(self) -> int:
@@ -364,22 +381,31 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
 # --------------------------------------------------------------- generating
 async def complete(model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER) -> Final:
     """Run the turn to its end (the same path as :func:`stream`)."""
-    final: Final | None = None
+    return (await complete_choices(model, prepared, cancel, reporter))[0]
+
+
+async def complete_choices(
+    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER
+) -> list[Final]:
+    """Every choice's :class:`Final`, in choice order."""
+    finals: list[Final] = []
     async for item in stream(model, prepared, cancel, reporter):
         if isinstance(item, Final):
-            final = item
-    assert final is not None
-    return final
+            finals.append(item)
+    finals.sort(key=lambda f: f.choice)
+    return finals
 
 
 async def _run(
-    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter
+    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter, run: Run | None = None
 ) -> AsyncIterator[Progress | RawDecodeResult]:
-    """One engine run: its progress, then its result, which ``reporter``
-    records as ``generated`` the moment the run ends. Closing the iterator
-    early sets the cancel flag and leaves the run to end at the engine's next
-    step (it is still reported: the reporter tracks its result's future)."""
-    run = model.generate(prepared.prompt_ids, prepared.config, None, cancel)
+    """One engine run (``run``, else one started here): its progress, then
+    its result, which ``reporter`` records as ``generated`` the moment the
+    run ends. Closing the iterator early sets the cancel flag and leaves the
+    run to end at the engine's next step (it is still reported: the reporter
+    tracks its result's future)."""
+    if run is None:
+        run = model.generate(prepared.prompt_ids, prepared.config, None, cancel)
     model_id = model.model_id
     reported = False
 
@@ -471,24 +497,111 @@ class _Router:
         return out
 
 
+Item = Delta | ReasoningDelta | ToolCallDelta | Final
+
+
 async def stream(
     model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER
-) -> AsyncIterator[Delta | ReasoningDelta | ToolCallDelta | Final]:
+) -> AsyncIterator[Item]:
     """Deltas as the engine produces them, tool calls once validated, then
-    one :class:`Final`; each engine run is reported through ``reporter``."""
+    one :class:`Final` per choice; each engine run is reported through
+    ``reporter``. With ``n`` > 1 the choices run side by side (one prefill,
+    see ``LlamaChatModel.generate_many``) and their items interleave, each
+    tagged with its ``choice``."""
+    n = prepared.request.n if prepared.request is not None else 1
+    if n == 1:
+        async for item in _choice(model, prepared, cancel, reporter):
+            yield item
+        return
+    configs = [prepared.config] + [
+        dataclasses.replace(
+            prepared.config,
+            seed=None if prepared.config.seed is None else prepared.config.seed + i,
+            session_key=None,  # the conversation's slot stays choice 0's
+            reservation=None,
+        )
+        for i in range(1, n)
+    ]
+    many = getattr(model, "generate_many", None)
+    if many is not None:
+        runs = many(prepared.prompt_ids, configs, None, cancel)
+    else:  # an engine without shared prefill: n plain runs
+        runs = [model.generate(prepared.prompt_ids, c, None, cancel) for c in configs]
+    choices = [
+        _choice(model, dataclasses.replace(prepared, config=c), cancel, reporter, run, i)
+        for i, (c, run) in enumerate(zip(configs, runs))
+    ]
+    async for item in _merge(choices):
+        yield item
+
+
+async def _merge(sources: list[AsyncGenerator[Item, None]]) -> AsyncIterator[Item]:
+    """The items of several iterators as they come. The hand-over queue is
+    small, so a reader that stops reading stops the pumps, and the engine's
+    own bound on unread output (``ReaderBehind``) still applies."""
+    queue: asyncio.Queue[Item | BaseException | None] = asyncio.Queue(maxsize=16)
+
+    async def pump(source: AsyncGenerator[Item, None]) -> None:
+        try:
+            async for item in source:
+                await queue.put(item)
+            await queue.put(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # handed to the reader, which raises it
+            await queue.put(exc)
+        finally:
+            await source.aclose()  # its engine run is cancelled if still going
+
+    tasks = [asyncio.create_task(pump(s)) for s in sources]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _choice(
+    model: ChatModel,
+    prepared: Prepared,
+    cancel: CancelFlag,
+    reporter: Reporter,
+    run: Run | None = None,
+    index: int = 0,
+) -> AsyncGenerator[Item, None]:
+    """One choice: its run's deltas, its tool calls (with a guardrail
+    re-ask when needed), its :class:`Final`."""
+    async for item in _one_choice(model, prepared, cancel, reporter, run):
+        item.choice = index
+        yield item
+
+
+async def _one_choice(
+    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter, run: Run | None
+) -> AsyncIterator[Item]:
     router = _Router(prepared)
     attempts: list[RawDecodeResult] = []
     result: RawDecodeResult | None = None
-    async for item in _run(model, prepared, cancel, reporter):
+    probs = _ProbsCarrier()
+    async for item in _run(model, prepared, cancel, reporter, run):
         if isinstance(item, Progress):
-            for d in router.feed(item.text):
+            for d in probs.attach(item.logprobs, router.feed(item.text)):
                 yield d
         else:
             result = item
     assert result is not None
     _raise_if_failed(result, cancel)
     attempts.append(result)
-    for d in router.flush():
+    for d in probs.attach([], router.flush()):
         yield d
     calls: list[toolcalls.ToolCall] = []
     problems: list[str] = []
@@ -538,6 +651,28 @@ async def stream(
         reasoning_tokens=len(model.tokenize(reasoning, False, False)) if reasoning else 0,
         problems=problems,
     )
+
+
+class _ProbsCarrier:
+    """Gives each answer delta the log-probabilities of the tokens behind
+    it: those of the progress it came from, plus any of earlier progress
+    whose text was held back (a possible stop string or tool call, a split
+    character). Tokens that became reasoning carry none."""
+
+    def __init__(self) -> None:
+        self.carry: list[TokenProb] = []
+
+    def attach(self, logprobs: list[TokenProb], deltas: list[Delta | ReasoningDelta]) -> list[Delta | ReasoningDelta]:
+        self.carry += logprobs
+        if not self.carry:
+            return deltas
+        answer = [d for d in deltas if isinstance(d, Delta)]
+        if answer:
+            answer[0].logprobs = self.carry
+            self.carry = []
+        elif deltas:  # reasoning only
+            self.carry = []
+        return deltas
 
 
 def _raise_if_failed(result: RawDecodeResult, cancel: CancelFlag) -> None:

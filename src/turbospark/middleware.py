@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -104,7 +104,7 @@ class ObserveMiddleware:
 
         async def watched_receive() -> dict[str, Any]:
             nonlocal gone
-            message = await receive()
+            message: dict[str, Any] = await receive()
             if message["type"] == "http.disconnect" and not complete:
                 gone = True
             return message
@@ -206,7 +206,7 @@ class BodyTooLarge(BadRequest):
 def _header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope.get("headers", []):
         if k == name:
-            return v.decode("latin-1")
+            return cast(str, v.decode("latin-1"))
     return None
 
 
@@ -287,7 +287,7 @@ class GuardMiddleware:
 
         async def counted_receive() -> dict[str, Any]:
             nonlocal seen
-            message = await receive()
+            message: dict[str, Any] = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
@@ -444,10 +444,10 @@ class ClientTimeouts:
         async def timed_receive() -> dict[str, Any]:
             nonlocal body_done
             if body_done:  # after the body: a disconnect, whenever it comes
-                return await receive()
+                return cast("dict[str, Any]", await receive())
             try:
                 async with asyncio.timeout(self.body_timeout):
-                    message = await receive()
+                    message: dict[str, Any] = await receive()
             except TimeoutError:
                 raise BodyTimeout(self.body_timeout) from None
             if message["type"] != "http.request" or not message.get("more_body", False):

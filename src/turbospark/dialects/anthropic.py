@@ -27,7 +27,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final, Prepared, ToolCallDelta
+from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import BadRequest, argument_pieces, check_json_schema, check_tool_schemas, new_id, sse_event
 from .errors import Failure, anthropic_error
@@ -577,14 +577,14 @@ class MessageRenderer:
         self._open = None
         return out + sse_event("content_block_stop", {"type": "content_block_stop", "index": self._index})
 
-    def reasoning(self, text: str) -> bytes:
+    def reasoning(self, delta: ReasoningDelta) -> bytes:
         out = b"" if self._open == "thinking" else self._start({"type": "thinking", "thinking": "", "signature": ""})
-        return out + self._delta({"type": "thinking_delta", "thinking": text})
+        return out + self._delta({"type": "thinking_delta", "thinking": delta.text})
 
-    def text(self, text: str) -> bytes:
+    def text(self, delta: Delta) -> bytes:
         out = b"" if self._open == "text" else self._start({"type": "text", "text": ""})
         self._had_text = True
-        return out + self._delta({"type": "text_delta", "text": text})
+        return out + self._delta({"type": "text_delta", "text": delta.text})
 
     def tool_call(self, delta: ToolCallDelta) -> bytes:
         """One whole ``tool_use`` block: start (empty input), the arguments

@@ -90,7 +90,7 @@ def llamacpp_error(status: int, message: str, type: str | None = None, **_: Any)
 LLAMACPP_PATHS = ("/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/embedding")
 
 
-def shape_for_path(path: str):
+def shape_for_path(path: str) -> ErrorShape:
     """The error shape a client of this path parses (for errors raised before
     any handler runs: 401s, unknown routes, wrong methods)."""
     if path.startswith("/api/") or path == "/api":

@@ -18,8 +18,10 @@ and pure translations, so editors and tools written for llama-server
 Errors: ``{"error": {"code", "message", "type"}}``, as llama-server.
 Sampling follows llama-server's field names (``n_predict``,
 ``repeat_penalty``, ``repeat_last_n``, ``ignore_eos``, ``cache_prompt``);
-``samplers`` (a custom chain order) is taken with a warning, and ``n_probs``
-is refused until token probabilities exist.
+``samplers`` (a custom chain order) is taken with a warning. ``n_probs: N``
+adds ``completion_probabilities`` (each token's log-probability and the N
+most likely at its place), as llama-server does without
+``post_sampling_probs``.
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, FillIn, Final
+from ..engine.types import GenerationConfig, StopReason, TokenProb
+from ..generation import ChatRequest, Delta, FillIn, Final
 from .common import BadRequest, sse_data
 from .errors import Failure, llamacpp_error
 from .openai_chat import timings
 from .render import SSE, Unsent
-from .translate import SAMPLING, Translation, copy_sampling, stop_strings
+from .translate import SAMPLING, Translation, copy_sampling, logprob_value, logprobs_setting, stop_strings
 
 #: llama-server's default when ``n_predict`` is -1 or absent is "until the
 #: end"; a server that must answer on a budget uses the context's room
@@ -135,7 +137,7 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     if body.samplers is not None:
         warnings.append("samplers: the server's sampler order is used")
     if body.n_probs:
-        raise BadRequest("'n_probs' (token probabilities) is not supported by this server yet", "n_probs")
+        config.logprobs = logprobs_setting(True, body.n_probs, "n_probs")
     if body.logit_bias:
         config.logit_bias = _logit_bias(body.logit_bias)
     return config
@@ -237,16 +239,31 @@ class CompletionRenderer(Unsent):
         }
 
     def complete(self, final: Final) -> dict[str, Any]:
-        return {"content": final.text, "tokens": [], **self._last(final)}
+        out = {"content": final.text, "tokens": [], **self._last(final)}
+        if final.logprobs:
+            out["completion_probabilities"] = probabilities(final.logprobs)
+        return out
 
-    def text(self, text: str) -> bytes:
-        return sse_data({"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1})
+    def text(self, delta: Delta) -> bytes:
+        chunk = {"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": -1}
+        if delta.logprobs:
+            chunk["completion_probabilities"] = probabilities(delta.logprobs)
+        return sse_data(chunk)
 
     def final(self, final: Final) -> bytes:
         return sse_data({"content": "", "tokens": [], **self._last(final)})
 
     def error(self, failure: Failure) -> bytes:
         return sse_data(failure.body(llamacpp_error))
+
+
+def _probability(prob: TokenProb) -> dict[str, Any]:
+    return {"id": prob.id, "token": prob.text, "bytes": list(prob.piece), "logprob": logprob_value(prob.logprob)}
+
+
+def probabilities(logprobs: list[TokenProb]) -> list[dict[str, Any]]:
+    """``n_probs``: llama-server's ``completion_probabilities`` entries."""
+    return [{**_probability(p), "top_logprobs": [_probability(t) for t in p.top]} for p in logprobs]
 
 
 def props(info: dict[str, Any], parallel: int, template: str) -> dict[str, Any]:

@@ -32,13 +32,22 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, FillIn, Final, ToolCallDelta
+from ..generation import ChatRequest, Delta, FillIn, Final, ReasoningDelta, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, ndjson
 from .errors import Failure
 from .openai_chat import HistoryToolCall, check_tools
 from .render import NDJSON
-from .translate import SAMPLING, Translation, copy_sampling, pick, stop_strings, tool_calls_for_template
+from .translate import (
+    SAMPLING,
+    Translation,
+    copy_sampling,
+    logprobs_setting,
+    pick,
+    stop_strings,
+    token_logprob,
+    tool_calls_for_template,
+)
 
 #: ``think`` levels (``true``/``false`` are the other values)
 THINK_LEVELS = ("low", "medium", "high")
@@ -214,8 +223,6 @@ def _common_checks(body: _Common, warnings: list[str]) -> None:
         raise BadRequest(
             f"invalid think value {body.think!r}: expected true, false or one of: {', '.join(THINK_LEVELS)}", "think"
         )
-    if body.logprobs or body.top_logprobs:
-        raise BadRequest("logprobs are not supported by this server", "logprobs")
 
 
 def reasoning(think: bool | str | None) -> str | None:
@@ -240,6 +247,7 @@ def _structured(body: _Common, req: ChatRequest) -> None:
 
 def _request(body: _Common, warnings: list[str], **kw: Any) -> ChatRequest:
     config, budget, num_ctx = _config(body, warnings)
+    config.logprobs = logprobs_setting(body.logprobs, body.top_logprobs)
     req = ChatRequest(
         config=config,
         max_tokens_explicit=budget is not None,
@@ -436,16 +444,21 @@ class Renderer:
     def complete(self, final: Final) -> dict[str, Any]:
         """``stream: false``: the whole answer in one object."""
         line = self._line(final.text, True, final.reasoning, final.tool_calls)
+        if final.logprobs:
+            line["logprobs"] = [token_logprob(p) for p in final.logprobs]
         return {**line, "done_reason": done_reason(final.reason), **stats(final, self._wall_ns(), self.load_ns)}
 
     def opening(self, prompt_tokens: int) -> None:
         return None
 
-    def text(self, text: str) -> bytes:
-        return ndjson(self._line(text, False))
+    def text(self, delta: Delta) -> bytes:
+        line = self._line(delta.text, False)
+        if delta.logprobs:
+            line["logprobs"] = [token_logprob(p) for p in delta.logprobs]
+        return ndjson(line)
 
-    def reasoning(self, text: str) -> bytes:
-        return ndjson(self._line("", False, thinking=text))
+    def reasoning(self, delta: ReasoningDelta) -> bytes:
+        return ndjson(self._line("", False, thinking=delta.text))
 
     def tool_call(self, delta: ToolCallDelta) -> None:
         """Calls are kept: they go out together in one piece at the end."""

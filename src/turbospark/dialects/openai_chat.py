@@ -13,13 +13,20 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final, ToolCallDelta
+from ..engine.types import GenerationConfig, StopReason, TokenProb
+from ..generation import ChatRequest, Delta, Final, ReasoningDelta, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, check_tool_schemas, new_id, sse_data, text_of, unix_time
 from .errors import Failure, openai_error
 from .render import SSE
-from .translate import ToolChoice, Translation, copy_sampling, tool_calls_for_template
+from .translate import (
+    ToolChoice,
+    Translation,
+    copy_sampling,
+    logprobs_setting,
+    token_logprob,
+    tool_calls_for_template,
+)
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -116,8 +123,6 @@ def sampling(body: Any, config: GenerationConfig) -> None:
         config.repeat_penalty = rp
     if body.stop is not None:
         config.stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
-    if body.n not in (None, 1):
-        raise BadRequest("only n=1 is supported", "n")
     if body.logit_bias:
         try:
             config.logit_bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in body.logit_bias.items()}
@@ -127,8 +132,6 @@ def sampling(body: Any, config: GenerationConfig) -> None:
             raise BadRequest("logit_bias keys must be token ids (non-negative integers)", "logit_bias")
     if body.ignore_eos:
         config.ignore_eos = True
-    if body.logprobs or body.top_logprobs:
-        raise BadRequest("logprobs are not supported by this server", "logprobs")
 
 
 def to_messages(messages: list[Message], images: list[Any]) -> list[dict[str, Any]]:
@@ -166,6 +169,7 @@ def to_chat_request(body: ChatCompletionRequest) -> Translation:
         warnings.append(f"{len(images)} image part(s) ignored: this model has no vision support")
     config = GenerationConfig()
     sampling(body, config)
+    config.logprobs = logprobs_setting(body.logprobs, body.top_logprobs)
     config.session_key = body.prompt_cache_key or body.user
     budget = body.max_completion_tokens or body.max_tokens
     req = ChatRequest(
@@ -175,6 +179,7 @@ def to_chat_request(body: ChatCompletionRequest) -> Translation:
         max_tokens_explicit=budget is not None,
         reasoning=body.reasoning_effort,
         parallel_tool_calls=body.parallel_tool_calls is not False,
+        n=choices(body.n),
     )
     req.tool_choice, req.tool_name, _ = tool_choice(body.tool_choice)
     check_tool_schemas(
@@ -242,6 +247,20 @@ def structured_output(fmt: ResponseFormat, req: ChatRequest) -> None:
         req.json_schema = check_json_schema(schema, "response_format.json_schema.schema")
 
 
+#: the most choices one request may ask for (``n``): each takes a sequence
+#: slot of its own, or waits for one
+MAX_CHOICES = 16
+
+
+def choices(n: int | None) -> int:
+    """OpenAI's ``n``, checked."""
+    if n is None:
+        return 1
+    if not 1 <= n <= MAX_CHOICES:
+        raise BadRequest(f"'n' must be between 1 and {MAX_CHOICES}", "n")
+    return n
+
+
 def finish_reason(reason: StopReason) -> str:
     """Chat Completions' finish_reason for a turn's stop reason
     (``Final.reason``: tool calls win over the engine's own ending)."""
@@ -252,15 +271,26 @@ def finish_reason(reason: StopReason) -> str:
     return "stop"
 
 
-def usage(final: Final) -> dict[str, Any]:
-    p, c = final.prompt_tokens, final.completion_tokens
+def usage(*finals: Final) -> dict[str, Any]:
+    """Summed over the choices as OpenAI counts them: the prompt once (plus
+    any guardrail re-ask's), every choice's completion."""
+    first = finals[0]
+    again = [a for f in finals[1:] for a in f.attempts[1:]]
+    p = first.prompt_tokens + sum(a.prompt_tokens for a in again)
+    cached = first.cached_tokens + sum(a.reused_prefix_tokens for a in again)
+    c = sum(f.completion_tokens for f in finals)
     return {
         "prompt_tokens": p,
         "completion_tokens": c,
         "total_tokens": p + c,
-        "prompt_tokens_details": {"cached_tokens": final.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": final.reasoning_tokens},
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": sum(f.reasoning_tokens for f in finals)},
     }
+
+
+def content_logprobs(logprobs: list[TokenProb]) -> dict[str, Any]:
+    """A choice's (or a chunk's) ``logprobs`` object."""
+    return {"content": [token_logprob(p) for p in logprobs], "refusal": None}
 
 
 def timings(final: Final) -> dict[str, Any]:
@@ -301,21 +331,25 @@ def message(final: Final) -> dict[str, Any]:
 
 class ChatRenderer:
     """Renders one response (non-streamed JSON or the SSE chunk sequence):
-    a :class:`~turbospark.dialects.render.Renderer`."""
+    a :class:`~turbospark.dialects.render.ChoicesRenderer`."""
 
     media_type = SSE
 
-    def __init__(
-        self, model_name: str, include_usage: bool = False, want_timings: bool = False, stream: bool = False
-    ) -> None:
+    def __init__(self, model_name: str, body: Any, stream: bool = False) -> None:
         self.stream = stream
         self.id = new_id("chatcmpl-")
         self.created = unix_time()
         self.model = model_name
-        self.include_usage = include_usage
-        self.want_timings = want_timings
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.want_timings = bool(body.timings)
+        self.logprobs = bool(body.logprobs)
+        self.n = choices(body.n)
+        self._finals: list[Final] = []
 
     def complete(self, final: Final) -> dict[str, Any]:
+        return self.complete_choices([final])
+
+    def complete_choices(self, finals: list[Final]) -> dict[str, Any]:
         out = {
             "id": self.id,
             "object": "chat.completion",
@@ -324,36 +358,42 @@ class ChatRenderer:
             "system_fingerprint": "turbospark",
             "choices": [
                 {
-                    "index": 0,
+                    "index": final.choice,
                     "message": message(final),
-                    "logprobs": None,
+                    "logprobs": content_logprobs(final.logprobs) if self.logprobs else None,
                     "finish_reason": finish_reason(final.reason),
                 }
+                for final in finals
             ],
-            "usage": usage(final),
+            "usage": usage(*finals),
         }
         if self.want_timings:
-            out["timings"] = timings(final)
+            out["timings"] = timings(finals[0])
         return out
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0) -> dict[str, Any]:
         chunk = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "system_fingerprint": "turbospark",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}],
         }
         if self.include_usage:
             chunk["usage"] = None
         return chunk
 
     def opening(self, prompt_tokens: int) -> bytes:
-        """The role chunk, ``content: null`` as OpenAI sends it."""
-        return sse_data(self._chunk({"role": "assistant", "content": None}))
+        """The role chunk of each choice, ``content: null`` as OpenAI sends it."""
+        return b"".join(sse_data(self._chunk({"role": "assistant", "content": None}, index=i)) for i in range(self.n))
 
-    def text(self, text: str) -> bytes:
+    def text(self, delta: Delta) -> bytes:
+        if delta.logprobs or delta.choice:
+            chunk = self._chunk({"content": delta.text}, index=delta.choice)
+            if delta.logprobs:
+                chunk["choices"][0]["logprobs"] = content_logprobs(delta.logprobs)
+            return sse_data(chunk)
         # the hot path (one frame per token): the chunk around the text is
         # the same every time, so it is serialized once
         frame = getattr(self, "_text_parts", None)
@@ -362,19 +402,25 @@ class ChatRenderer:
             rendered = sse_data(self._chunk({"content": mark}))
             head, _, tail = rendered.partition(orjson.dumps(mark))
             frame = self._text_parts = (head, tail)
-        return frame[0] + orjson.dumps(text) + frame[1]
+        return frame[0] + orjson.dumps(delta.text) + frame[1]
 
-    def reasoning(self, text: str) -> bytes:
-        return sse_data(self._chunk({"reasoning_content": text}))
+    def reasoning(self, delta: ReasoningDelta) -> bytes:
+        return sse_data(self._chunk({"reasoning_content": delta.text}, index=delta.choice))
 
     def tool_call(self, delta: ToolCallDelta) -> bytes:
-        return sse_data(self._chunk({"tool_calls": [{"index": delta.index, **wire_call(delta.call)}]}))
+        call = {"index": delta.index, **wire_call(delta.call)}
+        return sse_data(self._chunk({"tool_calls": [call]}, index=delta.choice))
 
     def final(self, final: Final) -> bytes:
-        last = self._chunk({}, finish_reason(final.reason))
+        """The choice's finish chunk; after the last choice's, the usage
+        chunk (when asked for) and ``[DONE]``."""
+        last = self._chunk({}, finish_reason(final.reason), final.choice)
         if self.want_timings:
             last["timings"] = timings(final)
         out = sse_data(last)
+        self._finals.append(final)
+        if len(self._finals) < self.n:
+            return out
         if self.include_usage:
             out += sse_data(
                 {
@@ -384,7 +430,7 @@ class ChatRenderer:
                     "model": self.model,
                     "system_fingerprint": "turbospark",
                     "choices": [],
-                    "usage": usage(final),
+                    "usage": usage(*sorted(self._finals, key=lambda f: f.choice)),
                 }
             )
         return out + b"data: [DONE]\n\n"

@@ -10,24 +10,26 @@ chunk also carry llama.cpp's ``timings`` object, from the engine's result.
 
 ``suffix`` makes it an insert: the model fills in between the prompt and
 the suffix with its fill-in-the-middle tokens (a model without them is a
-400). Features the engine cannot give (``echo``, ``logprobs``,
-``best_of``/``n`` above 1, token-id prompts) are refused with a 400 naming
-the field, rather than silently answered without them.
+400). ``logprobs: N`` gives each token's log-probability and the N most
+likely at its place; ``n`` choices decode side by side from one prefill.
+Features the engine cannot give (``echo``, ``best_of`` above 1, token-id
+prompts) are refused with a 400 naming the field, rather than silently
+answered without them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, FillIn, Final
+from ..engine.types import GenerationConfig, StopReason, TokenProb
+from ..generation import ChatRequest, Delta, FillIn, Final
 from .common import BadRequest, new_id, sse_data, unix_time
 from .errors import Failure, openai_error
-from .openai_chat import StreamOptions, sampling, timings, usage
+from .openai_chat import StreamOptions, choices, sampling, timings, usage
 from .render import SSE, Unsent
-from .translate import Translation
+from .translate import Translation, logprob_value, logprobs_setting
 
 #: OpenAI's documented default for ``max_tokens`` on this endpoint.
 DEFAULT_MAX_TOKENS = 16
@@ -65,12 +67,6 @@ class CompletionRequest(BaseModel):
     #: llama.cpp server's opt-in per-response ``timings`` object
     timings: bool | None = None
 
-    #: ``sampling`` (shared with Chat Completions) reads this; the
-    #: Completions API has no such field.
-    @property
-    def top_logprobs(self) -> None:
-        return None
-
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
@@ -91,7 +87,7 @@ def prompt_text(prompt: str | list[Any]) -> str:
                 f"only one prompt per request is supported; 'prompt' is a list of {len(prompt)} strings",
                 "prompt",
             )
-        return prompt[0]
+        return cast(str, prompt[0])
     if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt) or all(isinstance(p, list) for p in prompt):
         raise BadRequest("token-id prompts are not supported; send 'prompt' as a string", "prompt")
     raise BadRequest("'prompt' must be a string or a list with one string", "prompt")
@@ -100,12 +96,8 @@ def prompt_text(prompt: str | list[Any]) -> str:
 def _refuse_unsupported(body: CompletionRequest) -> None:
     if body.echo:
         raise BadRequest("'echo' is not supported by this server", "echo")
-    if body.logprobs is not None:
-        raise BadRequest("'logprobs' is not supported by this server", "logprobs")
     if body.best_of not in (None, 1):
         raise BadRequest("only best_of=1 is supported", "best_of")
-    if body.n not in (None, 1):
-        raise BadRequest("only n=1 is supported", "n")
 
 
 def to_chat_request(body: CompletionRequest) -> Translation:
@@ -114,6 +106,7 @@ def to_chat_request(body: CompletionRequest) -> Translation:
     text = prompt_text(body.prompt)
     config = GenerationConfig()
     sampling(body, config)
+    config.logprobs = logprobs_setting(body.logprobs is not None, body.logprobs, "logprobs")
     config.session_key = body.prompt_cache_key or body.user
     fill = FillIn(text, body.suffix) if body.suffix is not None else None
     req = ChatRequest(
@@ -122,6 +115,7 @@ def to_chat_request(body: CompletionRequest) -> Translation:
         config=config,
         max_tokens_explicit=body.max_tokens is not None,
         default_max_tokens=DEFAULT_MAX_TOKENS,
+        n=choices(body.n),
     )
     if body.max_tokens is not None:
         config.max_new_tokens = body.max_tokens
@@ -135,19 +129,22 @@ def finish_reason(reason: StopReason) -> str:
 
 class CompletionRenderer(Unsent):
     """Renders one response (non-streamed JSON or the SSE chunk sequence):
-    a :class:`~turbospark.dialects.render.Renderer` of text only."""
+    a :class:`~turbospark.dialects.render.ChoicesRenderer` of text only."""
 
     media_type = SSE
 
-    def __init__(
-        self, model_name: str, include_usage: bool = False, want_timings: bool = False, stream: bool = False
-    ) -> None:
+    def __init__(self, model_name: str, body: Any, stream: bool = False) -> None:
         self.stream = stream
         self.id = new_id("cmpl-")
         self.created = unix_time()
         self.model = model_name
-        self.include_usage = include_usage
-        self.want_timings = want_timings
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.want_timings = bool(body.timings)
+        self.logprobs = body.logprobs is not None
+        self.n = choices(body.n)
+        self._finals: list[Final] = []
+        #: each choice's text so far, in characters (``text_offset``)
+        self._offsets = [0] * self.n
 
     def _object(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -159,33 +156,57 @@ class CompletionRenderer(Unsent):
             "choices": choices,
         }
 
-    @staticmethod
-    def _choice(text: str, finish: str | None) -> dict[str, Any]:
-        return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+    def _choice(
+        self, text: str, finish: str | None, index: int = 0, logprobs: list[TokenProb] | None = None
+    ) -> dict[str, Any]:
+        lp = self._logprobs(index, logprobs) if logprobs is not None and self.logprobs else None
+        return {"text": text, "index": index, "logprobs": lp, "finish_reason": finish}
+
+    def _logprobs(self, index: int, logprobs: list[TokenProb]) -> dict[str, Any]:
+        """The legacy shape: parallel lists of tokens, their logprobs, their
+        alternatives as token -> logprob, and where each starts in the text."""
+        offsets = []
+        at = self._offsets[index]
+        for p in logprobs:
+            offsets.append(at)
+            at += len(p.text)
+        self._offsets[index] = at
+        return {
+            "tokens": [p.text for p in logprobs],
+            "token_logprobs": [logprob_value(p.logprob) for p in logprobs],
+            "top_logprobs": [{t.text: logprob_value(t.logprob) for t in p.top} for p in logprobs],
+            "text_offset": offsets,
+        }
 
     def complete(self, final: Final) -> dict[str, Any]:
-        out = self._object([self._choice(final.text, finish_reason(final.result.reason))])
-        out["usage"] = usage(final)
+        return self.complete_choices([final])
+
+    def complete_choices(self, finals: list[Final]) -> dict[str, Any]:
+        out = self._object([self._choice(f.text, finish_reason(f.result.reason), f.choice, f.logprobs) for f in finals])
+        out["usage"] = usage(*finals)
         if self.want_timings:
-            out["timings"] = timings(final)
+            out["timings"] = timings(finals[0])
         return out
 
-    def _chunk(self, text: str, finish: str | None = None, final: Final | None = None) -> bytes:
-        chunk = self._object([self._choice(text, finish)])
+    def _chunk(self, choice: dict[str, Any], final: Final | None = None) -> bytes:
+        chunk = self._object([choice])
         if self.include_usage:
             chunk["usage"] = None
         if final is not None and self.want_timings:
             chunk["timings"] = timings(final)
         return sse_data(chunk)
 
-    def text(self, text: str) -> bytes:
-        return self._chunk(text)
+    def text(self, delta: Delta) -> bytes:
+        return self._chunk(self._choice(delta.text, None, delta.choice, delta.logprobs))
 
     def final(self, final: Final) -> bytes:
-        out = self._chunk("", finish_reason(final.result.reason), final)
+        out = self._chunk(self._choice("", finish_reason(final.result.reason), final.choice), final)
+        self._finals.append(final)
+        if len(self._finals) < self.n:
+            return out
         if self.include_usage:
             last = self._object([])
-            last["usage"] = usage(final)
+            last["usage"] = usage(*sorted(self._finals, key=lambda f: f.choice))
             out += sse_data(last)
         return out + b"data: [DONE]\n\n"
 

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final, ToolCallDelta
+from ..engine.types import GenerationConfig, StopReason, TokenProb
+from ..generation import ChatRequest, Delta, Final, ReasoningDelta, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import (
     BadRequest,
@@ -40,7 +40,19 @@ from .common import (
 from .errors import Failure
 from .openai_chat import REASONING_EFFORTS
 from .render import SSE
-from .translate import SAMPLING, ToolChoice, Translation, copy_sampling, pick, tool_calls_for_template
+from .translate import (
+    SAMPLING,
+    ToolChoice,
+    Translation,
+    copy_sampling,
+    logprobs_setting,
+    pick,
+    token_logprob,
+    tool_calls_for_template,
+)
+
+#: the ``include`` value that asks for the answer's log-probabilities
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
 
 TOOL_CHOICES = ("none", "auto", "required")
 TEXT_FORMATS = ("text", "json_object", "json_schema")
@@ -88,6 +100,9 @@ class ResponsesRequest(_Wire):
     background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    #: extra output: "message.output_text.logprobs" is acted on, the others
+    #: (encrypted reasoning, tool results) have nothing here to include
+    include: list[str] | None = None
 
 
 class MessageItem(_Wire):
@@ -311,8 +326,6 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
         )
     if body.background:
         raise BadRequest("background responses are not supported", "background")
-    if body.top_logprobs:
-        raise BadRequest("logprobs are not supported by this server", "top_logprobs")
     effort = body.reasoning.effort if body.reasoning else None
     if effort is not None and effort not in REASONING_EFFORTS:
         raise BadRequest(
@@ -343,6 +356,8 @@ def to_chat_request(body: ResponsesRequest) -> Translation:
     )
     config = GenerationConfig()
     copy_sampling(body, config, pick(SAMPLING, "temperature", "top_p", "seed"))
+    wanted = INCLUDE_LOGPROBS in (body.include or ()) or bool(body.top_logprobs)
+    config.logprobs = logprobs_setting(wanted, body.top_logprobs)
     config.session_key = body.prompt_cache_key or body.user
     if body.max_output_tokens is not None:
         config.max_new_tokens = body.max_output_tokens
@@ -418,6 +433,8 @@ class ResponsesRenderer:
         #: streamed items: done ones, then the open one (kind, id, text pieces)
         self._done: list[dict[str, Any]] = []
         self._open: tuple[str, str, list[str]] | None = None
+        #: the open message's tokens' log-probabilities (when asked for)
+        self._probs: list[TokenProb] = []
         self._had_message = False
         reasoning = body.reasoning
         fmt = body.text.format if body.text and body.text.format else {"type": "text"}
@@ -466,8 +483,9 @@ class ResponsesRenderer:
             "usage": usage(final) if final is not None else None,
         }
 
-    def _part(self, text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    def _part(self, text: str, logprobs: list[TokenProb] | None = None) -> dict[str, Any]:
+        lp = [token_logprob(p) for p in logprobs] if logprobs else []
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": lp}
 
     def _message(self, status: str, content: list[dict[str, Any]], item_id: str | None = None) -> dict[str, Any]:
         return {
@@ -497,7 +515,7 @@ class ResponsesRenderer:
             items.append(self._reasoning("completed", final.reasoning))
         if final.text or not final.tool_calls:
             status = "completed" if status_of(final.reason) == "completed" else "incomplete"
-            items.append(self._message(status, [self._part(final.text)]))
+            items.append(self._message(status, [self._part(final.text, final.logprobs)]))
         items.extend(function_call_item(c, "fc_" + c.id.removeprefix("call_")) for c in final.tool_calls)
         return items
 
@@ -533,6 +551,7 @@ class ResponsesRenderer:
             item_id = self.reasoning_id if first else new_id("rs_")
             item, part = self._reasoning("in_progress", None, item_id), {"type": "reasoning_text", "text": ""}
         self._open = (kind, item_id, [])
+        self._probs = []
         index = len(self._done)
         return (
             out
@@ -548,8 +567,9 @@ class ResponsesRenderer:
         text = "".join(pieces)
         where = self._where(item_id)
         if kind == "message":
-            part, item = self._part(text), self._message(status, [self._part(text)], item_id)
-            out = self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+            part = self._part(text, self._probs)
+            item = self._message(status, [part], item_id)
+            out = self._event("response.output_text.done", {**where, "text": text, "logprobs": part["logprobs"]})
         else:
             part, item = {"type": "reasoning_text", "text": text}, self._reasoning("completed", text, item_id)
             out = self._event("response.reasoning_text.done", {**where, "text": text})
@@ -559,19 +579,21 @@ class ResponsesRenderer:
         self._open = None
         return out
 
-    def text(self, text: str) -> bytes:
+    def text(self, delta: Delta) -> bytes:
         out = b"" if self._open and self._open[0] == "message" else self._start("message")
         assert self._open is not None
-        self._open[2].append(text)
+        self._open[2].append(delta.text)
+        self._probs += delta.logprobs
+        logprobs = [token_logprob(p) for p in delta.logprobs]
         return out + self._event(
-            "response.output_text.delta", {**self._where(self._open[1]), "delta": text, "logprobs": []}
+            "response.output_text.delta", {**self._where(self._open[1]), "delta": delta.text, "logprobs": logprobs}
         )
 
-    def reasoning(self, text: str) -> bytes:
+    def reasoning(self, delta: ReasoningDelta) -> bytes:
         out = b"" if self._open and self._open[0] == "reasoning" else self._start("reasoning")
         assert self._open is not None
-        self._open[2].append(text)
-        return out + self._event("response.reasoning_text.delta", {**self._where(self._open[1]), "delta": text})
+        self._open[2].append(delta.text)
+        return out + self._event("response.reasoning_text.delta", {**self._where(self._open[1]), "delta": delta.text})
 
     def tool_call(self, delta: ToolCallDelta) -> bytes:
         """One whole ``function_call`` item: added, the arguments in a few

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ..generation import Final, ToolCallDelta
+from ..generation import Delta, Final, ReasoningDelta, ToolCallDelta
 from .errors import Failure
 
 #: what a renderer returns for one stream item: one frame, several, or none
@@ -37,18 +37,30 @@ class Renderer(Protocol):
         """Sent before the first token."""
         ...
 
-    def text(self, text: str) -> FrameOut: ...
+    def text(self, delta: Delta) -> FrameOut:
+        """Answer text (with its tokens' log-probabilities, when asked for)."""
+        ...
 
-    def reasoning(self, text: str) -> FrameOut: ...
+    def reasoning(self, delta: ReasoningDelta) -> FrameOut: ...
 
     def tool_call(self, delta: ToolCallDelta) -> FrameOut: ...
 
     def final(self, final: Final) -> FrameOut:
-        """The closing frames (stop reason, usage, terminator)."""
+        """The closing frames (stop reason, usage, terminator); with ``n``
+        > 1 it is called once per choice."""
         ...
 
     def error(self, failure: Failure) -> bytes:
         """A failure once the stream has begun; nothing follows it."""
+        ...
+
+
+class ChoicesRenderer(Renderer, Protocol):
+    """A renderer of a dialect with ``n`` choices per request (OpenAI chat
+    and completions)."""
+
+    def complete_choices(self, finals: list[Final]) -> dict[str, Any]:
+        """Every choice in one JSON body (not streamed)."""
         ...
 
 
@@ -58,7 +70,7 @@ class Unsent:
     def opening(self, prompt_tokens: int) -> FrameOut:
         return None
 
-    def reasoning(self, text: str) -> FrameOut:
+    def reasoning(self, delta: ReasoningDelta) -> FrameOut:
         return None
 
     def tool_call(self, delta: ToolCallDelta) -> FrameOut:

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import orjson
 from pydantic import BaseModel
 
-from ..engine.types import GenerationConfig
+from ..engine.types import GenerationConfig, TokenProb
 from ..generation import ChatRequest
 from .common import BadRequest
 
@@ -105,4 +105,36 @@ def tool_calls_for_template(calls: list[Any], where: str = "tool_calls") -> list
                 f"'{at}.function.arguments' must be a JSON string or an object", f"{at}.function.arguments"
             )
         out.append({**call, "function": fn, **fn})
+    return out
+
+
+#: the most alternatives a request may ask for at each token (OpenAI's bound)
+MAX_TOP_LOGPROBS = 20
+#: what a log-probability of minus infinity (a token the constraints forbid)
+#: is written as: JSON has no infinity, and OpenAI uses this value
+FORBIDDEN_LOGPROB = -9999.0
+
+
+def logprobs_setting(wanted: bool | None, top: int | None, param: str = "top_logprobs") -> int | None:
+    """``GenerationConfig.logprobs`` from a dialect's on/off switch and
+    alternative count: None (off), or how many alternatives to report."""
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"'{param}' must be between 0 and {MAX_TOP_LOGPROBS}", param)
+    if not wanted:
+        if top:
+            raise BadRequest(f"'{param}' needs 'logprobs' set to true", param)
+        return None
+    return top or 0
+
+
+def logprob_value(value: float) -> float:
+    return value if value > FORBIDDEN_LOGPROB else FORBIDDEN_LOGPROB
+
+
+def token_logprob(prob: TokenProb, alternatives: bool = True) -> dict[str, Any]:
+    """One token as OpenAI Chat, Responses and Ollama write it: ``token``,
+    ``logprob``, ``bytes`` and, for a sampled token, ``top_logprobs``."""
+    out: dict[str, Any] = {"token": prob.text, "logprob": logprob_value(prob.logprob), "bytes": list(prob.piece)}
+    if alternatives:
+        out["top_logprobs"] = [token_logprob(t, False) for t in prob.top]
     return out

@@ -129,7 +129,7 @@ class Run:
             if self._ended:
                 raise StopAsyncIteration
             self._buffer.extend(await self.channel.get())
-        item = self._buffer.popleft()
+        item: Progress | RawDecodeResult | BaseException = self._buffer.popleft()
         if isinstance(item, Progress):  # the hot path: one check a token
             return item
         self._ended = True  # the terminal item: the result, or the error

@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ _backend_ready = False
 _log_callback = None  # kept referenced: llama.cpp holds the raw pointer
 
 
-def lib():
+def lib() -> Any:
     """Import llama_cpp lazily so that importing turbospark stays cheap."""
     import llama_cpp
 
@@ -43,8 +44,10 @@ def init_backend(verbose: bool = False) -> None:
         llog = logging.getLogger("turbospark.llama")
         show = verbose or bool(os.environ.get("TURBOSPARK_LLAMA_LOG"))
 
-        @L.llama_log_callback
-        def _cb(level, text, _user):  # pragma: no cover - C callback
+        log_callback: Callable[[Callable[[int, bytes, object], None]], Any] = L.llama_log_callback
+
+        @log_callback
+        def _cb(level: int, text: bytes, _user: object) -> None:  # pragma: no cover - C callback
             # GGML_LOG_LEVEL_ERROR == 4; WARN == 3
             if show or level == 4:
                 try:
@@ -107,9 +110,10 @@ class LlamaModelFile:
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 999
         self._progress_cb = None
         if progress is not None:
+            progress_callback: Callable[[Callable[[float, object], bool]], Any] = L.llama_progress_callback
 
-            @L.llama_progress_callback
-            def _p(frac, _user):  # pragma: no cover - C callback
+            @progress_callback
+            def _p(frac: float, _user: object) -> bool:  # pragma: no cover - C callback
                 try:
                     progress(float(frac))
                 except Exception:
@@ -124,7 +128,7 @@ class LlamaModelFile:
         if not self.ptr:
             raise RuntimeError(f"llama.cpp could not load {path} (not a GGUF it understands?)")
         self.vocab = L.llama_model_get_vocab(self.ptr)
-        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_vocab: int = L.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)
         self.n_embd = L.llama_model_n_embd(self.ptr)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
@@ -327,7 +331,8 @@ class LlamaContext:
 
     def decode(self, batch: Batch) -> int:
         batch.struct.n_tokens = batch.n
-        return lib().llama_decode(self.ptr, batch.struct)
+        rc: int = lib().llama_decode(self.ptr, batch.struct)
+        return rc
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(lib().llama_memory_seq_rm(self.mem, seq, p0, p1))

@@ -42,9 +42,9 @@ def kv_bytes_per_token(file: LlamaModelFile) -> int:
     L = lib()
     md = file.metadata
     arch = md.get("general.architecture", "")
-    n_layer = L.llama_model_n_layer(file.ptr)
+    n_layer: int = L.llama_model_n_layer(file.ptr)
     n_head = max(1, L.llama_model_n_head(file.ptr))
-    n_head_kv = L.llama_model_n_head_kv(file.ptr)
+    n_head_kv: int = L.llama_model_n_head_kv(file.ptr)
     key_len = int(md.get(f"{arch}.attention.key_length", file.n_embd // n_head))
     value_len = int(md.get(f"{arch}.attention.value_length", key_len))
     return n_layer * n_head_kv * (key_len + value_len) * 2

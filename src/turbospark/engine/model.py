@@ -338,6 +338,27 @@ class LlamaChatModel:
         self.scheduler.submit(Job(list(prompt_ids), config, cancel, channel))
         return Run(channel)
 
+    def generate_many(
+        self, prompt_ids: list[int], configs: list[GenerationConfig], images: Any, cancel: CancelFlag
+    ) -> list[Run]:
+        """:meth:`generate` for the choices of one request (OpenAI ``n``):
+        one run per config, the prompt prefilled once and its KV copied to
+        the others (see ``Scheduler._fork``). They share ``cancel``."""
+        if len(configs) == 1:
+            return [self.generate(prompt_ids, configs[0], images, cancel)]
+        if images:
+            raise AdmissionError("this model does not accept images", "images")
+        if self.scheduler is None:
+            raise AdmissionError(f"model {self.model_id!r} serves embeddings only", "model")
+        for config in configs:
+            self.check_admission(len(prompt_ids), config.max_new_tokens)
+        loop = asyncio.get_running_loop()
+        channels = [Channel(loop, MAX_UNREAD, lambda unread: cancel.fail(ReaderBehind(unread))) for _ in configs]
+        jobs = [Job(list(prompt_ids), config, cancel, channel) for config, channel in zip(configs, channels)]
+        jobs[0].siblings = jobs[1:]
+        self.scheduler.submit(jobs[0])
+        return [Run(channel) for channel in channels]
+
     async def run_completion(
         self,
         prompt_ids: list[int],

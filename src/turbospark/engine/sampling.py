@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import random
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,34 @@ class SamplerChain:
     def __init__(self, model: LlamaModelFile, config: GenerationConfig) -> None:
         L = lib()
         self.ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        add = lambda s: L.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
+        self.grammar = None
+        #: with logprobs asked for, the constraints (logit bias, penalties)
+        #: are a chain of their own, so the distribution can be read between
+        #: them and the selection (top-k/p, temperature, the pick)
+        self.pre = None
+        self.n_vocab = model.n_vocab
+        self.top_n = config.logprobs
+        #: (the pick's logprob, [(token, logprob) most likely first]) of the
+        #: last :meth:`sample`, when logprobs are asked for
+        self.probs: tuple[float, list[tuple[int, float]]] | None = None
+        if self.top_n is not None:
+            self.pre = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        self._constraints(model, config, self.pre or self.ptr)
+        self._selection(config, self.ptr)
+        if config.grammar:
+            g = L.llama_sampler_init_grammar(model.vocab, config.grammar.encode(), b"root")
+            if not g:
+                self.close()
+                raise AdmissionError("the grammar could not be parsed by llama.cpp", "grammar")
+            self.grammar = g
+        if self.grammar is not None or self.pre is not None:
+            self._data = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
+            self._ids = np.arange(model.n_vocab, dtype=np.int32)
+            self._one = np.zeros(1, dtype=_TOKEN_DATA)
+
+    def _constraints(self, model: LlamaModelFile, config: GenerationConfig, chain: Any) -> None:
+        """Logit bias (``ignore_eos`` included) and repetition penalties."""
+        L = lib()
         bias = dict(config.logit_bias)
         if config.ignore_eos:
             bias.update({t: float("-inf") for t in model.eog_tokens})
@@ -42,28 +70,27 @@ class SamplerChain:
                     raise AdmissionError(f"logit_bias names token {tok}, outside the vocabulary", "logit_bias")
                 arr[i].token = tok
                 arr[i].bias = b
-            add(L.llama_sampler_init_logit_bias(model.n_vocab, len(bias), arr))
-        self.grammar = None
-        self.n_vocab = model.n_vocab
-        if config.grammar:
-            g = L.llama_sampler_init_grammar(model.vocab, config.grammar.encode(), b"root")
-            if not g:
-                self.close()
-                raise AdmissionError("the grammar could not be parsed by llama.cpp", "grammar")
-            self.grammar = g
-            self._data = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
-            self._ids = np.arange(model.n_vocab, dtype=np.int32)
-            self._one = np.zeros(1, dtype=_TOKEN_DATA)
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(model.n_vocab, len(bias), arr))
         if config.repeat_penalty != 1.0 or config.presence_penalty != 0.0 or config.frequency_penalty != 0.0:
-            add(
+            L.llama_sampler_chain_add(
+                chain,
                 L.llama_sampler_init_penalties(
                     model.n_vocab,
                     config.penalty_last_n,
                     config.repeat_penalty,
                     config.frequency_penalty,
                     config.presence_penalty,
-                )
+                ),
             )
+
+    @staticmethod
+    def _selection(config: GenerationConfig, chain: Any) -> None:
+        """Greedy, or top-k / top-p / min-p, temperature and a seeded pick."""
+        L = lib()
+
+        def add(s: Any) -> None:
+            L.llama_sampler_chain_add(chain, s)
+
         if config.greedy:
             add(L.llama_sampler_init_greedy())
             return
@@ -77,21 +104,23 @@ class SamplerChain:
         seed = config.seed if config.seed is not None else random.getrandbits(32)
         add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
-    def sample(self, ctx_ptr, index: int) -> int:
+    def sample(self, ctx_ptr: Any, index: int) -> int:
+        if self.pre is not None:
+            return self._sample_with_probs(ctx_ptr, index)
         if self.grammar is None:
-            return lib().llama_sampler_sample(self.ptr, ctx_ptr, index)
+            return int(lib().llama_sampler_sample(self.ptr, ctx_ptr, index))
         return self._sample_constrained(ctx_ptr, index)
 
     def _array(self, data: np.ndarray) -> ctypes.Structure:
         L = lib()
-        arr = L.llama_token_data_array()
+        arr: ctypes.Structure = L.llama_token_data_array()
         arr.data = data.ctypes.data_as(L.llama_token_data_p)
         arr.size = len(data)
         arr.selected = -1
         arr.sorted = False
         return arr
 
-    def _candidates(self, ctx_ptr, index: int) -> ctypes.Structure:
+    def _candidates(self, ctx_ptr: Any, index: int) -> ctypes.Structure:
         row = lib().llama_get_logits_ith(ctx_ptr, index)
         data = self._data
         data["id"] = self._ids
@@ -99,7 +128,7 @@ class SamplerChain:
         data["p"] = 0.0
         return self._array(data)
 
-    def _sample_constrained(self, ctx_ptr, index: int) -> int:
+    def _sample_constrained(self, ctx_ptr: Any, index: int) -> int:
         L = lib()
         arr = self._candidates(ctx_ptr, index)
         L.llama_sampler_apply(self.ptr, ctypes.byref(arr))
@@ -117,10 +146,45 @@ class SamplerChain:
         L.llama_sampler_accept(self.ptr, token)
         return token
 
+    def _sample_with_probs(self, ctx_ptr: Any, index: int) -> int:
+        """The pick, with the log-probabilities of the distribution the
+        constraints leave (logit bias, penalties, the grammar over the whole
+        vocabulary), before truncation and temperature: what the model gives
+        each token here, so the greedy pick is always the most likely."""
+        L = lib()
+        arr = self._candidates(ctx_ptr, index)
+        L.llama_sampler_apply(self.pre, ctypes.byref(arr))
+        if self.grammar is not None:
+            L.llama_sampler_apply(self.grammar, ctypes.byref(arr))
+        raw = ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_byte))  # samplers may re-point data
+        view = np.ctypeslib.as_array(raw, shape=(arr.size * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)
+        logits = view["logit"].astype(np.float64)
+        top = float(logits.max())
+        logprobs = logits - (top + np.log(np.exp(logits - top).sum()))
+        ids = view["id"].copy()
+        L.llama_sampler_apply(self.ptr, ctypes.byref(arr))
+        token = int(arr.data[arr.selected].id)
+        if self.grammar is not None:
+            L.llama_sampler_accept(self.grammar, token)
+        L.llama_sampler_accept(self.pre, token)
+        L.llama_sampler_accept(self.ptr, token)
+        n = min(self.top_n or 0, len(ids))
+        best: list[tuple[int, float]] = []
+        if n:
+            cut = np.argpartition(-logprobs, n - 1)[:n]
+            cut = cut[np.argsort(-logprobs[cut], kind="stable")]
+            best = [(int(ids[i]), float(logprobs[i])) for i in cut]
+        where = np.flatnonzero(ids == token)
+        self.probs = (float(logprobs[where[0]]) if len(where) else float("-inf"), best)
+        return token
+
     def close(self) -> None:
         if getattr(self, "grammar", None):
             lib().llama_sampler_free(self.grammar)
             self.grammar = None
+        if getattr(self, "pre", None):
+            lib().llama_sampler_free(self.pre)
+            self.pre = None
         if self.ptr:
             lib().llama_sampler_free(self.ptr)
             self.ptr = None

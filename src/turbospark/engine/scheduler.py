@@ -61,6 +61,7 @@ from .types import (
     Progress,
     RawDecodeResult,
     StopReason,
+    TokenProb,
 )
 
 log = logging.getLogger("turbospark.engine")
@@ -81,6 +82,10 @@ class Job:
     submitted_at: float = field(default_factory=time.perf_counter)
     #: when it was given a slot (perf_counter; 0 until then)
     admitted_at: float = 0.0
+    #: the other choices of an ``n`` > 1 request (same prompt): they start
+    #: when this job's prompt is in the KV, each in a slot of its own with
+    #: a copy of that KV, sampling its first token from the same logits
+    siblings: list[Job] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -180,6 +185,8 @@ class Seq:
         "drafted",
         "accepted",
         "reused_from",
+        "probs",
+        "probs_out",
     )
 
     def __init__(
@@ -212,6 +219,10 @@ class Seq:
         self.drafter: NgramDrafter | None = None
         self.drafted = 0
         self.accepted = 0
+        #: the sampled tokens' log-probabilities (when asked for), and those
+        #: not yet handed out with a Progress
+        self.probs: list[TokenProb] = []
+        self.probs_out: list[TokenProb] = []
 
 
 @dataclass(slots=True)
@@ -426,12 +437,13 @@ class Scheduler:
                 self._stopping = True
                 waiting, self._waiting = list(self._waiting), deque()
             for job in waiting:
-                job.sink.put(
+                self._end(
+                    job,
                     EngineError(
                         f"engine failure: {self.failure}"
                         if self.failure
                         else "the model was unloaded before this request ran"
-                    )
+                    ),
                 )
             for seq in list(self._active):
                 self._fail(seq, EngineError("the model was unloaded during this request"))
@@ -497,7 +509,7 @@ class Scheduler:
         keep: deque[Job] = deque()
         for job in self._waiting:
             if job.cancel.cancelled:
-                job.sink.put(self._cancelled_result(job))
+                self._end(job, self._cancelled_result(job))
             else:
                 keep.append(job)
         self._waiting = keep
@@ -578,7 +590,7 @@ class Scheduler:
         cfg = job.config
         if job.cancel.cancelled:
             slot.busy = False
-            job.sink.put(self._cancelled_result(job))
+            self._end(job, self._cancelled_result(job))
             return
         evicted = bool(slot.tokens) and not extension
         if evicted and self.host.enabled:
@@ -608,7 +620,7 @@ class Scheduler:
             chain = SamplerChain(self.model, cfg)
         except Exception as exc:
             slot.busy = False
-            job.sink.put(exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
+            self._end(job, exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
             return
         seq = Seq(job, slot, chain, reuse, evicted, reused_from)
         if self.speculative and cfg.speculative:
@@ -639,6 +651,49 @@ class Scheduler:
             if n >= need and (n > best_n or (best is not None and n == best_n and len(s.tokens) < len(best.tokens))):
                 best, best_n = s, n
         return best, best_n
+
+    def _fork(self, seq: Seq, idx: int) -> None:
+        """Start the other choices of ``seq``'s request now that its prompt
+        is in the KV: each takes a free slot, gets a copy of that KV, and
+        samples its first token from the logits at ``idx`` (with its own
+        sampler), so the prompt is prefilled once for all of them. A choice
+        that finds no free slot waits at the head of the list; when it
+        starts it copies the prompt's KV like any same-owner prefix."""
+        siblings, seq.job.siblings = seq.job.siblings, []
+        for job in siblings:
+            slot = None
+            if len(self._active) < self.parallel and not job.cancel.cancelled:
+                free = [s for s in self.slots if not s.busy]
+                if free:
+                    slot = min(free, key=lambda s: (bool(s.tokens), s.last_used))
+            if slot is None or not self._fork_into(seq, job, slot, idx):
+                with self._cond:
+                    self._waiting.appendleft(job)
+
+    def _fork_into(self, seq: Seq, job: Job, slot: Slot, idx: int) -> bool:
+        if slot.tokens and self.host.enabled:
+            self._save_to_host(slot)  # the conversation it held moves to the host tier
+        evicted = bool(slot.tokens)
+        n = seq.n_past
+        if self._copy_prefix(seq.slot, slot, n) != n:
+            return False
+        try:
+            chain = SamplerChain(self.model, job.config)
+        except Exception as exc:
+            self._end(job, exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
+            return True
+        job.admitted_at = time.perf_counter()
+        slot.busy = True
+        slot.tokens = list(job.prompt)
+        slot.prompt_len = len(job.prompt)
+        slot.owner = job.config.owner
+        slot.session_key = job.config.session_key
+        fork = Seq(job, slot, chain, n, evicted, "copy")
+        if self.speculative and job.config.speculative:
+            fork.drafter = NgramDrafter(job.prompt, k_max=self.draft_max)
+        self._active.append(fork)
+        self._sample(fork, idx)
+        return True
 
     def _save_to_host(self, slot: Slot) -> None:
         """Keep a slot's state in the host tier before another conversation
@@ -786,12 +841,13 @@ class Scheduler:
             seq.fed += k
             seq.n_past += k
             if idx >= 0:
+                if seq.job.siblings:
+                    self._fork(seq, idx)
                 self._sample(seq, idx)
         for feed in chosen:
             seq = feed.seq
-            if seq.out and not seq.finished:
-                seq.job.sink.put(Progress("".join(seq.out), 1))
-                seq.out.clear()
+            if (seq.out or seq.probs_out) and not seq.finished:
+                self._hand_out(seq, 1)
 
     def _verify(self, seq: Seq, idx: int, drafts: list[int]) -> None:
         """Keep the drafts the model agrees with; roll the KV back past the
@@ -821,6 +877,8 @@ class Scheduler:
             self._finish(seq, StopReason.END_OF_TURN if token in self.end_turn_tokens else StopReason.EOS)
             return
         seq.generated.append(token)
+        if seq.chain.probs is not None:
+            self._record_probs(seq, token, *seq.chain.probs)
         text = seq.utf8.feed(self._pieces[token])
         if text:
             emit, hit = seq.stops.feed(text)
@@ -836,6 +894,20 @@ class Scheduler:
         seq.last_token = token
         if seq.drafter is not None:
             seq.drafter.push(token)
+
+    def _record_probs(self, seq: Seq, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
+        pieces = self._pieces
+        alternatives = tuple(TokenProb(t, pieces[t], lp) for t, lp in top)
+        prob = TokenProb(token, pieces[token], logprob, alternatives)
+        seq.probs.append(prob)
+        seq.probs_out.append(prob)
+
+    @staticmethod
+    def _hand_out(seq: Seq, tokens: int) -> None:
+        """The text and log-probabilities produced since the last Progress."""
+        seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out))
+        seq.out.clear()
+        seq.probs_out = []
 
     # -------------------------------------------------------------- endings
     def _release(self, seq: Seq) -> None:
@@ -856,9 +928,8 @@ class Scheduler:
             if tail:
                 seq.out.append(tail)
                 seq.text.append(tail)
-        if seq.out:
-            seq.job.sink.put(Progress("".join(seq.out), 0))
-            seq.out.clear()
+        if seq.out or seq.probs_out:
+            self._hand_out(seq, 0)
         self._release(seq)
         check = seq.job.config.tool_call_check
         if check is not None and reason in (StopReason.END_OF_TURN, StopReason.EOS):
@@ -868,7 +939,8 @@ class Scheduler:
             except Exception:  # a parser bug must not fail the generation
                 log.exception("tool-call check failed")
         prefill_s, decode_s = self._intervals(seq)
-        seq.job.sink.put(
+        self._end(
+            seq.job,
             RawDecodeResult(
                 prompt_tokens=len(seq.job.prompt),
                 new_tokens=seq.new_tokens,
@@ -880,12 +952,13 @@ class Scheduler:
                 queue_seconds=seq.admitted_at - seq.job.submitted_at,
                 text="".join(seq.text),
                 token_ids=seq.generated,
+                logprobs=seq.probs,
                 slot=seq.slot.seq_id,
                 drafted_tokens=seq.drafted,
                 accepted_tokens=seq.accepted,
                 stop_string=seq.stops.matched if reason is StopReason.STOP_STRING else None,
                 reused_from=seq.reused_from,
-            )
+            ),
         )
 
     @staticmethod
@@ -902,4 +975,13 @@ class Scheduler:
 
     def _fail(self, seq: Seq, error: Exception) -> None:
         self._release(seq)
-        seq.job.sink.put(error)
+        self._end(seq.job, error)
+
+    def _end(self, job: Job, last: RawDecodeResult | Exception) -> None:
+        """Put a job's last item; choices of its request that never started
+        (it ended before its prompt was in the KV) end with it: cancelled,
+        or with the same error."""
+        job.sink.put(last)
+        for sibling in job.siblings:
+            sibling.sink.put(last if isinstance(last, Exception) else self._cancelled_result(sibling))
+        job.siblings = []

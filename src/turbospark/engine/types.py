@@ -46,6 +46,9 @@ class GenerationConfig:
     ignore_eos: bool = False
     #: GBNF grammar constraining the output (llama.cpp syntax), if any.
     grammar: str | None = None
+    #: Log-probabilities: None is off; N reports each sampled token's
+    #: log-probability and the N most likely tokens at its place.
+    logprobs: int | None = None
     #: Tenant partition for KV reuse: a slot is never reused across keys.
     owner: str = ""
     #: Explicit session key (prompt_cache_key, user, x-session-id ...).
@@ -64,12 +67,30 @@ class GenerationConfig:
         return self.temperature <= 0.0
 
 
+@dataclass(slots=True, frozen=True)
+class TokenProb:
+    """One token and its log-probability; for a sampled token, ``top`` holds
+    the most likely tokens at its place (most likely first). ``piece`` is
+    the token's bytes (a multi-byte character may span tokens)."""
+
+    id: int
+    piece: bytes
+    logprob: float
+    top: tuple[TokenProb, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return self.piece.decode("utf-8", "replace")
+
+
 @dataclass(slots=True)
 class Progress:
     """Text produced since the previous progress report for one sequence."""
 
     text: str
     tokens: int  # tokens sampled in this report (liveness only, never usage)
+    #: the sampled tokens' log-probabilities (``GenerationConfig.logprobs``)
+    logprobs: list[TokenProb] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -90,6 +111,8 @@ class RawDecodeResult:
     text: str = ""
     #: Generated token ids (the EOG token that ended a turn is not included).
     token_ids: list[int] = field(default_factory=list)
+    #: Their log-probabilities, when asked for (``GenerationConfig.logprobs``).
+    logprobs: list[TokenProb] = field(default_factory=list)
     slot: int = -1
     #: Which of ``config.stop`` ended the generation (reason ``stopString``).
     stop_string: str | None = None

@@ -9,7 +9,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, TypeVar, dataclass_transform
+from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 
 import orjson
 
@@ -77,7 +77,7 @@ def _event(kind: str) -> Callable[[type[_E]], type[_E]]:
         made: Any = dataclass(frozen=True, slots=True)(cls)
         made.kind = kind
         made._fields = tuple((f.name, _camel(f.name)) for f in fields(made))
-        return made
+        return cast("type[_E]", made)
 
     return wrap
 

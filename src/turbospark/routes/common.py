@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -20,11 +20,21 @@ from starlette.responses import Response, StreamingResponse
 from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
 from ..dialects.errors import ErrorShape, Failure
-from ..dialects.render import SSE, FrameOut, Renderer
+from ..dialects.render import SSE, ChoicesRenderer, FrameOut, Renderer
 from ..drain import Drain, ShuttingDown
 from ..engine.interface import ChatModel
 from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded, ReaderBehind
-from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta, complete, prepare, stream
+from ..generation import (
+    ChatRequest,
+    Delta,
+    Final,
+    Prepared,
+    ReasoningDelta,
+    ToolCallDelta,
+    complete_choices,
+    prepare,
+    stream,
+)
 from ..middleware import CANCEL_KEY, DISCONNECTED, ERROR_KEY, LEASES_KEY, REPORTER_KEY, TOO_SLOW
 from ..observe import NO_REPORTER, REQUEST_ID_KEY, Observer, Reporter, RequestIds, RequestRouted, record
 from ..registry import Capability, Registry, Route, RoutingError
@@ -66,11 +76,11 @@ class JSONResponse(Response):
 
 
 def state_of(request: Request) -> ServerState:
-    return request.app.state.turbospark
+    return cast(ServerState, request.app.state.turbospark)
 
 
 def request_id(request: Request) -> int | None:
-    return request.scope.get("state", {}).get(REQUEST_ID_KEY)
+    return cast("int | None", request.scope.get("state", {}).get(REQUEST_ID_KEY))
 
 
 #: bodies larger than this are parsed on a worker thread
@@ -119,7 +129,7 @@ async def route_model(
 
 
 def reporter_of(request: Request) -> Reporter:
-    return request.scope.get("state", {}).get(REPORTER_KEY, NO_REPORTER)
+    return cast(Reporter, request.scope.get("state", {}).get(REPORTER_KEY, NO_REPORTER))
 
 
 async def route_and_prepare(
@@ -201,7 +211,7 @@ def endpoint(
     """Turn every failure of a handler into a response in its dialect's shape;
     nothing a client sends can produce an unshaped 500."""
 
-    def deco(fn: Callable[[Request], Awaitable[Response]]):
+    def deco(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         @functools.wraps(fn)
         async def wrapper(request: Request) -> Response:
             try:
@@ -240,12 +250,12 @@ class DisconnectWatch:
             self._task.cancel()
 
 
-async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag) -> Final:
-    """The whole answer, cancelled if the client disconnects while waiting
+async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag) -> list[Final]:
+    """The whole answer (every choice), cancelled if the client disconnects while waiting
     (or cut by a drain that ran out of time)."""
     with state_of(request).drain.watch(cancel):
         async with DisconnectWatch(request, cancel):
-            return await complete(model, prepared, cancel, reporter_of(request))
+            return await complete_choices(model, prepared, cancel, reporter_of(request))
 
 
 async def stream_frames(
@@ -268,9 +278,9 @@ async def stream_frames(
 
 def _render(renderer: Renderer, item: Any) -> FrameOut:
     if isinstance(item, Delta):
-        return renderer.text(item.text)
+        return renderer.text(item)
     if isinstance(item, ReasoningDelta):
-        return renderer.reasoning(item.text)
+        return renderer.reasoning(item)
     if isinstance(item, ToolCallDelta):
         return renderer.tool_call(item)
     if isinstance(item, Final):
@@ -294,8 +304,10 @@ async def respond(
     cancel = CancelFlag()
     request.scope.setdefault("state", {})[CANCEL_KEY] = cancel  # a too-slow client cancels it
     if not renderer.stream:
-        final = await run_nonstream(request, model, prepared, cancel)
-        return JSONResponse(renderer.complete(final), headers=headers)
+        finals = await run_nonstream(request, model, prepared, cancel)
+        if len(finals) > 1:  # only dialects with ``n`` ask for more than one
+            return JSONResponse(cast(ChoicesRenderer, renderer).complete_choices(finals), headers=headers)
+        return JSONResponse(renderer.complete(finals[0]), headers=headers)
     return streaming_response(stream_frames(request, model, prepared, cancel, renderer), renderer.media_type, headers)
 
 

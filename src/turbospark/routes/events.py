@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import cast
 
 import orjson
 from starlette.requests import Request
@@ -70,7 +71,7 @@ def viewer(request: Request) -> str | None:
     state = request.scope.get("state", {})
     if TENANT_KEY not in state or state.get(ADMIN_KEY, False):
         return None
-    return state[TENANT_KEY]
+    return cast(str, state[TENANT_KEY])
 
 
 def live_of(request: Request) -> LiveEvents:

@@ -29,7 +29,7 @@ async def openai_generation(
     request: Request,
     schema: type[Any],
     translate: Callable[[Any], Translation],
-    renderer_class: Callable[[str, bool, bool, bool], Renderer],
+    renderer_class: Callable[[str, Any, bool], Renderer],
 ) -> Response:
     """What the two OpenAI generation routes (chat, legacy completions) share:
     the body validated against ``schema``, translated, routed and prepared,
@@ -38,8 +38,7 @@ async def openai_generation(
     tr = translate(body)
     assert tr.request is not None
     model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = renderer_class(body.model or route.served, include_usage, bool(body.timings), tr.stream)
+    renderer = renderer_class(body.model or route.served, body, tr.stream)
     return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
 
 

@@ -8,7 +8,7 @@ is reported as its own ``generated`` event.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 
@@ -61,7 +61,7 @@ def _canonical(arguments: Any) -> str:
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except (ValueError, RecursionError):
-            return arguments
+            return cast(str, arguments)  # still the caller's string: json.loads raised
     try:
         return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):

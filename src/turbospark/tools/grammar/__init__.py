@@ -25,7 +25,8 @@ Modules: ``rules`` (GBNF text and the grammar being built), ``numbers``
 
 from __future__ import annotations
 
-from .calls import SYNTAXES, tool_call_grammar
+from ..calls import SYNTAXES
+from .calls import tool_call_grammar
 from .errors import UnsupportedSchema
 from .schema import DEFAULT_MAX_STRING, check_schema, json_object_grammar, json_schema_grammar
 

@@ -59,7 +59,7 @@ def _text_without(rules: _Rules, markers: list[str], hint: str) -> str:
 
 
 def tool_call_grammar(
-    tools: list[dict],
+    tools: list[dict[str, Any]],
     syntax: str,
     name: str | None = None,
     allow_text: bool = False,

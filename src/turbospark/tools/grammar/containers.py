@@ -24,7 +24,7 @@ class _Containers:
         def plain_string(self, lo: int, hi: int | None, hint: str, enc: Any = ...) -> str: ...
 
     # -- arrays
-    def array(self, s: dict, path: str, hint: str) -> str:
+    def array(self, s: dict[str, Any], path: str, hint: str) -> str:
         ws = self.r.builtin("ws")
         items = s.get("items")
         if isinstance(items, list):  # draft 4-2019 tuples
@@ -86,7 +86,7 @@ class _Containers:
         return one if lo > 0 else f"({one})?"
 
     # -- objects
-    def object(self, s: dict, path: str, hint: str) -> str:
+    def object(self, s: dict[str, Any], path: str, hint: str) -> str:
         ws = self.r.builtin("ws")
         props = s.get("properties")
         required = list(s.get("required", ()))
@@ -141,7 +141,7 @@ class _Containers:
         any_required = any(req for _, req in members)
         return first if any_required else f"({first})?"
 
-    def map(self, s: dict, ap: Any, path: str, hint: str) -> str:
+    def map(self, s: dict[str, Any], ap: Any, path: str, hint: str) -> str:
         ws = self.r.builtin("ws")
         lo, hi = int(s.get("minProperties", 0)), s.get("maxProperties")
         if lo > 1:

@@ -17,7 +17,7 @@ class _Flattener:
     root: Any
 
     # -- $ref, allOf
-    def _check_id(self, s: dict, path: str) -> None:
+    def _check_id(self, s: dict[str, Any], path: str) -> None:
         if "$id" in s and s is not self.root:
             raise UnsupportedSchema("$id inside a schema (changes $ref resolution)", path)
 
@@ -41,7 +41,7 @@ class _Flattener:
                 raise UnsupportedSchema(f"$ref {ref} that points nowhere", path)
         return node
 
-    def flatten(self, s: Any, path: str, stack: tuple[str, ...]) -> dict:
+    def flatten(self, s: Any, path: str, stack: tuple[str, ...]) -> dict[str, Any]:
         """``s`` with top-level $ref and allOf merged in, annotations dropped."""
         if s is True:
             return {}
@@ -60,7 +60,7 @@ class _Flattener:
             out = self.merge(out, self.flatten(part, f"{path}/allOf/{i}", stack), path)
         return out
 
-    def merge(self, a: dict, b: dict, path: str) -> dict:
+    def merge(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
         """The conjunction of two flattened schemas, where it is a schema we can write down."""
         out = dict(a)
         for k, v in b.items():
@@ -107,7 +107,7 @@ class _Flattener:
         return out
 
     @staticmethod
-    def _merge_objects(a: dict, b: dict) -> dict:
+    def _merge_objects(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         pa, pb = a.get("properties", {}), b.get("properties", {})
         apa, apb = a.get("additionalProperties", True), b.get("additionalProperties", True)
         props: dict[str, Any] = {}

@@ -4,13 +4,14 @@ at most ``MAX_INT_DIGITS`` integer and ``MAX_FRACTION_DIGITS`` fraction digits).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 from .rules import MAX_FRACTION_DIGITS, MAX_INT_DIGITS, _alt, _cls, _lit, _normalize, _rep, _seq
 
 
-def _bound(s: dict, plain: str, excl: str, lower: bool) -> tuple[float | None, bool]:
+def _bound(s: dict[str, Any], plain: str, excl: str, lower: bool) -> tuple[float | None, bool]:
     """The tighter of ``minimum``/``exclusiveMinimum`` (both drafts' spellings)."""
     best: tuple[float | None, bool] = (None, False)
     cands = []
@@ -36,7 +37,7 @@ def _same_len_range(a: str, b: str) -> list[str]:
     pre = _lit(a[:i]) if i else ""
     a, b = a[i:], b[i:]
     rest = len(a) - 1
-    dcls = lambda x, y: f'"{x}"' if x == y else f"[{x}-{y}]"  # noqa: E731
+    dcls: Callable[[str | int, str | int], str] = lambda x, y: f'"{x}"' if x == y else f"[{x}-{y}]"  # noqa: E731
     if rest == 0:
         return [_seq(pre, dcls(a[0], b[0]))]
     out: list[str] = []

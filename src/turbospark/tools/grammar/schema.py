@@ -99,7 +99,7 @@ class _Converter(_Flattener, _Containers):
         return name
 
     # -- combinators and constants
-    def union(self, s: dict, path: str, hint: str) -> str:
+    def union(self, s: dict[str, Any], path: str, hint: str) -> str:
         key = "anyOf" if "anyOf" in s else "oneOf"
         rest = {k: v for k, v in s.items() if k != key}
         branches: list[tuple[Any, str]] = []
@@ -130,7 +130,7 @@ class _Converter(_Flattener, _Containers):
             raise _Empty(f"{key} where no alternative can be satisfied", path)
         return self.r.add(hint, " | ".join(dict.fromkeys(alts)))
 
-    def sem_types(self, s: dict) -> set[str]:
+    def sem_types(self, s: dict[str, Any]) -> set[str]:
         """The JSON types a flattened schema accepts (as validators see it)."""
         if "const" in s:
             return {_type_of(s["const"])}
@@ -149,7 +149,7 @@ class _Converter(_Flattener, _Containers):
                 own = _overlap(own, inner) if t is not None else inner
         return own
 
-    def disjoint(self, a: dict, b: dict) -> bool:
+    def disjoint(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
         common = _overlap(self.sem_types(a), self.sem_types(b))
         if not common:
             return True
@@ -168,7 +168,7 @@ class _Converter(_Flattener, _Containers):
                     return True
         return False
 
-    def enum(self, s: dict, path: str, hint: str, enc: _Enc) -> str:
+    def enum(self, s: dict[str, Any], path: str, hint: str, enc: _Enc) -> str:
         """Exactly the listed values that are valid against the whole (sub)schema."""
         values = [s["const"]] if "const" in s else list(s["enum"])
         check = self.validator.evolve(schema=s)
@@ -188,7 +188,7 @@ class _Converter(_Flattener, _Containers):
         return self.r.add(hint, " | ".join(lits))
 
     # -- types
-    def types(self, s: dict, path: str) -> list[str] | None:
+    def types(self, s: dict[str, Any], path: str) -> list[str] | None:
         t = s.get("type")
         if t is None:
             implied = [ty for ty, keys in _IMPLIES.items() if any(k in s for k in keys)]
@@ -201,7 +201,7 @@ class _Converter(_Flattener, _Containers):
             types.remove("integer")
         return types
 
-    def typed(self, s: dict, t: str, path: str, hint: str) -> str:
+    def typed(self, s: dict[str, Any], t: str, path: str, hint: str) -> str:
         if t == "null":
             return self.r.builtin("null")
         if t == "boolean":
@@ -233,7 +233,7 @@ class _Converter(_Flattener, _Containers):
         return "any-object"
 
     # -- numbers
-    def number(self, s: dict, integer: bool, path: str, hint: str) -> str:
+    def number(self, s: dict[str, Any], integer: bool, path: str, hint: str) -> str:
         mult = s.get("multipleOf")
         if mult is not None:
             if mult == 1 or (integer and (1 / mult).is_integer()):
@@ -264,7 +264,7 @@ class _Converter(_Flattener, _Containers):
             body = _seq('"\\""', body, '"\\""')
         return self.r.add(hint, body)
 
-    def string(self, s: dict, path: str, hint: str, enc: _Enc) -> str:
+    def string(self, s: dict[str, Any], path: str, hint: str, enc: _Enc) -> str:
         fmt, pat = s.get("format"), s.get("pattern")
         lo, hi = int(s.get("minLength", 0)), s.get("maxLength")
         hi = None if hi is None else int(hi)
@@ -322,7 +322,7 @@ def _convert(schema: Any, bound_strings: bool) -> str:
     return rules.render(root)
 
 
-def check_schema(schema: dict) -> None:
+def check_schema(schema: dict[str, Any]) -> None:
     """Raise :class:`UnsupportedSchema` naming the first feature the grammar cannot enforce.
 
     It runs the same conversion as :func:`json_schema_grammar`, so the two can
@@ -331,7 +331,7 @@ def check_schema(schema: dict) -> None:
     _convert(schema, bound_strings=False)
 
 
-def json_schema_grammar(schema: dict, *, bound_strings: bool = False) -> str:
+def json_schema_grammar(schema: dict[str, Any], *, bound_strings: bool = False) -> str:
     """GBNF (root rule ``root``) whose every output is one JSON value valid against ``schema``.
 
     ``bound_strings`` caps strings without maxLength (and open pattern repeats)
