@@ -203,3 +203,20 @@ def test_llamacpp_n_probs(base_url):
             if line.startswith("data: "):
                 streamed += orjson.loads(line[6:]).get("completion_probabilities", [])
     assert [p["id"] for p in streamed] == [p["id"] for p in probs]
+
+
+def test_a_stop_string_takes_its_tokens_logprobs_with_it(oai):
+    """The entries are the answer's tokens: those wholly inside the stop
+    string that ended it are dropped with its text."""
+    free = oai.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, temperature=0, logprobs=True)
+    tokens = [e.token for e in free.choices[0].logprobs.content]
+    stop = tokens[3].strip() or tokens[4].strip()
+    r = oai.chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=12, temperature=0, logprobs=True, stop=[stop]
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and stop not in c.message.content
+    kept = [e.token for e in c.logprobs.content]
+    # every token with a byte in the answer, and no more
+    assert "".join(kept).startswith(c.message.content) and kept == tokens[: len(kept)]
+    assert len("".join(kept[:-1])) < len(c.message.content)

@@ -922,6 +922,8 @@ class Scheduler:
             self._active.remove(seq)
 
     def _finish(self, seq: Seq, reason: StopReason, flush: bool = True) -> None:
+        if reason is StopReason.STOP_STRING and seq.probs:
+            self._drop_stop_probs(seq)
         if flush:
             tail, _ = seq.stops.feed(seq.utf8.flush())
             tail += seq.stops.flush()
@@ -960,6 +962,22 @@ class Scheduler:
                 reused_from=seq.reused_from,
             ),
         )
+
+    @staticmethod
+    def _drop_stop_probs(seq: Seq) -> None:
+        """The stop string is not part of the answer: neither are the
+        log-probabilities of tokens wholly inside it (those not yet handed
+        out; a stream has already seen the rest, with held-back text)."""
+        keep, n = len("".join(seq.text).encode()), 0
+        for p in seq.probs:
+            if keep <= 0:
+                break
+            keep -= len(p.piece)
+            n += 1
+        cut = len(seq.probs) - n
+        del seq.probs[n:]
+        if cut:
+            del seq.probs_out[max(0, len(seq.probs_out) - cut) :]
 
     @staticmethod
     def _intervals(seq: Seq) -> tuple[float, float]:
