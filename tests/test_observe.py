@@ -61,6 +61,7 @@ def test_event_shapes_are_the_contract():
             "reusedPrefixTokens",
             "sessionSlotEvicted",
             "queueSeconds",
+            "prefixMissAt",
         },
         {"kind", "id", "status", "durationMs"},  # error omitted when none
         {"kind", "id", "status", "durationMs", "error"},
@@ -168,6 +169,7 @@ def test_the_reporter_records_each_run_with_its_wall_timings():
         "reusedPrefixTokens": 0,
         "sessionSlotEvicted": False,
         "queueSeconds": 0.125,
+        "prefixMissAt": None,
     }
     Reporter(None, 8).generated("m", result)  # nobody listens: nothing built
     Reporter(obs, None).generated("m", result)  # outside a request: nothing

@@ -324,7 +324,7 @@ def test_list_show_ps_through_the_sdk(client):
 
     for name in ("smollm2-135m", "smollm2-135m:latest"):
         s = client.show(name)
-        assert s.capabilities == ["completion"]
+        assert s.capabilities == ["completion", "tools"]
         assert s.modelinfo["general.architecture"] == "llama"
         assert s.modelinfo["llama.context_length"] == 4096
         assert s.template and "FROM " in s.modelfile and "num_ctx" in s.parameters
@@ -404,7 +404,7 @@ def test_unknown_model_is_404_when_several_are_loaded():
         )
         assert r.status_code == 200 and r.json()["message"]["content"] == "Hello world"
         r = httpx.post(srv.url + "/api/show", timeout=30, json={"model": "alpha:latest"})
-        assert r.status_code == 200 and r.json()["capabilities"] == ["completion"]
+        assert r.status_code == 200 and r.json()["capabilities"] == ["completion", "tools"]
         names = [m["name"] for m in httpx.get(srv.url + "/api/tags", timeout=30).json()["models"]]
         assert names == ["alpha", "beta"]
 

@@ -144,7 +144,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     ):
         if getattr(args, key) is None:
             setattr(args, key, server.get(key, fallback.get(key)))
-    for key in ("guardrails", "metrics_auth"):  # on/off flags, booleans in the file
+    for key in ("guardrails", "metrics_auth", "normalize_client_stamps"):  # on/off flags, booleans in the file
         if getattr(args, key) is None:
             setattr(args, key, "off" if server.get(key) is False else "on")
     args.api_key = list(args.api_key or []) + list(server.get("api_keys", []))
@@ -230,6 +230,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_resident=args.max_resident,
             stall_timeout=args.stall_timeout,
             guardrails=args.guardrails == "on",
+            normalize_client_stamps=args.normalize_client_stamps == "on",
             model_folders=args.models_dir or None,
             model_defaults=args.model_defaults,
             progress_for=progress_for,
@@ -458,6 +459,13 @@ def parser() -> argparse.ArgumentParser:
         choices=["on", "off"],
         default=None,
         help="validate tool calls against their schemas and re-ask once (default on)",
+    )
+    s.add_argument(
+        "--normalize-client-stamps",
+        choices=["on", "off"],
+        default=None,
+        help="take known per-session client stamps (Claude Code's attribution header) out of prompts, "
+        "so they do not end prefix reuse (default on)",
     )
     s.add_argument("--event-log", metavar="FILE", default=None, help="append every event to FILE as JSON lines")
     s.add_argument(

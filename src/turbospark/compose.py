@@ -70,6 +70,7 @@ def assemble(
     max_resident: int = 0,
     stall_timeout: float = STALL_TIMEOUT,
     guardrails: bool = True,
+    normalize_client_stamps: bool = True,
     model_folders: Sequence[str] | None = None,
     model_defaults: dict[str, Any] | None = None,
     progress_for: Callable[[ModelSpec], Callable[[float], None] | None] | None = None,
@@ -113,6 +114,7 @@ def assemble(
         metrics=metrics,
         live=live,
         guardrails=guardrails,
+        normalize_client_stamps=normalize_client_stamps,
         model_folders=tuple(model_folders) if model_folders is not None else default_model_folders(registry),
         model_defaults=dict(model_defaults or {}),
     )

@@ -7,6 +7,7 @@
     event_log_max_bytes = 104857600   # rotate past 100 MiB, keeping events.jsonl.1
     max_resident = 2          # most models in memory at once (0 = no cap)
     guardrails = true         # tool-call validation and one re-ask
+    normalize_client_stamps = true  # drop Claude Code's per-session attribution stamp
     metrics_auth = true       # GET /metrics needs a key when keys are set
     otlp_endpoint = "http://127.0.0.1:4318"   # one OpenTelemetry span per request
     api_key_file = "/etc/turbospark/keys"    # API keys, one a line (not in the command line)
@@ -86,6 +87,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "api_keys": (list,),
     "admin_keys": (list,),
     "guardrails": (bool,),
+    "normalize_client_stamps": (bool,),
     "metrics_auth": (bool,),
     "otlp_endpoint": (str,),
     "api_key_file": (str,),

@@ -103,6 +103,7 @@ class RequestRecord:
             "overheadMs": self.overhead_ms,
             "decodeTokPerSec": u.decode_tok_per_sec,
             "reusedTokens": u.reused_tokens,
+            "prefixMissAt": u.prefix_miss_at,
             "evicted": bool(u.evictions),
             "draftedTokens": u.drafted_tokens,
             "acceptedTokens": u.accepted_tokens,

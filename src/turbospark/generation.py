@@ -33,6 +33,7 @@ from .engine.interface import ChatModel
 from .engine.types import (
     AdmissionError,
     CancelFlag,
+    ContextOverflow,
     GenerationConfig,
     Progress,
     RawDecodeResult,
@@ -45,6 +46,7 @@ from .tools import grammar as grammars
 from .tools.guardrails import answer_turn, corrective_turn, repeated, validate_calls
 from .tools.prompting import inline_tools, template_knows_tools, tool_names
 from .tools.reasoning import ReasoningSplitter
+from .tools.rescue import may_become_call, rescue_call
 
 DEFAULT_MAX_TOKENS = 256
 EFFORTS_OFF = ("none", "off", "disabled")
@@ -102,6 +104,8 @@ class ChatRequest:
     context_limit_field: str = "context_limit"
     #: how many choices to generate for the one prompt (OpenAI ``n``)
     n: int = 1
+    #: client stamps taken out of the prompt (``dialects/stamps.py``)
+    normalized: int = 0
 
 
 @dataclass
@@ -321,15 +325,11 @@ def _fit_context_limit(model_context: int, req: ChatRequest, n: int) -> list[str
     if ctx < model_context:
         room = ctx - n
         if room < 1:
-            raise AdmissionError(f"the prompt is {n} tokens, which leaves no room for a reply in {name} {ctx}", name)
+            raise ContextOverflow(n, config.max_new_tokens, ctx, name, f"{name} {ctx}")
         if not req.max_tokens_explicit:
             config.max_new_tokens = min(config.max_new_tokens, room)
         elif config.max_new_tokens > room:
-            raise AdmissionError(
-                f"this request needs {n} prompt tokens + {config.max_new_tokens} new tokens = "
-                f"{n + config.max_new_tokens} tokens, but {name} is {ctx}",
-                "max_tokens",
-            )
+            raise ContextOverflow(n, config.max_new_tokens, ctx, "max_tokens", f"{name} {ctx}")
     if config.penalty_last_n < 0 or config.penalty_last_n > ctx:
         # llama.cpp allocates a window of this many tokens: a huge value
         # must not reach it
@@ -436,6 +436,9 @@ class _Router:
     def __init__(self, prepared: Prepared) -> None:
         self.splitter = ReasoningSplitter(start_in_reasoning=prepared.think_open) if prepared.think else None
         self.tools = bool(prepared.offered)
+        #: an answer that begins as a JSON object is held back while it may
+        #: still be a call in the wrong shape (tools/rescue.py)
+        self.hold_json = self.tools
         self.pending = ""  # answer text not yet known to be free of a call start
         self.tail = ""  # from the first call start on: buffered
         self.reasoning: list[str] = []
@@ -447,6 +450,9 @@ class _Router:
 
     def flush(self) -> list[Delta | ReasoningDelta]:
         out = self._route(self.splitter.flush()) if self.splitter else []
+        if self.hold_json and self.pending and not self.content and not self.tail:
+            # the whole answer was a JSON object: the call parsers decide
+            self.tail, self.pending = self.pending, ""
         if self.pending and not self.tail:
             out.append(self._content(self.pending))
             self.pending = ""
@@ -479,6 +485,10 @@ class _Router:
                 # call_start wants the whole answer so far (line starts matter);
                 # a possible start is held back until it is decided
                 self.pending += text
+                if self.hold_json and not self.content:
+                    if may_become_call(self.pending):
+                        continue
+                    self.hold_json = False
                 sent = "".join(self.content)
                 start = toolcalls.call_start(sent + self.pending)
                 if start is None:
@@ -687,8 +697,14 @@ def _calls_of(text: str, prepared: Prepared) -> tuple[list[toolcalls.ToolCall], 
     if not text:
         return [], [], ""
     parsed = toolcalls.parse_tool_calls(text, prepared.offered)
-    problems = list(parsed.problems)
     req = prepared.request
+    if not parsed.calls and req is not None:
+        rescued, why = rescue_call(text, req.tools)
+        if rescued is not None:
+            return [rescued], [], ""
+        if why is not None and not parsed.problems:
+            return [], [why], text
+    problems = list(parsed.problems)
     problems += validate_calls(parsed.calls, req.tools if req else None)
     valid = (
         parsed.calls

@@ -53,6 +53,7 @@ class Server:
         max_resident: int = 0,
         metrics_auth: bool = True,
         guardrails: bool = True,
+        normalize_client_stamps: bool = True,
         log_level: str = "warning",
         api_key_file: str | None = None,
         allowed_hosts: Iterable[str] = (),
@@ -79,6 +80,7 @@ class Server:
             max_resident=max_resident,
             stall_timeout=stall_timeout,
             guardrails=guardrails,
+            normalize_client_stamps=normalize_client_stamps,
             model_folders=tuple(models_dirs) if models_dirs is not None else None,
             model_defaults=model_defaults,
         )

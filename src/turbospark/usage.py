@@ -27,9 +27,14 @@ class Usage:
     evictions: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    #: the first generation's ``prefixMissAt`` (where its prompt left the cache)
+    prefix_miss_at: int | None = None
 
     def add(self, e: Mapping[str, Any]) -> None:
         """Add one ``generated`` event (its ``to_dict()`` shape)."""
+        if not self.generations:
+            miss = e.get("prefixMissAt")
+            self.prefix_miss_at = int(miss) if miss is not None else None
         self.generations += 1
         self.prompt_tokens += int(e.get("promptTokens", 0))
         self.new_tokens += int(e.get("newTokens", 0))

@@ -36,6 +36,7 @@ COLUMNS = (
     ("overhead ms", "overhead"),
     ("tok/s", "rate"),
     ("reused", "reused"),
+    ("miss at", "miss"),
     ("evicted", "evicted"),
 )
 MAX_ROWS = 1000
@@ -72,6 +73,7 @@ def row_cells(rec: RequestRecord) -> list[Any]:
         _num(rec.overhead_ms),
         _num(rate),
         str(rec.usage.reused_tokens) if gen else "–",
+        str(rec.usage.prefix_miss_at) if gen and rec.usage.prefix_miss_at is not None else "–",
         ("yes" if rec.usage.evictions else "no") if gen else "–",
     ]
 

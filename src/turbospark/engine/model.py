@@ -26,6 +26,7 @@ from .template import TURN_END_MARKERS, ChatTemplate
 from .types import (
     AdmissionError,
     CancelFlag,
+    ContextOverflow,
     Embeddings,
     EngineError,
     GenerationConfig,
@@ -280,11 +281,8 @@ class LlamaChatModel:
             return
         at_least = len(text.encode("utf-8")) // longest
         if at_least > self.max_context:
-            raise AdmissionError(
-                f"this request's prompt is at least {at_least} tokens, but the model's context is "
-                f"{self.max_context} tokens",
-                "messages",
-            )
+            # at least this many: counted from its length, not tokenised
+            raise ContextOverflow(at_least, 0, self.max_context, "messages")
 
     @property
     def failure(self) -> str | None:
@@ -313,11 +311,7 @@ class LlamaChatModel:
             raise AdmissionError("max_tokens must be at least 1", "max_tokens")
         limit = self.max_context
         if n_prompt + max_new > limit:
-            raise AdmissionError(
-                f"this request needs {n_prompt} prompt tokens + {max_new} new tokens = "
-                f"{n_prompt + max_new} tokens, but the model's context is {limit} tokens",
-                "max_tokens",
-            )
+            raise ContextOverflow(n_prompt, max_new, limit)
 
     def default_max_new(self, n_prompt: int, default: int) -> int:
         """The default budget, clipped to what the context still has room for."""

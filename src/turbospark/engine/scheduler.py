@@ -187,6 +187,7 @@ class Seq:
         "reused_from",
         "probs",
         "probs_out",
+        "miss_at",
     )
 
     def __init__(
@@ -223,6 +224,7 @@ class Seq:
         #: not yet handed out with a Progress
         self.probs: list[TokenProb] = []
         self.probs_out: list[TokenProb] = []
+        self.miss_at: int | None = None
 
 
 @dataclass(slots=True)
@@ -592,6 +594,7 @@ class Scheduler:
             slot.busy = False
             self._end(job, self._cancelled_result(job))
             return
+        miss_at = self._miss_at(job)
         evicted = bool(slot.tokens) and not extension
         if evicted and self.host.enabled:
             self._save_to_host(slot)  # the conversation it held moves to the host tier
@@ -623,9 +626,26 @@ class Scheduler:
             self._end(job, exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
             return
         seq = Seq(job, slot, chain, reuse, evicted, reused_from)
+        seq.miss_at = miss_at
         if self.speculative and cfg.speculative:
             seq.drafter = NgramDrafter(job.prompt, k_max=self.draft_max)
         self._active.append(seq)
+
+    def _miss_at(self, job: Job) -> int | None:
+        """Where the prompt first differs from the record of its owner (a
+        slot's) that shares the most with it; None when there is no such
+        record or the prompt extends it whole (all it holds is reused)."""
+        best: Slot | None = None
+        best_n = -1
+        for s in self.slots:
+            if s.owner != job.config.owner or not s.tokens:
+                continue
+            n = common_prefix(s.tokens, job.prompt)
+            if n > best_n:
+                best, best_n = s, n
+        if best is None or best_n >= len(best.tokens) or best_n >= len(job.prompt):
+            return None
+        return best_n
 
     def _copy_source(self, job: Job, dst: Slot, own: int) -> tuple[Slot | None, int]:
         """The other slot of the job's owner whose record shares the longest
@@ -960,6 +980,7 @@ class Scheduler:
                 accepted_tokens=seq.accepted,
                 stop_string=seq.stops.matched if reason is StopReason.STOP_STRING else None,
                 reused_from=seq.reused_from,
+                prefix_miss_at=seq.miss_at,
             ),
         )
 

@@ -113,6 +113,10 @@ class RawDecodeResult:
     token_ids: list[int] = field(default_factory=list)
     #: Their log-probabilities, when asked for (``GenerationConfig.logprobs``).
     logprobs: list[TokenProb] = field(default_factory=list)
+    #: Why reuse stopped where it did: the first prompt position that
+    #: differed from the cached record sharing the most with the prompt
+    #: (None: no record of its owner, or the prompt extends it whole).
+    prefix_miss_at: int | None = None
     slot: int = -1
     #: Which of ``config.stop`` ended the generation (reason ``stopString``).
     stop_string: str | None = None
@@ -181,9 +185,41 @@ class EngineError(RuntimeError):
 class AdmissionError(ValueError):
     """A request the engine refuses before running it (a clean 400)."""
 
+    #: the error code clients act on, if any
+    code: str | None = None
+
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class ContextOverflow(AdmissionError):
+    """The prompt, or the prompt and the reply's budget, do not fit the
+    context. Worded as Anthropic's API words it, which Claude Code parses to
+    compact or to lower ``max_tokens``; coded ``context_length_exceeded``,
+    as OpenAI's, which Codex acts on."""
+
+    code = "context_length_exceeded"
+
+    def __init__(
+        self,
+        prompt_tokens: int,
+        max_new: int,
+        limit: int,
+        param: str = "max_tokens",
+        limit_name: str = "the model's context",
+    ) -> None:
+        where = f" ({limit_name})"
+        if prompt_tokens >= limit:
+            message = f"prompt is too long: {prompt_tokens} tokens > {limit} maximum{where}"
+            param = "messages" if param == "max_tokens" else param
+        else:
+            message = (
+                f"input length and `max_tokens` exceed context limit: {prompt_tokens} + {max_new} > {limit}{where}, "
+                f"decrease input length or `max_tokens` and try again ({prompt_tokens + max_new} tokens asked for)"
+            )
+        super().__init__(message, param)
+        self.prompt_tokens, self.max_new, self.limit = prompt_tokens, max_new, limit
 
 
 class Overloaded(RuntimeError):

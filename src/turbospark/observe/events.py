@@ -104,6 +104,15 @@ class RequestRouted(ServerEvent):
     requested: str | None
     served: str
     stream: bool
+    #: known client stamps taken out of the prompt (``--normalize-client-
+    #: stamps``); omitted when none
+    normalized_stamps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = ServerEvent.to_dict(self)
+        if not self.normalized_stamps:
+            del out["normalizedStamps"]
+        return out
 
 
 @_event("generated")
@@ -130,6 +139,11 @@ class Generated(ServerEvent):
     #: where the reused prefix came from: "slot" (the request's own slot) or
     #: "copy" (copied from another slot's KV); omitted when nothing was reused
     reused_from: str | None = None
+    #: the first prompt position that differed from the cached record that
+    #: shared the most with the prompt; null when the prompt extended it
+    #: whole or there was none (a client that changes its prompt's start,
+    #: a cache-busting stamp, shows here)
+    prefix_miss_at: int | None = None
     _optional: ClassVar[frozenset[str]] = frozenset({"reused_from"})
 
     def to_dict(self) -> dict[str, Any]:

@@ -153,6 +153,7 @@ class Reporter:
                 accepted_tokens=result.accepted_tokens,
                 queue_seconds=result.queue_seconds,
                 reused_from=result.reused_from,
+                prefix_miss_at=result.prefix_miss_at,
             ),
         )
 

@@ -18,6 +18,7 @@ from ..generation import render
 from .common import (
     JSONResponse,
     endpoint,
+    normalize,
     off_loop,
     read_json,
     request_id,
@@ -53,7 +54,8 @@ async def count_tokens(request: Request) -> Response:
     """Renders the prompt exactly as a real request would prefill it."""
     body = validate(msgs.CountTokensRequest, await read_json(request))
     req, warnings = msgs.to_prompt_request(body)
-    model, _ = await route_model(request, body.model, "chat", False)
+    normalize(req, request)  # counted as the real request will be prefilled
+    model, _ = await route_model(request, body.model, "chat", False, req.normalized)
     ids = await off_loop(render, model, req)
     return JSONResponse({"input_tokens": len(ids)}, headers=_headers(request, warnings))
 

@@ -21,6 +21,7 @@ from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
 from ..dialects.errors import ErrorShape, Failure
 from ..dialects.render import SSE, ChoicesRenderer, FrameOut, Renderer
+from ..dialects.stamps import normalize_messages
 from ..drain import Drain, ShuttingDown
 from ..engine.interface import ChatModel
 from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded, ReaderBehind
@@ -58,6 +59,8 @@ class ServerState:
     version: str = "0"
     #: tool-call guardrails (validate, re-ask once) unless a request says otherwise
     guardrails: bool = True
+    #: take known per-session client stamps out of prompts (``dialects/stamps.py``)
+    normalize_client_stamps: bool = True
     #: the server's PrometheusSink (``GET /metrics``)
     metrics: Any = None
     #: folders admin attach may load GGUF files from (``--models-dir``)
@@ -96,21 +99,31 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 def bind_request(req: Any, request: Request) -> Any:
     """Fill what the HTTP envelope knows into a ChatRequest's config: the
-    tenant (KV reuse never crosses API keys) and an ``x-session-id`` header
-    when the body named no session."""
+    tenant (KV reuse never crosses API keys) and an ``x-session-id`` (or
+    Claude Code's ``x-claude-code-session-id``) header when the body named no
+    session."""
     cfg = req.config
     cfg.owner = request.scope.get("state", {}).get(TENANT_KEY, "")
     if getattr(req, "guardrails", False) is None:
         req.guardrails = state_of(request).guardrails
     if cfg.session_key is None:
-        header = request.headers.get("x-session-id")
+        header = request.headers.get("x-session-id") or request.headers.get("x-claude-code-session-id")
         if header:
             cfg.session_key = header
+    normalize(req, request)
+    return req
+
+
+def normalize(req: ChatRequest, request: Request) -> ChatRequest:
+    """Take known client stamps out of the prompt, unless the server was
+    told not to (``--normalize-client-stamps off``)."""
+    if state_of(request).normalize_client_stamps and req.messages:
+        req.normalized += normalize_messages(req.messages)
     return req
 
 
 async def route_model(
-    request: Request, requested: str | None, capability: Capability, stream: bool
+    request: Request, requested: str | None, capability: Capability, stream: bool, normalized: int = 0
 ) -> tuple[Any, Route]:
     """Resolve (loading on demand) and lease the model, report
     ``requestRouted``, and bind the request's :class:`Reporter` (which the
@@ -122,7 +135,9 @@ async def route_model(
     if rid is not None:
         record(
             st.observer,
-            lambda: RequestRouted(id=rid, requested=requested, served=route.served, stream=stream),
+            lambda: RequestRouted(
+                id=rid, requested=requested, served=route.served, stream=stream, normalized_stamps=normalized
+            ),
         )
     request.scope["state"][REPORTER_KEY] = Reporter(st.observer, rid)
     return route.model, route
@@ -143,7 +158,7 @@ async def route_and_prepare(
     prepare the generation (``prepare_fn``: a dialect's own wrapper of
     ``prepare``), all before any byte of the response is sent."""
     bind_request(req, request)
-    model, route = await route_model(request, requested, "chat", streamed)
+    model, route = await route_model(request, requested, "chat", streamed, req.normalized)
     return model, route, await prepare_and_admit(request, model, req, prepare_fn)
 
 
@@ -175,7 +190,7 @@ def classify(exc: BaseException) -> Failure:
         retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after else {}
         return Failure(exc.status, exc.message, None, exc.code, exc.param, retry)
     if isinstance(exc, AdmissionError):
-        return Failure(400, str(exc), "invalid_request_error", None, exc.param)
+        return Failure(400, str(exc), "invalid_request_error", exc.code, exc.param)
     if isinstance(exc, Overloaded):
         return Failure(503, str(exc), None, "overloaded", None, {"Retry-After": str(exc.retry_after)})
     if isinstance(exc, ReaderBehind):

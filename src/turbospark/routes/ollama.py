@@ -36,14 +36,16 @@ async def _answer(request: Request, requested: str, tr: Translation, renderer: o
     request's ``keep_alive`` becomes its model's idle timeout (0: unloaded
     once idle, e.g. right after this request); the time this request spent
     loading the model is its ``load_duration``."""
-    model, route = await route_model(request, ol.model_name(requested), "chat", tr.stream)
+    req = bind_request(tr.request, request) if tr.request is not None else None
+    normalized = req.normalized if req is not None else 0
+    model, route = await route_model(request, ol.model_name(requested), "chat", tr.stream, normalized)
     keep_alive = tr.extras.get("keep_alive")
     if keep_alive is not None:
         state_of(request).registry.set_keep_alive(route.entry, None if math.isinf(keep_alive) else keep_alive)
     renderer.load_ns = int(route.load_seconds * 1e9)
-    if tr.request is None:
+    if req is None:
         return JSONResponse(renderer.loaded(tr.extras["done_reason"]), headers=warning_headers(tr.warnings))
-    prepared = await prepare_and_admit(request, model, bind_request(tr.request, request))
+    prepared = await prepare_and_admit(request, model, req)
     return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
 
 
@@ -85,7 +87,7 @@ def _capabilities(entry: Any) -> list[str]:
     models (clients pick embedding models by it)."""
     caps = []
     if entry.capable("chat"):
-        caps.append("completion")
+        caps += ["completion", "tools"]  # tools: any chat model (see tools/prompting.py)
     elif entry.capable("embeddings"):
         caps.append("embedding")
     if entry.model is not None and getattr(entry.model, "vision", None):

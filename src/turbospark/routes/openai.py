@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -47,20 +48,58 @@ async def chat_completions(request: Request) -> Response:
     return await openai_generation(request, chat.ChatCompletionRequest, chat.to_chat_request, chat.ChatRenderer)
 
 
+def facts(entry: Any) -> dict[str, Any]:
+    """What a client needs to know to use the model well, in the names
+    clients read: the context it is served with (``context_length``, and
+    vLLM's ``max_model_len``; known once it has been loaded) and what it
+    can do."""
+    out: dict[str, Any] = {}
+    ctx = int(entry.info.get("context") or 0)
+    if ctx:
+        out["context_length"] = out["max_model_len"] = ctx
+    chat = entry.capable("chat")
+    out["capabilities"] = {"chat": chat, "tools": chat, "embeddings": entry.capable("embeddings")}
+    return out
+
+
 def model_card(entry: Any, created: int) -> dict[str, Any]:
     """OpenAI's model object, plus this server's ``state`` (loaded,
-    unloaded, stalled, failed) and, for a failed model, its ``error``."""
+    unloaded, stalled, failed), for a failed model its ``error``, and
+    :func:`facts`."""
     card = {"id": entry.id, "object": "model", "created": created, "owned_by": "turbospark", "state": entry.state}
     if entry.state == "failed":
         card["error"] = entry.failure
-    return card
+    return {**card, **facts(entry)}
+
+
+def anthropic_card(entry: Any, created: int) -> dict[str, Any]:
+    """Anthropic's model object (``GET /v1/models`` from an Anthropic
+    client), with the same facts; ``max_input_tokens`` is the context."""
+    card = {"type": "model", "id": entry.id, "display_name": entry.id, "created_at": _iso(created)}
+    more = facts(entry)
+    if "context_length" in more:
+        card["max_input_tokens"] = more["context_length"]
+    return {**card, **more}
+
+
+def _iso(unix: int) -> str:
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def from_anthropic_client(request: Request) -> bool:
+    return "anthropic-version" in request.headers
 
 
 @endpoint(openai_error)
 async def list_models(request: Request) -> Response:
     st = state_of(request)
     created = int(st.started_at)
-    cards = [model_card(e, created) for e in st.registry.entries()]
+    entries = st.registry.entries()
+    if from_anthropic_client(request):
+        data = [anthropic_card(e, created) for e in entries]
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return JSONResponse({"data": data, "has_more": False, "first_id": first, "last_id": last})
+    cards = [model_card(e, created) for e in entries]
     return JSONResponse({"object": "list", "data": cards})
 
 
@@ -71,6 +110,8 @@ async def get_model(request: Request) -> Response:
     entry = st.registry.lookup(name)
     if entry is None or entry.id != name and name not in entry.aliases:
         raise BadRequest(f"model {name!r} not found", "model", status=404, code="model_not_found")
+    if from_anthropic_client(request):
+        return JSONResponse(anthropic_card(entry, int(st.started_at)))
     return JSONResponse(model_card(entry, int(st.started_at)))
 
 

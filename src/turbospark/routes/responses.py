@@ -24,7 +24,7 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         return prepare(model, req)
     except AdmissionError as exc:
         if exc.param in _PARAMS:
-            raise AdmissionError(str(exc), _PARAMS[exc.param]) from exc
+            exc.param = _PARAMS[exc.param]  # the same error (and code), in this dialect's field names
         raise
 
 

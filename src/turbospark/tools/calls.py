@@ -166,7 +166,13 @@ def _item_from_object(obj: Any, need_args: bool) -> _Item | None:
     key = "arguments" if "arguments" in obj else "parameters" if "parameters" in obj else None
     if key is None and need_args:
         return None
-    return _Item(name=name, args=obj.get(key) if key else {}, key=key)
+    if key is None:  # inside a call marker: the arguments may sit beside the name
+        return _Item(name=name, args={k: v for k, v in obj.items() if k not in _NOT_ARGUMENTS})
+    return _Item(name=name, args=obj.get(key), key=key)
+
+
+#: keys of a call object that are never its arguments
+_NOT_ARGUMENTS = ("name", "type", "id")
 
 
 def _items_from_value(value: Any, where: str) -> list[_Item]:

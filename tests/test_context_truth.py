@@ -1,0 +1,86 @@
+"""Context truth for agent clients, on the real model: every model listing a
+client reads says the context the model is served with, and a request over
+it gets each dialect's standard error, worded and coded the way Claude Code
+(compaction, a lower ``max_tokens``) and Codex (``context_length_exceeded``)
+recognise."""
+
+from __future__ import annotations
+
+import re
+
+import anthropic
+import httpx
+import ollama
+import openai
+import pytest
+
+CTX = 4096  # the test server's context (conftest's Server defaults)
+TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
+BUDGET = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
+LONG_TEXT = "word " * 5000
+
+
+@pytest.fixture(scope="module")
+def ant(server):
+    return anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+
+
+def test_openai_model_listing_says_the_context(oai):
+    oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    card = oai.models.list().data[0].model_dump()
+    assert card["context_length"] == CTX and card["max_model_len"] == CTX
+    assert card["capabilities"]["tools"] is True
+    assert oai.models.retrieve(card["id"]).model_dump()["context_length"] == CTX
+
+
+def test_anthropic_model_listing_says_the_context(ant):
+    models = ant.models.list().data
+    assert models and models[0].type == "model"
+    extra = models[0].model_dump()
+    assert extra["max_input_tokens"] == CTX and extra["context_length"] == CTX
+    one = ant.models.retrieve(models[0].id)
+    assert one.id == models[0].id and one.model_dump()["max_input_tokens"] == CTX
+
+
+def test_ollama_show_says_the_context_and_tools(base_url):
+    show = ollama.Client(host=base_url).show("smollm2-135m")
+    assert "tools" in show.capabilities
+    assert any(k.endswith(".context_length") and v == CTX for k, v in show.modelinfo.items())
+
+
+def test_openai_overflow_is_context_length_exceeded(oai):
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": LONG_TEXT}])
+    assert exc.value.code == "context_length_exceeded"
+    n, limit = map(int, TOO_LONG.search(exc.value.body["message"]).groups())
+    assert n > limit == CTX
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=10_000)
+    assert exc.value.code == "context_length_exceeded" and exc.value.body["param"] == "max_tokens"
+    prompt, budget, limit = map(int, BUDGET.search(exc.value.body["message"]).groups())
+    assert budget == 10_000 and limit == CTX and prompt + budget > limit
+
+
+def test_responses_overflow_is_context_length_exceeded(oai):
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.responses.create(model="m", input=LONG_TEXT)
+    assert exc.value.code == "context_length_exceeded"
+
+
+def test_anthropic_overflow_is_worded_as_the_api_words_it(ant):
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        ant.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": LONG_TEXT}])
+    err = exc.value.body["error"]
+    assert err["type"] == "invalid_request_error"
+    n, limit = map(int, TOO_LONG.search(err["message"]).groups())
+    assert n > limit == CTX
+    # a budget past the room left is clipped to it, as the API does (Claude
+    # Code asks for 32k whatever the model): no error
+    r = ant.messages.create(model="m", max_tokens=5000, messages=[{"role": "user", "content": "hi"}])
+    assert r.stop_reason in ("end_turn", "max_tokens", "model_context_window_exceeded")
+
+
+def test_a_streamed_request_over_the_context_is_refused_before_the_stream(base_url):
+    body = {"model": "m", "messages": [{"role": "user", "content": LONG_TEXT}], "stream": True}
+    r = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
