@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 export VENV
 
-.PHONY: install serve test lint bench bench-runtime bench-agents bench-load clean
+.PHONY: install serve test lint bench bench-runtime bench-agents bench-load clean e2e-agents
 
 install:
 	@scripts/install.sh
@@ -45,6 +45,14 @@ bench-agents:
 bench-load:
 	@FOR_TESTS=1 scripts/install.sh
 	$(VENV)/bin/python bench/load.py $(ARGS)
+
+# opt-in, never in CI: the real Claude Code and Codex CLIs (from npm, into
+# .agents/) against the server on Qwen2.5-Coder, headless, one tool round each
+e2e-agents:
+	@FOR_TESTS=1 scripts/install.sh
+	@test -x .agents/node_modules/.bin/claude -a -x .agents/node_modules/.bin/codex || \
+		npm install --no-save --prefix .agents @anthropic-ai/claude-code @openai/codex
+	$(VENV)/bin/python scripts/agents.py e2e --bin .agents/node_modules/.bin $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -178,7 +178,10 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
         out.append({"role": "user", "content": body.input})
         return out
     if not body.input:
-        raise BadRequest("'input' must not be an empty list", "input")
+        # Codex probes a provider with an empty input and max_output_tokens 1:
+        # an empty user turn, answered like any other
+        out.append({"role": "user", "content": ""})
+        return out
     call_names: dict[str, str] = {}
     for i, raw in enumerate(body.input):
         where = f"input[{i}]"
