@@ -309,6 +309,28 @@ def _grammar(req: ChatRequest, syntax: str | None) -> str | None:
     return None
 
 
+#: the text that opens a call in each syntax that has one: a lazy grammar
+#: switched on by it makes every call the model starts a valid one
+CALL_TRIGGERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "xml": "<tool_call>"}
+
+
+def _lazy_call_grammar(req: ChatRequest, syntax: str | None) -> tuple[str, str] | None:
+    """With tools offered and ``tool_choice`` auto: a grammar that lies
+    dormant while the model writes text and, from the moment it opens a call
+    (the syntax's marker), holds it to valid calls of the offered tools.
+    None when the syntax has no marker (bare JSON) or a schema is beyond the
+    grammar (the calls are then parsed and validated after the fact)."""
+    if not req.tools or req.tool_choice != "auto" or syntax not in CALL_TRIGGERS:
+        return None
+    if req.json_schema is not None or req.json_object:
+        return None
+    try:
+        grammar = grammars.tool_call_grammar(req.tools, syntax, many=req.parallel_tool_calls)
+    except (grammars.UnsupportedSchema, ValueError, RecursionError):
+        return None
+    return grammar, CALL_TRIGGERS[syntax]
+
+
 def _fit_context_limit(model_context: int, req: ChatRequest, n: int) -> list[str]:
     """Honour the request's own context limit up to the model's context (a
     larger one is a warning, not an error): a default budget is cut to the
@@ -363,6 +385,8 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     grammar = _grammar(req, syntax)
     if grammar is not None:
         config.grammar = grammar
+    elif (lazy := _lazy_call_grammar(req, syntax)) is not None:
+        config.grammar, config.grammar_trigger = lazy
     offered = tuple(tool_names(req.tools)) if syntax is not None else ()
     if offered:
         names = set(offered)

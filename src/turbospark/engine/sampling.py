@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import random
+import re
 from typing import Any
 
 import numpy as np
@@ -45,8 +46,12 @@ class SamplerChain:
             self.pre = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         self._constraints(model, config, self.pre or self.ptr)
         self._selection(config, self.ptr)
+        #: a lazy grammar's trigger, until the output has written it
+        self.trigger: bytes | None = None
+        self._seen = b""
+        self._special = model.special_pieces
         if config.grammar:
-            g = L.llama_sampler_init_grammar(model.vocab, config.grammar.encode(), b"root")
+            g = self._grammar(model, config.grammar, config.grammar_trigger)
             if not g:
                 self.close()
                 raise AdmissionError("the grammar could not be parsed by llama.cpp", "grammar")
@@ -55,6 +60,26 @@ class SamplerChain:
             self._data = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
             self._ids = np.arange(model.n_vocab, dtype=np.int32)
             self._one = np.zeros(1, dtype=_TOKEN_DATA)
+
+    def _grammar(self, model: LlamaModelFile, grammar: str, trigger: str | None) -> Any:
+        """The grammar sampler; with a trigger, a lazy one that constrains
+        the output from the trigger's first appearance on (the grammar's text
+        starts with the trigger)."""
+        L = lib()
+        if not trigger:
+            return L.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+        self.trigger = trigger.encode()
+        pattern = "[\\s\\S]*?(" + re.escape(trigger) + ")[\\s\\S]*"
+        patterns = (ctypes.c_char_p * 1)(pattern.encode())
+        return L.llama_sampler_init_grammar_lazy_patterns(model.vocab, grammar.encode(), b"root", patterns, 1, None, 0)
+
+    def _watch(self, token: int) -> None:
+        """Follow the output for the lazy grammar's trigger (the grammar
+        sampler does the same, on the same text)."""
+        assert self.trigger is not None
+        self._seen = (self._seen + self._special[token])[-4 * len(self.trigger) :]
+        if self.trigger in self._seen:
+            self.trigger = None
 
     def _constraints(self, model: LlamaModelFile, config: GenerationConfig, chain: Any) -> None:
         """Logit bias (``ignore_eos`` included) and repetition penalties."""
@@ -106,10 +131,19 @@ class SamplerChain:
 
     def sample(self, ctx_ptr: Any, index: int) -> int:
         if self.pre is not None:
-            return self._sample_with_probs(ctx_ptr, index)
-        if self.grammar is None:
+            token = self._sample_with_probs(ctx_ptr, index)
+        elif self.grammar is None:
             return int(lib().llama_sampler_sample(self.ptr, ctx_ptr, index))
-        return self._sample_constrained(ctx_ptr, index)
+        elif self.trigger is not None:
+            # a lazy grammar not yet triggered constrains nothing: the fast
+            # path, the grammar only watching the output for its trigger
+            token = int(lib().llama_sampler_sample(self.ptr, ctx_ptr, index))
+            lib().llama_sampler_accept(self.grammar, token)
+        else:
+            return self._sample_constrained(ctx_ptr, index)
+        if self.trigger is not None:
+            self._watch(token)
+        return token
 
     def _array(self, data: np.ndarray) -> ctypes.Structure:
         L = lib()

@@ -46,6 +46,10 @@ class GenerationConfig:
     ignore_eos: bool = False
     #: GBNF grammar constraining the output (llama.cpp syntax), if any.
     grammar: str | None = None
+    #: With a grammar: a text that switches it on (a lazy grammar, as
+    #: llama.cpp's): the output is free until the model writes this, and from
+    #: there on (this text included) it must follow the grammar.
+    grammar_trigger: str | None = None
     #: Log-probabilities: None is off; N reports each sampled token's
     #: log-probability and the N most likely tokens at its place.
     logprobs: int | None = None

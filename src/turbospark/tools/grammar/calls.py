@@ -65,6 +65,7 @@ def tool_call_grammar(
     allow_text: bool = False,
     *,
     bound_strings: bool = False,
+    many: bool = False,
 ) -> str:
     """GBNF for one call to one of ``tools`` (or exactly ``name``), arguments valid against its schema.
 
@@ -77,6 +78,7 @@ def tool_call_grammar(
     ``allow_text=False``: the call and nothing else. ``allow_text=True``: free
     text that never starts a call, optionally followed by a valid call (for
     ``llama3``/``json``: either a call or text not starting with ``{``).
+    ``many``: one or more calls, separated by blanks (parallel calls).
     """
     if syntax not in SYNTAXES:
         raise ValueError(f"unknown tool-call syntax {syntax!r}; expected one of {', '.join(SYNTAXES)}")
@@ -112,6 +114,8 @@ def tool_call_grammar(
             raise UnsupportedSchema(f"tool {fname!r}: {e.feature}", e.path) from None
         calls.append(rules.add(f"call-{fname}", body))
     call = rules.add("call", " | ".join(calls))
+    if many:
+        call = rules.add("calls", f"{call} ([ \\n]* {call})*")
     if not allow_text:
         return rules.render(call)
     if syntax in ("llama3", "json"):

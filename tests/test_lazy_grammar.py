@@ -1,0 +1,89 @@
+"""Lazy grammars in the engine (the ground for tool calls that stream): the
+output is free until the model writes the trigger, and from there it must
+follow the grammar, on the real Qwen2.5-Coder model (whose ``<tool_call>`` is
+one special token, so a logit bias can make the model open a call)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from turbospark.catalog import resolve_model
+from turbospark.engine.model import LlamaChatModel, ModelOptions
+from turbospark.engine.types import CancelFlag, GenerationConfig
+
+CALL = 'root ::= "<tool_call>" "\\n{\\"name\\": \\"ping\\"}\\n" "</tool_call>"'
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    model = LlamaChatModel(ModelOptions(path=resolve_model("qwen2.5-coder-0.5b")[0], id="q", ctx=1024, parallel=1))
+    yield model
+    model.close()
+
+
+def run(model, ids, **cfg):
+    config = GenerationConfig(temperature=0, max_new_tokens=24, **cfg)
+    return asyncio.run(model.run_completion(ids, config, None, CancelFlag(), lambda p: None))
+
+
+def test_untriggered_the_output_is_free(qwen):
+    ids = qwen.render_chat([{"role": "user", "content": "Say hello."}])
+    free = run(qwen, ids)
+    lazy = run(qwen, ids, grammar=CALL, grammar_trigger="<tool_call>")
+    assert lazy.text == free.text and "ping" not in lazy.text
+
+
+def test_once_triggered_the_grammar_holds(qwen):
+    ids = qwen.render_chat([{"role": "user", "content": "Say hello."}])
+    trigger = qwen.tokenize("<tool_call>", False, True)
+    assert len(trigger) == 1  # one special token in Qwen's vocabulary
+    # the model is made to open a call at once; the rest is the grammar's
+    r = run(qwen, ids, grammar=CALL, grammar_trigger="<tool_call>", logit_bias={trigger[0]: 100.0})
+    assert r.text == '<tool_call>\n{"name": "ping"}\n</tool_call>'
+    assert r.reason.value in ("endOfTurn", "eos")
+    # without the grammar the same start goes elsewhere
+    loose = run(qwen, ids, logit_bias={trigger[0]: 100.0})
+    assert loose.text != r.text
+
+
+def test_a_call_the_model_opens_is_held_to_the_schema(qwen_server):
+    """tool_choice auto: once Qwen opens a call (made to, here, by a logit
+    bias on its ``<tool_call>`` token) the lazy grammar holds the call to the
+    offered schema, so it is valid at the first attempt (one ``generated``,
+    no re-ask), here an integer that must be exactly 1000."""
+    import httpx
+
+    srv, events = qwen_server
+    tok = httpx.post(srv.url + "/tokenize", json={"content": "<tool_call>", "parse_special": True}).json()["tokens"]
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "set_code",
+            "description": "Set the code",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "integer", "minimum": 1000, "maximum": 1000}},
+                "required": ["code"],
+            },
+        },
+    }
+    body = {
+        "model": "qwen",
+        "messages": [{"role": "user", "content": "Set the code to 7."}],
+        "tools": [tool],
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 40,
+        "logit_bias": {str(tok[0]): 100},
+    }
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300)
+    msg = r.json()["choices"][0]["message"]
+    calls = msg.get("tool_calls") or []
+    assert [c["function"]["name"] for c in calls] == ["set_code"], msg
+    import json
+
+    assert json.loads(calls[0]["function"]["arguments"]) == {"code": 1000}
+    gens = [e for e in events.of(int(r.headers["x-request-id"])) if e.kind == "generated"]
+    assert len(gens) == 1
