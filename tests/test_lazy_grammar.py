@@ -24,7 +24,8 @@ def qwen():
 
 
 def run(model, ids, **cfg):
-    config = GenerationConfig(temperature=0, max_new_tokens=24, **cfg)
+    cfg.setdefault("max_new_tokens", 24)
+    config = GenerationConfig(temperature=0, **cfg)
     return asyncio.run(model.run_completion(ids, config, None, CancelFlag(), lambda p: None))
 
 
@@ -87,3 +88,25 @@ def test_a_call_the_model_opens_is_held_to_the_schema(qwen_server):
     assert json.loads(calls[0]["function"]["arguments"]) == {"code": 1000}
     gens = [e for e in events.of(int(r.headers["x-request-id"])) if e.kind == "generated"]
     assert len(gens) == 1
+
+
+def test_a_trigger_written_over_several_tokens_and_after_other_text():
+    """SmolLM2 writes ``<tool_call>`` as five tokens, the first of them
+    `` <`` (a space before the marker): the grammar takes over from there."""
+    model = LlamaChatModel(ModelOptions(path=resolve_model("smollm2-135m")[0], id="s", ctx=1024, parallel=1))
+    try:
+        assert len(model.tokenize("<tool_call>", False, True)) > 1
+        ids = model.prompt_ids("A: <tool_call>\nB: <tool_call>\nC: <tool_call>\nD:")
+        free = run(model, ids, max_new_tokens=30)
+        assert free.text.startswith(" <tool_call>\nE:")  # the model's own continuation
+        held = asyncio.run(
+            model.run_completion(
+                ids,
+                GenerationConfig(temperature=0, max_new_tokens=30, grammar=CALL, grammar_trigger="<tool_call>"),
+                None,
+                CancelFlag(),
+            )
+        )
+        assert held.text == ' <tool_call>\n{"name": "ping"}\n</tool_call>'
+    finally:
+        model.close()
