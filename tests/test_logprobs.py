@@ -136,15 +136,12 @@ def test_completions_stream_logprobs(base_url):
     assert len(tokens) == 5 and "".join(tokens) == text
 
 
+#: a Responses request that asks for the answer's logprobs
+INCLUDED = {"model": "m", "input": "Name three colours.", "temperature": 0, "include": ["message.output_text.logprobs"]}
+
+
 def test_responses_logprobs_when_included(oai):
-    r = oai.responses.create(
-        model="m",
-        input="Name three colours.",
-        max_output_tokens=10,
-        temperature=0,
-        include=["message.output_text.logprobs"],
-        top_logprobs=4,
-    )
+    r = oai.responses.create(**INCLUDED, max_output_tokens=10, top_logprobs=4)
     part = r.output[0].content[0]
     assert part.logprobs and "".join(e.token for e in part.logprobs) == part.text
     for e in part.logprobs:
@@ -154,14 +151,7 @@ def test_responses_logprobs_when_included(oai):
 
 
 def test_responses_stream_deltas_carry_logprobs(oai):
-    stream = oai.responses.create(
-        model="m",
-        input="Name three colours.",
-        max_output_tokens=8,
-        temperature=0,
-        include=["message.output_text.logprobs"],
-        stream=True,
-    )
+    stream = oai.responses.create(**INCLUDED, max_output_tokens=8, stream=True)
     deltas, done = [], None
     for ev in stream:
         if ev.type == "response.output_text.delta":

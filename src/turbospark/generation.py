@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +129,7 @@ class Delta:
     log-probabilities of the tokens behind it (when asked for)."""
 
     text: str
-    logprobs: list[TokenProb] = field(default_factory=list)
+    logprobs: Sequence[TokenProb] = ()
     #: which of the request's choices it belongs to (OpenAI ``n``)
     choice: int = 0
 
@@ -543,8 +543,8 @@ async def stream(
     see ``LlamaChatModel.generate_many``) and their items interleave, each
     tagged with its ``choice``."""
     n = prepared.request.n if prepared.request is not None else 1
-    if n == 1:
-        async for item in _choice(model, prepared, cancel, reporter):
+    if n == 1:  # the hot path: no wrapper (its items are choice 0 already)
+        async for item in _one_choice(model, prepared, cancel, reporter, None):
             yield item
         return
     configs = [prepared.config] + [
@@ -635,7 +635,7 @@ async def _one_choice(
     assert result is not None
     _raise_if_failed(result, cancel)
     attempts.append(result)
-    for d in probs.attach([], router.flush()):
+    for d in probs.attach((), router.flush()):
         yield d
     calls: list[toolcalls.ToolCall] = []
     problems: list[str] = []
@@ -696,7 +696,9 @@ class _ProbsCarrier:
     def __init__(self) -> None:
         self.carry: list[TokenProb] = []
 
-    def attach(self, logprobs: list[TokenProb], deltas: list[Delta | ReasoningDelta]) -> list[Delta | ReasoningDelta]:
+    def attach(
+        self, logprobs: Sequence[TokenProb], deltas: list[Delta | ReasoningDelta]
+    ) -> list[Delta | ReasoningDelta]:
         self.carry += logprobs
         if not self.carry:
             return deltas

@@ -26,6 +26,7 @@ most likely at its place), as llama-server does without
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -261,7 +262,7 @@ def _probability(prob: TokenProb) -> dict[str, Any]:
     return {"id": prob.id, "token": prob.text, "bytes": list(prob.piece), "logprob": logprob_value(prob.logprob)}
 
 
-def probabilities(logprobs: list[TokenProb]) -> list[dict[str, Any]]:
+def probabilities(logprobs: Sequence[TokenProb]) -> list[dict[str, Any]]:
     """``n_probs``: llama-server's ``completion_probabilities`` entries."""
     return [{**_probability(p), "top_logprobs": [_probability(t) for t in p.top]} for p in logprobs]
 

@@ -8,6 +8,7 @@ sequence: role chunk, content deltas, finish chunk, optional usage chunk
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import orjson
@@ -288,7 +289,7 @@ def usage(*finals: Final) -> dict[str, Any]:
     }
 
 
-def content_logprobs(logprobs: list[TokenProb]) -> dict[str, Any]:
+def content_logprobs(logprobs: Sequence[TokenProb]) -> dict[str, Any]:
     """A choice's (or a chunk's) ``logprobs`` object."""
     return {"content": [token_logprob(p) for p in logprobs], "refusal": None}
 

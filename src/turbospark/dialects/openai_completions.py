@@ -19,6 +19,7 @@ answered without them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -157,12 +158,12 @@ class CompletionRenderer(Unsent):
         }
 
     def _choice(
-        self, text: str, finish: str | None, index: int = 0, logprobs: list[TokenProb] | None = None
+        self, text: str, finish: str | None, index: int = 0, logprobs: Sequence[TokenProb] | None = None
     ) -> dict[str, Any]:
         lp = self._logprobs(index, logprobs) if logprobs is not None and self.logprobs else None
         return {"text": text, "index": index, "logprobs": lp, "finish_reason": finish}
 
-    def _logprobs(self, index: int, logprobs: list[TokenProb]) -> dict[str, Any]:
+    def _logprobs(self, index: int, logprobs: Sequence[TokenProb]) -> dict[str, Any]:
         """The legacy shape: parallel lists of tokens, their logprobs, their
         alternatives as token -> logprob, and where each starts in the text."""
         offsets = []

@@ -19,6 +19,7 @@ answering without the earlier turns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -486,7 +487,7 @@ class ResponsesRenderer:
             "usage": usage(final) if final is not None else None,
         }
 
-    def _part(self, text: str, logprobs: list[TokenProb] | None = None) -> dict[str, Any]:
+    def _part(self, text: str, logprobs: Sequence[TokenProb] | None = None) -> dict[str, Any]:
         lp = [token_logprob(p) for p in logprobs] if logprobs else []
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": lp}
 

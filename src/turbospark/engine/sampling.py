@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import random
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,7 @@ class SamplerChain:
         #: grammar is then fed the tokens that wrote it (``_watch``)
         self.trigger: bytes | None = None
         self._seen = b""
-        self._recent: list[int] = []
+        self._recent: deque[int] = deque(maxlen=32)
         self._special = model.special_pieces
         if config.grammar:
             g = self._grammar(model, config.grammar, config.grammar_trigger)
@@ -91,15 +92,16 @@ class SamplerChain:
         trigger = self.trigger
         assert trigger is not None
         self._seen = (self._seen + self._special[token])[-4 * len(trigger) :]
-        self._recent = [*self._recent[-31:], token]
+        self._recent.append(token)
         if trigger not in self._seen:
             return
         self.trigger = None
+        recent = list(self._recent)
         k = 1
-        while k < len(self._recent) and trigger not in b"".join(self._special[t] for t in self._recent[-k:]):
+        while k < len(recent) and trigger not in b"".join(self._special[t] for t in recent[-k:]):
             k += 1
         L = lib()
-        for t in self._recent[-k:]:
+        for t in recent[-k:]:
             one = self._one
             one["id"][0], one["logit"][0], one["p"][0] = t, 1.0, 0.0
             single = self._array(one)

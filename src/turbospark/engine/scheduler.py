@@ -113,6 +113,17 @@ class Slot:
         }
 
 
+def _miss_at(records: dict[Slot, int], prompt: list[int]) -> int | None:
+    """Where the prompt first differs from the record that shares the most
+    with it (``records``: record -> shared prefix); None when there is none
+    or the prompt extends it whole (all it holds is reused)."""
+    if not records:
+        return None
+    best = max(records, key=lambda s: records[s])
+    n = records[best]
+    return None if n >= len(best.tokens) or n >= len(prompt) else n
+
+
 def _runs(ids: set[int]) -> int:
     """How many runs of consecutive integers ``ids`` forms."""
     return sum(1 for i in ids if i - 1 not in ids)
@@ -594,16 +605,16 @@ class Scheduler:
             slot.busy = False
             self._end(job, self._cancelled_result(job))
             return
-        miss_at = self._miss_at(job)
+        records = self._records_shared(job)
+        miss_at = _miss_at(records, job.prompt)
         evicted = bool(slot.tokens) and not extension
         if evicted and self.host.enabled:
             self._save_to_host(slot)  # the conversation it held moves to the host tier
-        same_owner = slot.owner == cfg.owner
         reuse = 0
-        if self.prefix_reuse and same_owner and slot.tokens:
-            reuse = min(common_prefix(slot.tokens, job.prompt), len(job.prompt) - 1)
+        if self.prefix_reuse and slot in records:
+            reuse = min(records[slot], len(job.prompt) - 1)
         reused_from = "slot"
-        source, shared = self._copy_source(job, slot, reuse)
+        source, shared = self._copy_source(job, slot, reuse, records)
         saved, restore = self._host_source(job, max(reuse, shared))
         if saved >= 0:
             reuse = self._restore_from_host(saved, slot, restore)
@@ -631,23 +642,14 @@ class Scheduler:
             seq.drafter = NgramDrafter(job.prompt, k_max=self.draft_max)
         self._active.append(seq)
 
-    def _miss_at(self, job: Job) -> int | None:
-        """Where the prompt first differs from the record of its owner (a
-        slot's) that shares the most with it; None when there is no such
-        record or the prompt extends it whole (all it holds is reused)."""
-        best: Slot | None = None
-        best_n = -1
-        for s in self.slots:
-            if s.owner != job.config.owner or not s.tokens:
-                continue
-            n = common_prefix(s.tokens, job.prompt)
-            if n > best_n:
-                best, best_n = s, n
-        if best is None or best_n >= len(best.tokens) or best_n >= len(job.prompt):
-            return None
-        return best_n
+    def _records_shared(self, job: Job) -> dict[Slot, int]:
+        """How much of the prompt each record of the job's owner shares with
+        it (every slot holding tokens), computed once per admission: the own
+        slot's reuse, the copy source and ``prefixMissAt`` all read it."""
+        owner, prompt = job.config.owner, job.prompt
+        return {s: common_prefix(s.tokens, prompt) for s in self.slots if s.owner == owner and s.tokens}
 
-    def _copy_source(self, job: Job, dst: Slot, own: int) -> tuple[Slot | None, int]:
+    def _copy_source(self, job: Job, dst: Slot, own: int, records: dict[Slot, int]) -> tuple[Slot | None, int]:
         """The other slot of the job's owner whose record shares the longest
         prefix with the prompt (a parked conversation, or a running one's
         record: exactly what its KV holds so far), with that prefix's length
@@ -663,10 +665,10 @@ class Scheduler:
             return None, 0
         best: Slot | None = None
         best_n = 0
-        for s in self.slots:
-            if s is dst or s.owner != job.config.owner or len(s.tokens) < need:
+        for s, shared in records.items():
+            if s is dst or len(s.tokens) < need:
                 continue
-            n = min(common_prefix(s.tokens, prompt), limit)
+            n = min(shared, limit)
             # ties: the smaller record (less to copy)
             if n >= need and (n > best_n or (best is not None and n == best_n and len(s.tokens) < len(best.tokens))):
                 best, best_n = s, n
@@ -680,22 +682,24 @@ class Scheduler:
         that finds no free slot waits at the head of the list; when it
         starts it copies the prompt's KV like any same-owner prefix."""
         siblings, seq.job.siblings = seq.job.siblings, []
+        waiting: list[Job] = []
         for job in siblings:
-            slot = None
+            choice = None
             if len(self._active) < self.parallel and not job.cancel.cancelled:
-                free = [s for s in self.slots if not s.busy]
-                if free:
-                    slot = min(free, key=lambda s: (bool(s.tokens), s.last_used))
-            if slot is None or not self._fork_into(seq, job, slot, idx):
-                with self._cond:
-                    self._waiting.appendleft(job)
+                choice = self._choose_slot(job, set())
+            if choice is None or not self._fork_into(seq, job, *choice, idx):
+                waiting.append(job)
+        if waiting:
+            with self._cond:
+                self._waiting.extendleft(reversed(waiting))  # in choice order, ahead of the rest
 
-    def _fork_into(self, seq: Seq, job: Job, slot: Slot, idx: int) -> bool:
-        if slot.tokens and self.host.enabled:
+    def _fork_into(self, seq: Seq, job: Job, slot: Slot, extension: bool, idx: int) -> bool:
+        evicted = bool(slot.tokens) and not extension
+        if evicted and self.host.enabled:
             self._save_to_host(slot)  # the conversation it held moves to the host tier
-        evicted = bool(slot.tokens)
         n = seq.n_past
         if self._copy_prefix(seq.slot, slot, n) != n:
+            slot.tokens, slot.prompt_len = [], 0  # its KV was emptied
             return False
         try:
             chain = SamplerChain(self.model, job.config)
@@ -925,9 +929,12 @@ class Scheduler:
     @staticmethod
     def _hand_out(seq: Seq, tokens: int) -> None:
         """The text and log-probabilities produced since the last Progress."""
-        seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out))
+        if seq.probs_out:
+            seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out))
+            seq.probs_out = []
+        else:
+            seq.job.sink.put(Progress("".join(seq.out), tokens))
         seq.out.clear()
-        seq.probs_out = []
 
     # -------------------------------------------------------------- endings
     def _release(self, seq: Seq) -> None:

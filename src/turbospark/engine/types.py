@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,8 +93,10 @@ class Progress:
 
     text: str
     tokens: int  # tokens sampled in this report (liveness only, never usage)
-    #: the sampled tokens' log-probabilities (``GenerationConfig.logprobs``)
-    logprobs: list[TokenProb] = field(default_factory=list)
+    #: the sampled tokens' log-probabilities (``GenerationConfig.logprobs``;
+    #: an empty tuple, shared, when not asked for: nothing is allocated per
+    #: token)
+    logprobs: Sequence[TokenProb] = ()
 
 
 @dataclass(slots=True)

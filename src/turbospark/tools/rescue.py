@@ -100,5 +100,5 @@ def may_become_call(answer: str) -> bool:
     (so a stream holds it back): it starts a JSON object and is short."""
     body = answer.lstrip()
     if body.startswith("```"):
-        body = body[3:].lstrip("json").lstrip()
+        body = body[3:].removeprefix("json").lstrip()
     return (not body or body.startswith("{")) and len(answer) <= MAX_RESCUE_CHARS
