@@ -48,6 +48,9 @@ class ScriptedModel:
     default_reasoning: Any = None
     default_system: str | None = None
     context: int = 4096
+    #: scripts are played as written, whatever grammar is asked for; True
+    #: stands in for an engine that enforces it (the script must obey it)
+    enforces_grammars: bool = False
     calls: list[dict[str, Any]] = field(default_factory=list)
     _tasks: set[Any] = field(default_factory=set, repr=False)
 

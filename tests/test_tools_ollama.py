@@ -82,7 +82,7 @@ def test_qwen_calls_the_weather_tool_and_answers_the_follow_up(qwen_server):
     assert "18" in answer or "sunny" in answer.lower(), answer
 
 
-def test_qwen_streams_the_calls_in_one_piece_before_the_done_line(qwen_server):
+def test_qwen_streams_each_call_in_its_own_line_before_the_done_line(qwen_server):
     srv, events = qwen_server
     body = {"model": "qwen", "messages": ASK, "tools": [WEATHER], "options": GREEDY}
     r, lines = ndjson_lines(srv.url, "/api/chat", body)

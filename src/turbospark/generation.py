@@ -7,17 +7,23 @@ A dialect translates its wire request into a :class:`ChatRequest`, calls
 
 - :class:`Delta` — answer text, streamed as the engine produces it;
 - :class:`ReasoningDelta` — thinking (``<think>...</think>``) split off the answer;
-- :class:`ToolCallDelta` — one complete, validated tool call;
+- :class:`ToolCallBegin`, :class:`ToolArgumentsDelta` — a call streaming:
+  its id and name, then its arguments as they are written;
+- :class:`ToolCallDelta` — one complete tool call (closing a streamed one);
 - :class:`Final` — the end, with the engine's own counts (summed over attempts).
 
 Tool calls: when tools are offered, text streams until a tool-call syntax
-begins; from there the output is buffered, parsed (tools/calls.py), and
-validated against the offered schemas (tools/guardrails.py). With guardrails
-on, a turn whose calls are invalid (or that makes none although one was
-required) gets one corrective re-ask; the re-ask contributes only its calls
-(the answer text already streamed stays as it was), and the last attempt is
-returned as is. ``tool_choice`` required/named and structured output
-(``json_schema``/``json_object``) are enforced by a llama.cpp grammar.
+begins. When a grammar holds the calls to their one shape (the lazy grammar
+of ``tool_choice`` auto, woken by the call marker, or the grammar of
+``tool_choice`` required/named) the calls stream as they are written
+(tools/streaming.py): they are valid by construction and no re-ask is made.
+Otherwise the call text is buffered, parsed (tools/calls.py) and validated
+against the offered schemas (tools/guardrails.py); with guardrails on, a
+turn whose calls are invalid (or that makes none although one was required)
+gets one corrective re-ask, which contributes only its calls (the answer
+text already streamed stays as it was), and the last attempt is returned as
+is. Structured output (``json_schema``/``json_object``) is enforced by a
+llama.cpp grammar too.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from .tools.guardrails import answer_turn, corrective_turn, repeated, validate_c
 from .tools.prompting import inline_tools, template_knows_tools, tool_names
 from .tools.reasoning import ReasoningSplitter
 from .tools.rescue import may_become_call, rescue_call
+from .tools.streaming import CallReader, Opened, Piece
 
 DEFAULT_MAX_TOKENS = 256
 EFFORTS_OFF = ("none", "off", "disabled")
@@ -121,6 +128,10 @@ class Prepared:
     think_open: bool = False  # the generation prompt already opened <think>
     #: what the client should hear about how the request was taken
     warnings: list[str] = field(default_factory=list)
+    #: a grammar holds every call to the one shape (tools/streaming.py), so
+    #: calls stream as they are written: "forced" (the whole answer is the
+    #: call: tool_choice required/named), "lazy" (from the call marker on)
+    call_grammar: str | None = None
 
 
 @dataclass
@@ -143,12 +154,37 @@ class ReasoningDelta:
 
 
 @dataclass
+class ToolCallBegin:
+    """A streamed call has begun: its id and name (arguments follow)."""
+
+    index: int
+    id: str
+    name: str
+    choice: int = 0
+
+
+@dataclass
+class ToolArgumentsDelta:
+    """More of a streamed call's arguments (JSON text; the pieces of one
+    call join into its ``arguments``)."""
+
+    index: int
+    text: str
+    choice: int = 0
+
+
+@dataclass
 class ToolCallDelta:
-    """One complete tool call (``call.arguments`` is JSON object text)."""
+    """One complete tool call (``call.arguments`` is JSON object text).
+    ``streamed``: its :class:`ToolCallBegin` and arguments went out before
+    it, and this closes it. ``cut``: the token budget ran out inside it (its
+    arguments are incomplete, and it is not one of the turn's calls)."""
 
     index: int
     call: toolcalls.ToolCall
     choice: int = 0
+    streamed: bool = False
+    cut: bool = False
 
 
 @dataclass
@@ -331,6 +367,17 @@ def _lazy_call_grammar(req: ChatRequest, syntax: str | None) -> tuple[str, str] 
     return grammar, CALL_TRIGGERS[syntax]
 
 
+def _streamed_calls(model: ChatModel, req: ChatRequest, syntax: str | None, forced: bool, lazy: bool) -> str | None:
+    """Whether the calls stream as they are written (``Prepared.call_grammar``):
+    only when the engine enforces grammars and the syntax is one
+    tools/streaming.py reads (JSON arguments: not xml)."""
+    if not getattr(model, "enforces_grammars", False) or not req.tools or syntax in (None, "xml"):
+        return None
+    if forced and req.tool_choice in ("required", "named"):
+        return "forced"
+    return "lazy" if lazy else None
+
+
 def _fit_context_limit(model_context: int, req: ChatRequest, n: int) -> list[str]:
     """Honour the request's own context limit up to the model's context (a
     larger one is a warning, not an error): a default budget is cut to the
@@ -383,10 +430,12 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
                 f"logit_bias names token {token}, but the vocabulary has {model.vocab_size} tokens", "logit_bias"
             )
     grammar = _grammar(req, syntax)
+    lazy = _lazy_call_grammar(req, syntax) if grammar is None else None
     if grammar is not None:
         config.grammar = grammar
-    elif (lazy := _lazy_call_grammar(req, syntax)) is not None:
+    elif lazy is not None:
         config.grammar, config.grammar_trigger = lazy
+    call_grammar = _streamed_calls(model, req, syntax, grammar is not None, lazy is not None)
     offered = tuple(tool_names(req.tools)) if syntax is not None else ()
     if offered:
         names = set(offered)
@@ -399,7 +448,7 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         think_open = bool(opener) and (ids[-len(opener) :] == opener or ids[-len(opener) - 1 : -1] == opener)
     # thinking is split off whenever the model writes it (the effort only
     # flips the template's switch); raw prompts are left alone
-    return Prepared(ids, config, req, syntax, offered, not raw, think_open, warnings)
+    return Prepared(ids, config, req, syntax, offered, not raw, think_open, warnings, call_grammar)
 
 
 # --------------------------------------------------------------- generating
@@ -453,26 +502,36 @@ async def _run(
             cancel.cancel("the client went away")
 
 
-class _Router:
-    """Turns one run's raw text into reasoning, answer text and a buffered
-    tool-call tail, incrementally."""
+Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta
 
-    def __init__(self, prepared: Prepared) -> None:
+
+class _Router:
+    """Turns one run's raw text into reasoning, answer text and a tool-call
+    tail, incrementally. The tail is buffered (parsed and validated at the
+    end) unless a grammar holds the calls to their one shape: then they are
+    read as they come (``reader``) and stream."""
+
+    def __init__(self, prepared: Prepared, stream_calls: bool = True) -> None:
         self.splitter = ReasoningSplitter(start_in_reasoning=prepared.think_open) if prepared.think else None
         self.tools = bool(prepared.offered)
+        mode = prepared.call_grammar if stream_calls and self.tools else None
+        #: the calls' reader: from the start when the answer is the call,
+        #: from the call marker on when the lazy grammar waits for it
+        self.reader: CallReader | None = CallReader() if mode == "forced" else None
+        self.trigger = CALL_TRIGGERS.get(prepared.syntax or "") if mode == "lazy" else None
         #: an answer that begins as a JSON object is held back while it may
         #: still be a call in the wrong shape (tools/rescue.py)
-        self.hold_json = self.tools
+        self.hold_json = self.tools and self.reader is None
         self.pending = ""  # answer text not yet known to be free of a call start
-        self.tail = ""  # from the first call start on: buffered
+        self.tail = ""  # from the first call start on
         self.reasoning: list[str] = []
         self.content: list[str] = []
 
-    def feed(self, text: str) -> list[Delta | ReasoningDelta]:
+    def feed(self, text: str) -> list[Routed]:
         parts = self.splitter.feed(text) if self.splitter else [("content", text)]
         return self._route(parts)
 
-    def flush(self) -> list[Delta | ReasoningDelta]:
+    def flush(self) -> list[Routed]:
         out = self._route(self.splitter.flush()) if self.splitter else []
         if self.hold_json and self.pending and not self.content and not self.tail:
             # the whole answer was a JSON object: the call parsers decide
@@ -492,19 +551,44 @@ class _Router:
         self.content.append(text)
         return Delta(text)
 
-    def _route(self, parts: list[tuple[str, str]]) -> list[Delta | ReasoningDelta]:
-        out: list[Delta | ReasoningDelta] = []
+    @property
+    def streamed_calls(self) -> bool:
+        """Calls went out as they were written."""
+        return self.reader is not None and (bool(self.reader.calls) or self.reader.reading)
+
+    def _read_calls(self, text: str) -> list[Routed]:
+        assert self.reader is not None
+        out: list[Routed] = []
+        for event in self.reader.feed(text):
+            if isinstance(event, Opened):
+                out.append(ToolCallBegin(event.index, event.id, event.name))
+            elif isinstance(event, Piece):
+                out.append(ToolArgumentsDelta(event.index, event.text))
+            else:
+                out.append(ToolCallDelta(event.index, event.call, streamed=True))
+        return out
+
+    def _to_tail(self, text: str) -> list[Routed]:
+        """Text from the first call start on: buffered, and read as calls
+        when they stream (the lazy grammar's marker opens the tail)."""
+        fresh = not self.tail
+        self.tail += text
+        if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
+            self.reader = CallReader()
+        return self._read_calls(text) if self.reader is not None else []
+
+    def _route(self, parts: list[tuple[str, str]]) -> list[Routed]:
+        out: list[Routed] = []
         for channel, text in parts:
             if not text:
                 continue
             if channel == "reasoning":
                 self.reasoning.append(text)
                 out.append(ReasoningDelta(text))
-            elif self.tail or not self.tools:
-                if self.tail:
-                    self.tail += text
-                else:
-                    out.append(self._content(text))
+            elif self.tail or self.reader is not None:
+                out += self._to_tail(text)
+            elif not self.tools:
+                out.append(self._content(text))
             else:
                 # call_start wants the whole answer so far (line starts matter);
                 # a possible start is held back until it is decided
@@ -525,13 +609,13 @@ class _Router:
                     rest = self.pending[start:]
                     self.pending = ""
                     if self._is_call(rest):
-                        self.tail = rest
+                        out += self._to_tail(rest)
                     else:
                         self.pending = rest  # maybe a call: decide with more text
         return out
 
 
-Item = Delta | ReasoningDelta | ToolCallDelta | Final
+Item = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta | Final
 
 
 async def stream(
@@ -639,7 +723,20 @@ async def _one_choice(
         yield d
     calls: list[toolcalls.ToolCall] = []
     problems: list[str] = []
-    if prepared.offered:
+    if router.streamed_calls:
+        # the grammar kept them valid and they are out already: no re-ask
+        assert router.reader is not None
+        calls = list(router.reader.calls)
+        problems = validate_calls(calls, prepared.request.tools if prepared.request else None)
+        cut = router.reader.partial
+        if cut is not None:  # the budget ran out inside it: closed as it is
+            yield ToolCallDelta(len(calls), cut, streamed=True, cut=True)
+            problems.append(f"the answer ended inside the call to {cut.name!r}")
+            # a body that is not streamed keeps the unfinished call as text
+            router.content.append(router.reader.partial_text)
+        elif router.reader.failed and router.reader.buffer.strip():
+            yield router._content(router.reader.buffer)
+    elif prepared.offered:
         calls, problems, leftover = _calls_of(router.tail, prepared)
         if leftover.strip():
             yield router._content(leftover)
@@ -651,7 +748,7 @@ async def _one_choice(
         if retry is not None:
             # the last attempt's answer is returned as is (its text follows
             # what was already streamed)
-            again = _Router(retry)
+            again = _Router(retry, stream_calls=False)
             second: RawDecodeResult | None = None
             async for item in _run(model, retry, cancel, reporter):
                 if isinstance(item, Progress):
@@ -696,9 +793,7 @@ class _ProbsCarrier:
     def __init__(self) -> None:
         self.carry: list[TokenProb] = []
 
-    def attach(
-        self, logprobs: Sequence[TokenProb], deltas: list[Delta | ReasoningDelta]
-    ) -> list[Delta | ReasoningDelta]:
+    def attach(self, logprobs: Sequence[TokenProb], deltas: list[Routed]) -> list[Routed]:
         self.carry += logprobs
         if not self.carry:
             return deltas
@@ -706,7 +801,7 @@ class _ProbsCarrier:
         if answer:
             answer[0].logprobs = self.carry
             self.carry = []
-        elif deltas:  # reasoning only
+        elif deltas:  # reasoning or calls only
             self.carry = []
         return deltas
 

@@ -27,7 +27,16 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Delta, Final, Prepared, ReasoningDelta, ToolCallDelta
+from ..generation import (
+    ChatRequest,
+    Delta,
+    Final,
+    Prepared,
+    ReasoningDelta,
+    ToolArgumentsDelta,
+    ToolCallBegin,
+    ToolCallDelta,
+)
 from ..tools.calls import ToolCall
 from .common import BadRequest, argument_pieces, check_json_schema, check_tool_schemas, new_id, sse_event
 from .errors import Failure, anthropic_error
@@ -480,7 +489,7 @@ def usage(final: Final) -> dict[str, int]:
     }
 
 
-def tool_use_id(call: ToolCall) -> str:
+def tool_use_id(call: ToolCall | ToolCallBegin) -> str:
     """Anthropic-looking ids (``toolu_…``) from the call's own id."""
     return "toolu_" + call.id.removeprefix("call_")
 
@@ -510,6 +519,7 @@ class MessageRenderer:
         self._index = -1  # of the last block opened
         self._open: str | None = None  # type of the open block
         self._had_text = False
+        self._had_call = False
 
     def _message(self, content: list[dict[str, Any]], final: Final | None, prompt_tokens: int) -> dict[str, Any]:
         if final is None:
@@ -586,10 +596,23 @@ class MessageRenderer:
         self._had_text = True
         return out + self._delta({"type": "text_delta", "text": delta.text})
 
+    def tool_call_begin(self, delta: ToolCallBegin) -> bytes:
+        """A streamed call's ``tool_use`` block opens (empty input)."""
+        self._had_call = True
+        return self._start({"type": "tool_use", "id": tool_use_id(delta), "name": delta.name, "input": {}})
+
+    def tool_arguments(self, delta: ToolArgumentsDelta) -> bytes:
+        return self._delta({"type": "input_json_delta", "partial_json": delta.text})
+
     def tool_call(self, delta: ToolCallDelta) -> bytes:
-        """One whole ``tool_use`` block: start (empty input), the arguments
-        in a few ``input_json_delta`` pieces, stop."""
+        """A streamed call's block closes (one the budget cut short closes
+        with the JSON it has, as Anthropic's API does); a whole call is one
+        ``tool_use`` block: start, the arguments in a few
+        ``input_json_delta`` pieces, stop."""
+        if delta.streamed:
+            return self._close()
         call = delta.call
+        self._had_call = True
         out = self._start({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}})
         for piece in argument_pieces(call.arguments):
             out += self._delta({"type": "input_json_delta", "partial_json": piece})
@@ -601,7 +624,7 @@ class MessageRenderer:
         ``message_delta`` carries the engine's usage (cumulative totals: the
         SDK overwrites its ``message_start`` figures with them)."""
         out = b""
-        if not self._had_text and not final.tool_calls:
+        if not self._had_text and not self._had_call:
             out += self._start({"type": "text", "text": ""})
         reason, sequence = stop_reason(final, self.stops, self.clipped)
         return (

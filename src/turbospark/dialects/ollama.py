@@ -3,8 +3,8 @@
 In: ``/api/chat`` and ``/api/generate`` bodies to the internal
 :class:`ChatRequest` (plus what only Ollama has: ``num_ctx``, the "load the
 model" call with no prompt). Out: NDJSON lines (``done: false`` pieces — text
-in ``content``/``response``, reasoning in ``thinking``, the tool calls in one
-piece's ``message.tool_calls`` — then one ``done: true`` line with
+in ``content``/``response``, reasoning in ``thinking``, each tool call in a
+piece's ``message.tool_calls`` the moment it is complete — then one ``done: true`` line with
 ``done_reason`` and nanosecond durations taken from the engine's result), the
 one-object ``stream: false`` answer, and the model facts of ``/api/tags``,
 ``/api/show`` and ``/api/ps``.
@@ -32,7 +32,16 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Delta, FillIn, Final, ReasoningDelta, ToolCallDelta
+from ..generation import (
+    ChatRequest,
+    Delta,
+    FillIn,
+    Final,
+    ReasoningDelta,
+    ToolArgumentsDelta,
+    ToolCallBegin,
+    ToolCallDelta,
+)
 from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, ndjson
 from .errors import Failure
@@ -420,7 +429,6 @@ class Renderer:
         self.started_ns = started_ns or time.perf_counter_ns()
         #: set by the route when this request loaded the model
         self.load_ns = 0
-        self._calls: list[ToolCall] = []
 
     def _wall_ns(self) -> int:
         return time.perf_counter_ns() - self.started_ns
@@ -460,15 +468,24 @@ class Renderer:
     def reasoning(self, delta: ReasoningDelta) -> bytes:
         return ndjson(self._line("", False, thinking=delta.text))
 
-    def tool_call(self, delta: ToolCallDelta) -> None:
-        """Calls are kept: they go out together in one piece at the end."""
-        self._calls.append(delta.call)
+    def tool_call_begin(self, delta: ToolCallBegin) -> None:
+        return None
+
+    def tool_arguments(self, delta: ToolArgumentsDelta) -> None:
+        return None
+
+    def tool_call(self, delta: ToolCallDelta) -> bytes | None:
+        """Each call in a line of its own the moment it is complete (its
+        arguments are an object: a call cannot go out in pieces, and one
+        the budget cut short does not go out at all)."""
+        if delta.cut:
+            return None
+        line = self._line("", False)
+        line["message"]["tool_calls"] = [wire_call(delta.index, delta.call)]
+        return ndjson(line)
 
     def final(self, final: Final) -> Iterator[bytes]:
-        """Every call of the turn in one piece, then the last line: empty
-        text, the reason and the numbers."""
-        if self._calls:
-            yield ndjson(self._line("", False, calls=self._calls))
+        """The last line: empty text, the reason and the numbers."""
         done = {**self._line("", True), "done_reason": done_reason(final.reason)}
         yield ndjson({**done, **stats(final, self._wall_ns(), self.load_ns)})
 

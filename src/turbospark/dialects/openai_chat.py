@@ -15,7 +15,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..generation import ChatRequest, Delta, Final, ReasoningDelta, ToolCallDelta
+from ..generation import ChatRequest, Delta, Final, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, check_tool_schemas, new_id, sse_data, text_of, unix_time
 from .errors import Failure, openai_error
@@ -408,7 +408,20 @@ class ChatRenderer:
     def reasoning(self, delta: ReasoningDelta) -> bytes:
         return sse_data(self._chunk({"reasoning_content": delta.text}, index=delta.choice))
 
-    def tool_call(self, delta: ToolCallDelta) -> bytes:
+    def tool_call_begin(self, delta: ToolCallBegin) -> bytes:
+        """A streamed call's first chunk: index, id, name, no arguments yet."""
+        function = {"name": delta.name, "arguments": ""}
+        call = {"index": delta.index, "id": delta.id, "type": "function", "function": function}
+        return sse_data(self._chunk({"tool_calls": [call]}, index=delta.choice))
+
+    def tool_arguments(self, delta: ToolArgumentsDelta) -> bytes:
+        call = {"index": delta.index, "function": {"arguments": delta.text}}
+        return sse_data(self._chunk({"tool_calls": [call]}, index=delta.choice))
+
+    def tool_call(self, delta: ToolCallDelta) -> bytes | None:
+        """A whole call in one chunk (a streamed one is complete already)."""
+        if delta.streamed:
+            return None
         call = {"index": delta.index, **wire_call(delta.call)}
         return sse_data(self._chunk({"tool_calls": [call]}, index=delta.choice))
 

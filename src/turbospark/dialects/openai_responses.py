@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..generation import ChatRequest, Delta, Final, ReasoningDelta, ToolCallDelta
+from ..generation import ChatRequest, Delta, Final, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..tools.calls import ToolCall
 from .common import (
     BadRequest,
@@ -408,7 +408,7 @@ def function_call_item(call: ToolCall, item_id: str, status: str = "completed") 
         "id": item_id,
         "call_id": call.id,
         "name": call.name,
-        "arguments": call.arguments if status == "completed" else "",
+        "arguments": "" if status == "in_progress" else call.arguments,
         "status": status,
     }
 
@@ -440,6 +440,9 @@ class ResponsesRenderer:
         #: the open message's tokens' log-probabilities (when asked for)
         self._probs: list[TokenProb] = []
         self._had_message = False
+        #: the call being streamed: its item id, the call (arguments so far)
+        self._call: tuple[str, ToolCall] | None = None
+        self._had_call = False
         reasoning = body.reasoning
         fmt = body.text.format if body.text and body.text.format else {"type": "text"}
         self._echo: dict[str, Any] = {
@@ -599,26 +602,41 @@ class ResponsesRenderer:
         self._open[2].append(delta.text)
         return out + self._event("response.reasoning_text.delta", {**self._where(self._open[1]), "delta": delta.text})
 
-    def tool_call(self, delta: ToolCallDelta) -> bytes:
-        """One whole ``function_call`` item: added, the arguments in a few
-        deltas, arguments done, item done."""
-        call = delta.call
+    def tool_call_begin(self, delta: ToolCallBegin) -> bytes:
+        """A ``function_call`` item is added (its arguments follow)."""
         out = self._close()
+        call = ToolCall(delta.id, delta.name, "")
         item_id = "fc_" + call.id.removeprefix("call_")
-        index = len(self._done)
+        self._call, self._had_call = (item_id, call), True
+        item = function_call_item(call, item_id, "in_progress")
+        return out + self._event("response.output_item.added", {"output_index": len(self._done), "item": item})
+
+    def tool_arguments(self, delta: ToolArgumentsDelta) -> bytes:
+        assert self._call is not None
+        item_id, call = self._call
+        call.arguments += delta.text
+        where = {"item_id": item_id, "output_index": len(self._done)}
+        return self._event("response.function_call_arguments.delta", {**where, "delta": delta.text})
+
+    def tool_call(self, delta: ToolCallDelta) -> bytes:
+        """The end of a streamed ``function_call`` item (arguments done,
+        item done; ``incomplete`` when the budget cut it short), or a whole
+        one: added, the arguments in a few deltas, done."""
+        call, out = delta.call, b""
+        if not delta.streamed:
+            out = self.tool_call_begin(ToolCallBegin(delta.index, call.id, call.name))
+            for piece in argument_pieces(call.arguments):
+                out += self.tool_arguments(ToolArgumentsDelta(delta.index, piece))
+        assert self._call is not None
+        item_id, index = self._call[0], len(self._done)
         where = {"item_id": item_id, "output_index": index}
-        out += self._event(
-            "response.output_item.added",
-            {"output_index": index, "item": function_call_item(call, item_id, "in_progress")},
-        )
-        for piece in argument_pieces(call.arguments):
-            out += self._event("response.function_call_arguments.delta", {**where, "delta": piece})
         out += self._event(
             "response.function_call_arguments.done", {**where, "name": call.name, "arguments": call.arguments}
         )
-        item = function_call_item(call, item_id)
+        item = function_call_item(call, item_id, "incomplete" if delta.cut else "completed")
         out += self._event("response.output_item.done", {"output_index": index, "item": item})
         self._done.append(item)
+        self._call = None
         return out
 
     def final(self, final: Final) -> bytes:
@@ -628,7 +646,7 @@ class ResponsesRenderer:
         status = status_of(final.reason)
         item_status = "completed" if status == "completed" else "incomplete"
         out = b""
-        if not self._had_message and not final.tool_calls:
+        if not self._had_message and not self._had_call:
             out += self._start("message")
         out += self._close(item_status)
         body = self._response(status, list(self._done), final)
@@ -650,5 +668,7 @@ class ResponsesRenderer:
                 if kind == "message"
                 else self._reasoning("incomplete", text, item_id)
             )
+        if self._call is not None:  # a call cut short by the failure
+            output.append(function_call_item(self._call[1], self._call[0], "incomplete"))
         body = self._response("failed", output, error={"code": code, "message": message})
         return self._event("response.failed", {"response": body})

@@ -4,7 +4,7 @@ A route translates the request, routes and prepares it, builds its dialect's
 :class:`Renderer` and hands it to ``routes.common.respond``, which runs the
 generation and asks the renderer for every piece: the whole body when the
 client did not ask for a stream, else an opening, each text / reasoning /
-tool-call delta, the final frames, or an error frame once the stream has
+tool-call piece (a call's start, its arguments, its end), the final frames, or an error frame once the stream has
 begun. Nothing else about a dialect's wire format lives outside its module.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ..generation import Delta, Final, ReasoningDelta, ToolCallDelta
+from ..generation import Delta, Final, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from .errors import Failure
 
 #: what a renderer returns for one stream item: one frame, several, or none
@@ -43,7 +43,17 @@ class Renderer(Protocol):
 
     def reasoning(self, delta: ReasoningDelta) -> FrameOut: ...
 
-    def tool_call(self, delta: ToolCallDelta) -> FrameOut: ...
+    def tool_call_begin(self, delta: ToolCallBegin) -> FrameOut:
+        """A streamed call's id and name (its arguments follow)."""
+        ...
+
+    def tool_arguments(self, delta: ToolArgumentsDelta) -> FrameOut:
+        """More of a streamed call's arguments."""
+        ...
+
+    def tool_call(self, delta: ToolCallDelta) -> FrameOut:
+        """A whole call, or (``delta.streamed``) the end of a streamed one."""
+        ...
 
     def final(self, final: Final) -> FrameOut:
         """The closing frames (stop reason, usage, terminator); with ``n``
@@ -71,6 +81,12 @@ class Unsent:
         return None
 
     def reasoning(self, delta: ReasoningDelta) -> FrameOut:
+        return None
+
+    def tool_call_begin(self, delta: ToolCallBegin) -> FrameOut:
+        return None
+
+    def tool_arguments(self, delta: ToolArgumentsDelta) -> FrameOut:
         return None
 
     def tool_call(self, delta: ToolCallDelta) -> FrameOut:

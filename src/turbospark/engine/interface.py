@@ -5,7 +5,10 @@ so every caller sees the real model (its template included).
 
 Optional, read with ``getattr`` by the registry's watchdog: ``failure`` (why
 the model's engine died, or None) and ``stalled_for()`` (seconds without an
-engine step while work waits); a model without them is always healthy."""
+engine step while work waits); a model without them is always healthy.
+Read by the generation core: ``enforces_grammars`` (True when every token
+obeys ``config.grammar``; tool calls then stream as they are written); a
+model without it is not trusted to."""
 
 from __future__ import annotations
 

@@ -94,6 +94,8 @@ class LlamaChatModel:
     """A loaded GGUF serving chat/completion requests through its scheduler."""
 
     supports_chat = True
+    #: the sampler applies ``config.grammar`` (engine/sampling.py)
+    enforces_grammars = True
     supports_embeddings = True
     vision = None
     default_reasoning = None

@@ -31,6 +31,8 @@ from ..generation import (
     Final,
     Prepared,
     ReasoningDelta,
+    ToolArgumentsDelta,
+    ToolCallBegin,
     ToolCallDelta,
     complete_choices,
     prepare,
@@ -296,6 +298,10 @@ def _render(renderer: Renderer, item: Any) -> FrameOut:
         return renderer.text(item)
     if isinstance(item, ReasoningDelta):
         return renderer.reasoning(item)
+    if isinstance(item, ToolArgumentsDelta):
+        return renderer.tool_arguments(item)
+    if isinstance(item, ToolCallBegin):
+        return renderer.tool_call_begin(item)
     if isinstance(item, ToolCallDelta):
         return renderer.tool_call(item)
     if isinstance(item, Final):

@@ -1,0 +1,193 @@
+"""Tool calls read as they are written, so their bytes can stream.
+
+When a grammar holds the model to valid calls (the lazy tool-call grammar
+once a call marker is out, or the grammar of a required/named call), every
+call has the one fixed shape the grammar writes::
+
+    [<tool_call>\\n | [TOOL_CALLS][] {"name": "N", "arguments": ARGS} ...
+
+so a call's name is known the moment its ``"name"`` string closes, and its
+arguments can be handed on character by character: :class:`CallReader`
+turns the text into :class:`Opened` (id and name), :class:`Piece` (more of
+the arguments' JSON text) and :class:`Closed` (the whole call) as it comes.
+Pure text in, events out: nothing here knows the engine or a wire format.
+
+The arguments streamed are the model's own JSON text, and the closed call's
+``arguments`` are exactly their concatenation (what a client that joins the
+deltas holds).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from .calls import ToolCall, new_call_id
+
+#: the head of one call, up to where its arguments begin: what closed the
+#: call before it (braces, brackets, the closing marker), an optional call
+#: marker (and mistral's list bracket), the name, the arguments key
+_HEAD = re.compile(
+    r"[\s}\]]*(?:</tool_call>)?"
+    r'\s*(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:\s*'
+    r'"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+)
+#: a head not found in this much text is not coming (the reader gives up)
+_HEAD_LIMIT = 1024
+
+
+@dataclass
+class Opened:
+    """A call began: its id and name are known, its arguments are not yet."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass
+class Piece:
+    """More of call ``index``'s arguments (JSON text)."""
+
+    index: int
+    text: str
+
+
+@dataclass
+class Closed:
+    """Call ``index`` is complete."""
+
+    index: int
+    call: ToolCall
+
+
+Event = Opened | Piece | Closed
+
+
+class _Value:
+    """Where one JSON value ends, read a character at a time."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.string = False
+        self.escape = False
+        self.started = False
+        self.scalar = False
+
+    def step(self, ch: str) -> bool:
+        """Take ``ch``; False when ``ch`` is past the value (not part of it)."""
+        if self.string:
+            if self.escape:
+                self.escape = False
+            elif ch == "\\":
+                self.escape = True
+            elif ch == '"':
+                self.string = False
+            return True
+        if not self.started:
+            self.started = True
+            if ch in "{[":
+                self.depth = 1
+            elif ch == '"':
+                self.string = True
+            else:
+                self.scalar = True
+            return True
+        if self.depth == 0:  # a scalar, or a string that has closed
+            if self.scalar and ch not in ",}] \t\r\n":
+                return True
+            return False
+        if ch == '"':
+            self.string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+        return True
+
+    @property
+    def done(self) -> bool:
+        return self.started and self.depth == 0 and not self.string and not self.scalar
+
+
+class CallReader:
+    """Reads calls of the grammar's shape from text fed in pieces."""
+
+    def __init__(self) -> None:
+        self.calls: list[ToolCall] = []
+        self.buffer = ""  # text not yet placed (before a head is complete)
+        self.failed = False  # no head where one had to be: not a call text
+        self._open: tuple[str, str] | None = None  # (id, name) of the call being read
+        self._args: list[str] = []
+        self._head_text = ""  # the open call's text before its arguments
+        self._value = _Value()
+
+    @property
+    def reading(self) -> bool:
+        """A call is open (begun, not closed)."""
+        return self._open is not None
+
+    @property
+    def partial(self) -> ToolCall | None:
+        """The open call as far as it got (when the text stopped inside it)."""
+        if self._open is None:
+            return None
+        return ToolCall(self._open[0], self._open[1], "".join(self._args))
+
+    @property
+    def partial_text(self) -> str:
+        """The open call's text as the model wrote it so far."""
+        return self._head_text + "".join(self._args) if self._open is not None else ""
+
+    def feed(self, text: str) -> list[Event]:
+        out: list[Event] = []
+        while text and not self.failed:
+            if self._open is None:
+                text = self._head(self.buffer + text, out)
+            else:
+                text = self._arguments(text, out)
+        return out
+
+    def _head(self, text: str, out: list[Event]) -> str:
+        m = _HEAD.match(text)
+        if m is None:
+            self.buffer = text
+            self.failed = len(text.lstrip()) > _HEAD_LIMIT
+            return ""
+        self.buffer = ""
+        try:
+            name = json.loads(f'"{m.group(1)}"')
+        except ValueError:
+            self.failed = True
+            return ""
+        self._open = (new_call_id(), name)
+        self._head_text = m.group(0).lstrip("}] \t\r\n").removeprefix("</tool_call>").lstrip()
+        self._args, self._value = [], _Value()
+        out.append(Opened(len(self.calls), self._open[0], name))
+        return text[m.end() :]
+
+    def _arguments(self, text: str, out: list[Event]) -> str:
+        value = self._value
+        if not value.started:
+            text = text.lstrip()  # the space after the key, when it came late
+        end = len(text)
+        for i, ch in enumerate(text):
+            if not value.step(ch):
+                end = i
+                break
+            if value.done:
+                end = i + 1
+                break
+        piece = text[:end]
+        if piece:
+            self._args.append(piece)
+            out.append(Piece(len(self.calls), piece))
+        if value.done or end < len(text):
+            assert self._open is not None
+            call = ToolCall(self._open[0], self._open[1], "".join(self._args))
+            self.calls.append(call)
+            self._open = None
+            out.append(Closed(len(self.calls) - 1, call))
+            return text[end:]
+        return ""
