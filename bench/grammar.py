@@ -55,8 +55,9 @@ def main() -> int:
     model = LlamaChatModel(ModelOptions(path=resolve_model(args.model)[0], id="bench", ctx=2048, parallel=1))
     try:
         ids = model.render_chat([{"role": "user", "content": PROMPT}])
-        json_grammar = json_object_grammar(bound_strings=True)
-        lazy = tool_call_grammar([TOOL], "hermes", many=True)
+        json_grammar = json_object_grammar()
+        specials = {m: t for m, t in model.marked_tokens.items() if m in ("<tool_call>", "</tool_call>")}
+        lazy = tool_call_grammar([TOOL], "hermes", many=True, specials=specials)
         cases = {
             "free": {},
             "json grammar": {"grammar": json_grammar},

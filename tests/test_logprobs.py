@@ -210,3 +210,39 @@ def test_a_stop_string_takes_its_tokens_logprobs_with_it(oai):
     # every token with a byte in the answer, and no more
     assert "".join(kept).startswith(c.message.content) and kept == tokens[: len(kept)]
     assert len("".join(kept[:-1])) < len(c.message.content)
+
+
+def test_logprobs_under_a_grammar_list_only_what_it_allows(oai):
+    """With structured output the distribution is the grammar's: every
+    listed alternative is a token the grammar allows there (never one it
+    forbids, never a -inf), so fewer than asked may come back where the
+    grammar leaves few choices, and the answer is the enum value."""
+    r = oai.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}],
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": {"enum": ["yes", "no"]}},
+        },
+    )
+    choice = r.choices[0]
+    assert choice.message.content in ('"yes"', '"no"')
+    entries = choice.logprobs.content
+    assert entries
+    text = ""
+    for e in entries:
+        alts = [(t.token, t.logprob) for t in e.top_logprobs]
+        assert 1 <= len(alts) <= 5 and all(math.isfinite(lp) and lp <= 0 for _, lp in alts)
+        assert alts[0] == (e.token, pytest.approx(e.logprob))
+        for token, _ in alts:  # each alternative keeps the text on the way to an enum value
+            if not token or token.startswith("<|"):  # the end, once the value is complete
+                continue
+            assert any(v.startswith(text + token) or (text + token).startswith(v) for v in ('"yes"', '"no"')), (
+                text,
+                token,
+            )
+        text += e.token

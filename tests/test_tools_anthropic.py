@@ -200,11 +200,11 @@ def test_output_config_json_schema_is_enforced(server):
                 "output_config": {
                     "format": {
                         "type": "json_schema",
-                        "schema": {"type": "object", "patternProperties": {"^a": {"type": "string"}}},
+                        "schema": {"type": "object", "propertyNames": {"maxLength": 3}},
                     }
                 }
             },
-            "patternProperties",
+            "propertyNames",
         ),
     ],
 )

@@ -160,13 +160,13 @@ def test_format_json_and_a_streamed_schema(base_url):
         ("/api/chat", {"tools": [{"type": "function", "function": {"description": "no name"}}]}, "name"),
         (
             "/api/chat",
-            {"format": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}},
-            "patternProperties",
+            {"format": {"type": "object", "propertyNames": {"maxLength": 3}}},
+            "propertyNames",
         ),
         (
             "/api/generate",
-            {"format": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}},
-            "patternProperties",
+            {"format": {"type": "object", "propertyNames": {"maxLength": 3}}},
+            "propertyNames",
         ),
     ],
 )

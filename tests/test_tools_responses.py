@@ -237,12 +237,12 @@ def test_json_object_format_and_streamed_json_schema(base_url):
                     "format": {
                         "type": "json_schema",
                         "name": "x",
-                        "schema": {"type": "object", "patternProperties": {"^a": {"type": "string"}}},
+                        "schema": {"type": "object", "propertyNames": {"maxLength": 3}},
                     }
                 }
             },
             "text.format",
-            "patternProperties",
+            "propertyNames",
         ),
     ],
 )

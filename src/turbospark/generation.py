@@ -23,7 +23,7 @@ turn whose calls are invalid (or that makes none although one was required)
 gets one corrective re-ask, which contributes only its calls (the answer
 text already streamed stays as it was), and the last attempt is returned as
 is. Structured output (``json_schema``/``json_object``) is enforced by a
-llama.cpp grammar too.
+grammar too (tools/grammar.py).
 """
 
 from __future__ import annotations
@@ -327,14 +327,22 @@ def fim_ids(model: ChatModel, fill: FillIn) -> list[int]:
     return [*ids, pre, *text(fill.prefix), suf, *text(fill.suffix), mid, *text(fill.middle)]
 
 
-def _grammar(req: ChatRequest, syntax: str | None) -> str | None:
+def _specials(model: ChatModel) -> dict[str, int]:
+    """The call markers that are one special token in the model's vocabulary."""
+    marked = getattr(model, "marked_tokens", None) or {}
+    return {m: marked[m] for m in toolcalls.MARKERS + (toolcalls.HERMES_CLOSE,) if m in marked}
+
+
+def _grammar(req: ChatRequest, syntax: str | None, specials: dict[str, int]) -> str | None:
     try:
         if req.tools and req.tool_choice in ("required", "named") and syntax is not None:
-            return grammars.tool_call_grammar(req.tools, syntax, req.tool_name if req.tool_choice == "named" else None)
+            name = req.tool_name if req.tool_choice == "named" else None
+            return grammars.tool_call_grammar(req.tools, syntax, name, specials=specials)
         if req.json_schema is not None:
+            grammars.check_schema(req.json_schema)
             return grammars.json_schema_grammar(req.json_schema)
         if req.json_object:
-            return grammars.json_object_grammar(bound_strings=True)
+            return grammars.json_object_grammar()
     except grammars.UnsupportedSchema as exc:
         where = "tools" if req.tool_choice in ("required", "named") and req.tools else "response_format"
         raise AdmissionError(str(exc), where) from None
@@ -350,7 +358,7 @@ def _grammar(req: ChatRequest, syntax: str | None) -> str | None:
 CALL_TRIGGERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "xml": "<tool_call>"}
 
 
-def _lazy_call_grammar(req: ChatRequest, syntax: str | None) -> tuple[str, str] | None:
+def _lazy_call_grammar(req: ChatRequest, syntax: str | None, specials: dict[str, int]) -> tuple[str, str] | None:
     """With tools offered and ``tool_choice`` auto: a grammar that lies
     dormant while the model writes text and, from the moment it opens a call
     (the syntax's marker), holds it to valid calls of the offered tools.
@@ -361,7 +369,7 @@ def _lazy_call_grammar(req: ChatRequest, syntax: str | None) -> tuple[str, str] 
     if req.json_schema is not None or req.json_object:
         return None
     try:
-        grammar = grammars.tool_call_grammar(req.tools, syntax, many=req.parallel_tool_calls)
+        grammar = grammars.tool_call_grammar(req.tools, syntax, many=req.parallel_tool_calls, specials=specials)
     except (grammars.UnsupportedSchema, ValueError, RecursionError):
         return None
     return grammar, CALL_TRIGGERS[syntax]
@@ -429,12 +437,16 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
             raise AdmissionError(
                 f"logit_bias names token {token}, but the vocabulary has {model.vocab_size} tokens", "logit_bias"
             )
-    grammar = _grammar(req, syntax)
-    lazy = _lazy_call_grammar(req, syntax) if grammar is None else None
+    specials = _specials(model)
+    grammar = _grammar(req, syntax, specials)
+    lazy = _lazy_call_grammar(req, syntax, specials) if grammar is None else None
     if grammar is not None:
         config.grammar = grammar
     elif lazy is not None:
         config.grammar, config.grammar_trigger = lazy
+    compile_grammar = getattr(model, "compile_grammar", None)
+    if config.grammar and compile_grammar is not None:
+        compile_grammar(config.grammar)
     call_grammar = _streamed_calls(model, req, syntax, grammar is not None, lazy is not None)
     offered = tuple(tool_names(req.tools)) if syntax is not None else ()
     if offered:

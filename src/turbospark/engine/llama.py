@@ -192,6 +192,8 @@ class LlamaModelFile:
         longest = 0
         eog: set[int] = set()
         control: set[int] = set()
+        marked: dict[str, int] = {}
+        user_defined = L.LLAMA_TOKEN_ATTR_USER_DEFINED
         for t in range(self.n_vocab):
             n = L.llama_token_to_piece(self.vocab, t, buf, 256, 0, False)
             plain.append(buf.raw[:n] if n > 0 else b"")
@@ -203,12 +205,45 @@ class LlamaModelFile:
                 eog.add(t)
             if L.llama_vocab_is_control(self.vocab, t):
                 control.add(t)
+                marked[special[-1].decode("utf-8", "replace")] = t
+            elif (
+                L.llama_vocab_get_attr(self.vocab, t) & user_defined
+                and special[-1][:1] == b"<"
+                and special[-1][-1:] == b">"
+            ):
+                marked[special[-1].decode("utf-8", "replace")] = t
+        #: the text of every token a grammar names by id rather than as text
+        #: (control tokens, and added ones like Qwen's ``<tool_call>``)
+        self.marked_tokens = marked
+        self._grammar_tokenizer: Any = None
+        self._grammar_lock = threading.Lock()
         self.pieces = plain
         self.special_pieces = special
         #: the most bytes one token stands for (a bound for prompt lengths)
         self.longest_piece = longest
         self.eog_tokens = frozenset(eog)
         self.control_tokens = frozenset(control)
+
+    def grammar_tokenizer(self) -> Any:
+        """llguidance's view of the vocabulary (built once, ~1 s on a 150k
+        vocabulary: call it off the engine thread first): every token's bytes,
+        the marked ones behind a 0xFF byte so that grammar text never matches
+        them, and the end-of-generation tokens as its EOS."""
+        with self._grammar_lock:
+            if self._grammar_tokenizer is None:
+                from llguidance import LLTokenizer
+
+                ids = set(self.marked_tokens.values())
+                tokens = [b"\xff" + p if t in ids else p for t, p in enumerate(self.special_pieces)]
+                tokenize = ctypes.cast(lib().llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+                self._grammar_tokenizer = LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
+                    tokens=tokens,
+                    vocab_ptr=self.vocab,
+                    tokenize_fptr=tokenize,
+                    eos_token=sorted(self.eog_tokens) or [self.eos],
+                    slices=None,
+                )
+            return self._grammar_tokenizer
 
     def token_text(self, token: int) -> str:
         if 0 <= token < self.n_vocab:

@@ -178,6 +178,23 @@ class LlamaChatModel:
         return self
 
     @property
+    def marked_tokens(self) -> dict[str, int]:
+        """Text → id of the tokens a grammar names by id (tools/grammar.py)."""
+        return self.file.marked_tokens
+
+    def compile_grammar(self, grammar: str) -> None:
+        """Check that ``grammar`` compiles for this vocabulary (an
+        :class:`AdmissionError` if not), off the engine thread: the first call
+        also builds the grammar engine's view of the vocabulary (~1 s)."""
+        import llguidance
+
+        err = llguidance.LLMatcher.validate_grammar(
+            llguidance.LLMatcher.grammar_from_lark(grammar), self.file.grammar_tokenizer()
+        )
+        if err:
+            raise AdmissionError(f"the grammar could not be compiled: {err.splitlines()[0][:300]}", "grammar")
+
+    @property
     def vocab_size(self) -> int:
         return self.file.n_vocab
 

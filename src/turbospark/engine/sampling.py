@@ -4,17 +4,18 @@ Sampling in llama.cpp's own chain is what keeps the decode loop free of
 per-token logits copies into Python (the reason ``Llama.generate`` is slower
 than llama.cpp's server).
 
-A grammar is kept out of the chain: applying it to the whole vocabulary costs
-several milliseconds a token (as much as the decode itself on a small model),
-so, as llama.cpp's own server does, the token is picked without it and only
-that one token is checked against the grammar; the full-vocabulary pass runs
-only when the pick is rejected.
+A grammar (llguidance, see tools/grammar.py) is kept out of the chain:
+masking the whole vocabulary costs far more than asking about one token, so,
+as llama.cpp's own server does, the token is picked without it and only that
+one token is checked against the grammar; the full-vocabulary mask is computed
+only when the pick is refused.
 """
 
 from __future__ import annotations
 
 import ctypes
 import random
+import re
 from collections import deque
 from typing import Any
 
@@ -29,9 +30,45 @@ _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 def _lead_in(grammar: str, first: str) -> str:
     """``grammar`` behind any text without ``first`` (the trigger's first
     character): what the token that began the trigger may hold before it."""
-    body = grammar.replace("root ::=", "lazy-call ::=", 1)
-    ch = "\\" + first if first in "[]^-\\" else first
-    return f"root ::= lazy-lead lazy-call\nlazy-lead ::= [^{ch}]*\n{body}"
+    body = re.sub(r"(?m)^start\s*:", "lazy_call:", grammar, count=1)
+    ch = "\\" + first if first in "[]^-\\/" else first
+    return f"start: LAZY_LEAD lazy_call\nLAZY_LEAD: /[^{ch}]*/\n{body}"
+
+
+class Constraint:
+    """One sequence's grammar: an llguidance matcher over the model's
+    vocabulary. ``allows`` asks about one token (cheap), ``mask`` the whole
+    vocabulary (a bitmask, used only when the pick was refused)."""
+
+    def __init__(self, model: LlamaModelFile, grammar: str) -> None:
+        import llguidance
+
+        self.n_vocab = model.n_vocab
+        self.eog = model.eog_tokens
+        self.m = llguidance.LLMatcher(
+            model.grammar_tokenizer(), llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0
+        )
+        if self.m.is_error():
+            raise AdmissionError(f"the grammar could not be compiled: {self.m.get_error()[:300]}", "grammar")
+
+    def allows(self, token: int) -> bool:
+        if self.m.is_stopped():  # the grammar is complete: only the end
+            return token in self.eog
+        return bool(self.m.validate_tokens([token]) == 1)
+
+    def accept(self, tokens: list[int]) -> bool:
+        """Advance over ``tokens``; False (and the matcher spent) if refused."""
+        if self.m.is_stopped():
+            return all(t in self.eog for t in tokens)
+        return bool(self.m.validate_tokens(tokens) == len(tokens) and self.m.consume_tokens(tokens))
+
+    def mask(self) -> np.ndarray:
+        if self.m.is_stopped():
+            allowed = np.zeros(self.n_vocab, dtype=bool)
+            allowed[list(self.eog)] = True
+            return allowed
+        bits = np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[: self.n_vocab].astype(bool)
 
 
 class SamplerChain:
@@ -40,7 +77,7 @@ class SamplerChain:
     def __init__(self, model: LlamaModelFile, config: GenerationConfig) -> None:
         L = lib()
         self.ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        self.grammar = None
+        self.grammar: Constraint | None = None
         #: with logprobs asked for, the constraints (logit bias, penalties)
         #: are a chain of their own, so the distribution can be read between
         #: them and the selection (top-k/p, temperature, the pick)
@@ -61,29 +98,26 @@ class SamplerChain:
         self._recent: deque[int] = deque(maxlen=32)
         self._special = model.special_pieces
         if config.grammar:
-            g = self._grammar(model, config.grammar, config.grammar_trigger)
-            if not g:
+            try:
+                self.grammar = self._grammar(model, config.grammar, config.grammar_trigger)
+            except AdmissionError:
                 self.close()
-                raise AdmissionError("the grammar could not be parsed by llama.cpp", "grammar")
-            self.grammar = g
+                raise
         if self.grammar is not None or self.pre is not None:
             self._data = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
             self._ids = np.arange(model.n_vocab, dtype=np.int32)
-            self._one = np.zeros(1, dtype=_TOKEN_DATA)
 
-    def _grammar(self, model: LlamaModelFile, grammar: str, trigger: str | None) -> Any:
-        """The grammar sampler. With a trigger it is lazy: it constrains the
-        output from the trigger's first appearance on (the grammar's text
-        starts with the trigger). The watching is done here, not by
-        llama.cpp's lazy grammar, which matches a regex over the whole output
-        at every token (16 % of Qwen's decode rate); the grammar only ever
-        sees the tokens from the one that began the trigger, whatever that
-        token held before it (``lead``)."""
-        L = lib()
+    def _grammar(self, model: LlamaModelFile, grammar: str, trigger: str | None) -> Constraint:
+        """The grammar. With a trigger it is lazy: it constrains the output
+        from the trigger's first appearance on (the grammar's text starts
+        with the trigger). The watching is done here, not by the grammar (a
+        grammar over the whole output would be asked about every token); the
+        grammar only ever sees the tokens from the one that began the
+        trigger, whatever that token held before it (``_lead_in``)."""
         if trigger:
             self.trigger = trigger.encode()
             grammar = _lead_in(grammar, trigger[0])
-        return L.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+        return Constraint(model, grammar)
 
     def _watch(self, token: int) -> None:
         """Follow the output for the lazy grammar's trigger; once it is
@@ -100,17 +134,9 @@ class SamplerChain:
         k = 1
         while k < len(recent) and trigger not in b"".join(self._special[t] for t in recent[-k:]):
             k += 1
-        L = lib()
-        for t in recent[-k:]:
-            one = self._one
-            one["id"][0], one["logit"][0], one["p"][0] = t, 1.0, 0.0
-            single = self._array(one)
-            L.llama_sampler_apply(self.grammar, ctypes.byref(single))
-            if not np.isfinite(one["logit"][0]):
-                L.llama_sampler_free(self.grammar)
-                self.grammar = None
-                return
-            L.llama_sampler_accept(self.grammar, t)
+        assert self.grammar is not None
+        if not self.grammar.accept(recent[-k:]):
+            self.grammar = None
 
     def _constraints(self, model: LlamaModelFile, config: GenerationConfig, chain: Any) -> None:
         """Logit bias (``ignore_eos`` included) and repetition penalties."""
@@ -197,16 +223,15 @@ class SamplerChain:
         arr = self._candidates(ctx_ptr, index)
         L.llama_sampler_apply(self.ptr, ctypes.byref(arr))
         token = int(arr.data[arr.selected].id)  # samplers may re-point data
-        one = self._one
-        one["id"][0], one["logit"][0], one["p"][0] = token, 1.0, 0.0
-        single = self._array(one)
-        L.llama_sampler_apply(self.grammar, ctypes.byref(single))
-        if not np.isfinite(one["logit"][0]):  # the grammar forbids it: full pass
+        grammar = self.grammar
+        assert grammar is not None
+        if not grammar.allows(token):  # the grammar forbids it: mask the vocabulary
             arr = self._candidates(ctx_ptr, index)
-            L.llama_sampler_apply(self.grammar, ctypes.byref(arr))
+            self._data["logit"][~grammar.mask()] = -np.inf
             L.llama_sampler_apply(self.ptr, ctypes.byref(arr))
             token = int(arr.data[arr.selected].id)
-        L.llama_sampler_accept(self.grammar, token)
+        if not grammar.accept([token]):  # nothing allowed (a dead end): free from here
+            self.grammar = None
         L.llama_sampler_accept(self.ptr, token)
         return token
 
@@ -218,19 +243,19 @@ class SamplerChain:
         L = lib()
         arr = self._candidates(ctx_ptr, index)
         L.llama_sampler_apply(self.pre, ctypes.byref(arr))
-        constrained = self.grammar is not None and self.trigger is None
-        if constrained:
-            L.llama_sampler_apply(self.grammar, ctypes.byref(arr))
+        grammar = self.grammar if self.trigger is None else None
         raw = ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_byte))  # samplers may re-point data
         view = np.ctypeslib.as_array(raw, shape=(arr.size * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)
+        if grammar is not None:
+            view["logit"][~grammar.mask()[view["id"]]] = -np.inf
         logits = view["logit"].astype(np.float64)
         top = float(logits.max())
         logprobs = logits - (top + np.log(np.exp(logits - top).sum()))
         ids = view["id"].copy()
         L.llama_sampler_apply(self.ptr, ctypes.byref(arr))
         token = int(arr.data[arr.selected].id)
-        if constrained:
-            L.llama_sampler_accept(self.grammar, token)
+        if grammar is not None and not grammar.accept([token]):
+            self.grammar = None
         L.llama_sampler_accept(self.pre, token)
         L.llama_sampler_accept(self.ptr, token)
         n = min(self.top_n or 0, len(ids))
@@ -238,15 +263,13 @@ class SamplerChain:
         if n:
             cut = np.argpartition(-logprobs, n - 1)[:n]
             cut = cut[np.argsort(-logprobs[cut], kind="stable")]
-            best = [(int(ids[i]), float(logprobs[i])) for i in cut]
+            best = [(int(ids[i]), float(logprobs[i])) for i in cut if np.isfinite(logprobs[i])]
         where = np.flatnonzero(ids == token)
         self.probs = (float(logprobs[where[0]]) if len(where) else float("-inf"), best)
         return token
 
     def close(self) -> None:
-        if getattr(self, "grammar", None):
-            lib().llama_sampler_free(self.grammar)
-            self.grammar = None
+        self.grammar = None
         if getattr(self, "pre", None):
             lib().llama_sampler_free(self.pre)
             self.pre = None

@@ -44,10 +44,11 @@ class GenerationConfig:
     logit_bias: dict[int, float] = field(default_factory=dict)
     #: Never end on an end-of-generation token (llama.cpp's ``ignore_eos``).
     ignore_eos: bool = False
-    #: GBNF grammar constraining the output (llama.cpp syntax), if any.
+    #: Grammar constraining the output (llguidance's Lark syntax, see
+    #: tools/grammar.py), if any.
     grammar: str | None = None
     #: With a grammar: a text that switches it on (a lazy grammar, as
-    #: llama.cpp's): the output is free until the model writes this, and from
+    #: llama.cpp has them): the output is free until the model writes this, and from
     #: there on (this text included) it must follow the grammar.
     grammar_trigger: str | None = None
     #: Log-probabilities: None is off; N reports each sampled token's
