@@ -183,6 +183,7 @@ def client_env(url: str, home: str, timeout_s: int) -> dict[str, str]:
 
 
 def run_clients(bin_dir: str, url: str, only: str | None, timeout_s: int) -> None:
+    bin_dir = str(Path(bin_dir).resolve())  # the clients run in a work directory of their own
     home = tempfile.mkdtemp(prefix="agents-home-")
     env = client_env(url, home, timeout_s)
     work = tempfile.mkdtemp(prefix="agents-work-")
