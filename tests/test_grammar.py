@@ -772,6 +772,45 @@ def test_tool_call_errors():
         tool_call_grammar([bad], "hermes")
 
 
+def test_lenient_call_grammar_keeps_the_tools_it_can_hold(matcher):
+    """The lazy grammar of tool_choice auto: a tool beyond the grammar is
+    held to what it can enforce instead of costing every tool its grammar."""
+    tags = {
+        "type": "function",
+        "function": {
+            "name": "tag",
+            "parameters": {
+                "type": "object",
+                "properties": {"tags": {"type": "object", "propertyNames": {"maxLength": 3}}},
+                "required": ["tags"],
+            },
+        },
+    }
+    with pytest.raises(UnsupportedSchema, match="tool 'tag'"):
+        tool_call_grammar([WEATHER, tags], "hermes")
+    g = tool_call_grammar([WEATHER, tags], "hermes", lenient=True)
+    assert matcher.accepts(g, CALL_TEXTS["hermes"])
+    assert not matcher.accepts(g, CALL_TEXTS["hermes"].replace("celsius", "kelvin"))  # the others stay strict
+    assert matcher.accepts(g, '<tool_call>\n{"name": "tag", "arguments": {"tags": {"long": 1}}}\n</tool_call>')
+    assert not matcher.accepts(g, '<tool_call>\n{"name": "tag", "arguments": {}}\n</tool_call>')  # still required
+
+
+def test_claude_codes_recorded_tools_get_a_lazy_grammar(matcher):
+    """Claude Code's own tool list (recorded, tests/fixtures/agents/) has
+    schemas beyond the grammar; the lenient call grammar still compiles."""
+    from pathlib import Path
+
+    lines = (Path(__file__).parent / "fixtures" / "agents" / "claude-code.jsonl").read_text().splitlines()
+    tools = next(
+        b["tools"] for b in (json.loads(x).get("body") or {} for x in lines) if isinstance(b, dict) and b.get("tools")
+    )
+    tools = [t for t in tools if "input_schema" in t]
+    assert len(tools) > 10
+    with pytest.raises(UnsupportedSchema):
+        tool_call_grammar(tools, "hermes", many=True)
+    matcher.matcher(tool_call_grammar(tools, "hermes", many=True, lenient=True))
+
+
 def test_anthropic_shaped_tools_accepted(matcher):
     tool = {"name": "get_weather", "description": "w", "input_schema": WEATHER["function"]["parameters"]}
     g = tool_call_grammar([tool], "hermes")

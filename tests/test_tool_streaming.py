@@ -250,10 +250,20 @@ def test_a_call_the_budget_cuts_short_closes_with_what_it_has(qwen_server):
     assert args.startswith('{"') and chunks[-1].choices[0].finish_reason == "length"
 
 
+#: a schema llguidance cannot take whole: the lazy grammar holds it loosely
+TAGS = {
+    "type": "object",
+    "properties": {"tags": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}},
+    "required": ["tags"],
+}
+
+
 def test_a_call_qwen_opens_itself_streams_under_the_lazy_grammar(qwen_server):
     """tool_choice auto: Qwen opens the call (a logit bias on its
     ``<tool_call>`` token makes sure of it), the lazy grammar holds the rest,
-    and the call streams as it is written: name first, then arguments."""
+    and the call streams as it is written: name first, then arguments. A
+    second tool whose schema is beyond the grammar (``propertyNames``, as in
+    Claude Code's task tools) does not cost the others their grammar."""
     srv, events = qwen_server
     tok = httpx.post(srv.url + "/tokenize", json={"content": "<tool_call>", "parse_special": True}).json()["tokens"]
     # an enum: the bias that opens the call cannot also fill a free string
@@ -261,7 +271,10 @@ def test_a_call_qwen_opens_itself_streams_under_the_lazy_grammar(qwen_server):
     body = {
         "model": "qwen",
         "messages": ASK,
-        "tools": [chat_tool(WEATHER_FUNCTION | {"parameters": city})],
+        "tools": [
+            chat_tool(WEATHER_FUNCTION | {"parameters": city}),
+            chat_tool({"name": "tag", "description": "Tag a task", "parameters": TAGS}),
+        ],
         "parallel_tool_calls": False,
         "temperature": 0,
         "max_tokens": 60,

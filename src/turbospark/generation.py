@@ -369,7 +369,9 @@ def _lazy_call_grammar(req: ChatRequest, syntax: str | None, specials: dict[str,
     if req.json_schema is not None or req.json_object:
         return None
     try:
-        grammar = grammars.tool_call_grammar(req.tools, syntax, many=req.parallel_tool_calls, specials=specials)
+        grammar = grammars.tool_call_grammar(
+            req.tools, syntax, many=req.parallel_tool_calls, specials=specials, lenient=True
+        )
     except (grammars.UnsupportedSchema, ValueError, RecursionError):
         return None
     return grammar, CALL_TRIGGERS[syntax]

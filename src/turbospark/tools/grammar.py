@@ -123,19 +123,22 @@ def _finishing(s: Any, in_all_of: bool = False) -> Any:
     return out
 
 
-def _schema(schema: Any, path: str = "#") -> dict[str, Any]:
-    """``schema``, made finishing, with our layout (a client's ``x-guidance`` is replaced)."""
+def _schema(schema: Any, path: str = "#", lenient: bool = False) -> dict[str, Any]:
+    """``schema``, made finishing, with our layout (a client's ``x-guidance``
+    is replaced); ``lenient``: keywords llguidance does not implement are
+    ignored instead of refused."""
     if schema is True:
         schema = {}
     if schema is False:
         raise UnsupportedSchema("the schema false admits no value", path)
     if not isinstance(schema, dict):
         raise UnsupportedSchema(f"a schema must be an object, not {type(schema).__name__}", path)
-    return {**_finishing(schema), "x-guidance": _LAYOUT}
+    layout = {**_LAYOUT, "lenient": True} if lenient else _LAYOUT
+    return {**_finishing(schema), "x-guidance": layout}
 
 
-def _json(schema: Any, path: str = "#") -> str:
-    return "%json " + json.dumps(_schema(schema, path), ensure_ascii=False)
+def _json(schema: Any, path: str = "#", lenient: bool = False) -> str:
+    return "%json " + json.dumps(_schema(schema, path, lenient), ensure_ascii=False)
 
 
 def _validate(grammar: str) -> None:
@@ -209,6 +212,7 @@ def tool_call_grammar(
     *,
     many: bool = False,
     specials: dict[str, int] | None = None,
+    lenient: bool = False,
 ) -> str:
     """A grammar for a call to one of ``tools`` (or exactly ``name``), its
     arguments valid against that tool's schema; ``many``: one or more calls,
@@ -220,7 +224,11 @@ def tool_call_grammar(
     ``<tool_call>\\n<function=N>\\n<parameter=K>\\nV\\n</parameter>\\n</function>\\n</tool_call>``
     with string parameters raw (never containing ``<``) and the others JSON.
     ``specials``: marker text → token id, for markers that are one special
-    token in the model's vocabulary.
+    token in the model's vocabulary. ``lenient`` (the lazy grammar of
+    ``tool_choice`` auto): a tool whose schema the grammar cannot take
+    entirely (Claude Code's task tools use ``propertyNames``) is held to what
+    it can enforce, or to any object, instead of costing every tool its
+    grammar; its calls are validated after the fact.
     """
     if syntax not in SYNTAXES:
         raise ValueError(f"unknown tool-call syntax {syntax!r}; expected one of {', '.join(SYNTAXES)}")
@@ -242,24 +250,46 @@ def tool_call_grammar(
     rules: list[str] = []
     for i, (fname, params) in enumerate(specs):
         try:
-            if syntax == "xml":
-                body = _xml_call(rules, i, fname, params, mark)
-            else:
-                key = "parameters" if syntax == "llama3" else "arguments"
-                head = _lit(f'{{"name": {json.dumps(fname, ensure_ascii=False)}, "{key}": ')
-                body = f'{head} {_json(params)} "}}"'
-                if syntax == "hermes":
-                    body = f'{mark(HERMES_OPEN)} "\\n" {body} "\\n" {mark(HERMES_CLOSE)}'
-                elif syntax == "mistral":
-                    body = f'{mark(MISTRAL_MARK)} "[" {body} "]"'
+            own = _call_rules(i, fname, params, syntax, mark, strictness=0)
+            if lenient and not _compiles("\n".join([f"start: call_{i}", *own])):
+                # beyond the grammar: enforce what it can, then any object
+                own = _call_rules(i, fname, params, syntax, mark, strictness=1)
+                if not _compiles("\n".join([f"start: call_{i}", *own])):
+                    own = _call_rules(i, fname, {"type": "object"}, syntax, mark, strictness=1)
         except UnsupportedSchema as e:
             raise UnsupportedSchema(f"tool {fname!r}: {e.feature}", e.path) from None
-        rules.append(f"call_{i}: {body}")
+        rules += own
     calls = " | ".join(f"call_{i}" for i in range(len(specs)))
     start = "start: call (CALL_GAP call)*\nCALL_GAP: /[ \\n]*/" if many else "start: call"
     grammar = "\n".join([start, f"call: {calls}", *rules]) + "\n"
     _check_calls(grammar, tuple(n for n, _ in specs))
     return grammar
+
+
+def _call_rules(i: int, fname: str, params: Any, syntax: str, mark: Any, strictness: int) -> list[str]:
+    """The rules of call ``i`` (``call_i`` first); ``strictness`` 1: lenient schemas."""
+    rules: list[str] = []
+    lenient = strictness > 0
+    if syntax == "xml":
+        body = _xml_call(rules, i, fname, params, mark, lenient)
+    else:
+        key = "parameters" if syntax == "llama3" else "arguments"
+        head = _lit(f'{{"name": {json.dumps(fname, ensure_ascii=False)}, "{key}": ')
+        body = f'{head} {_json(params, lenient=lenient)} "}}"'
+        if syntax == "hermes":
+            body = f'{mark(HERMES_OPEN)} "\\n" {body} "\\n" {mark(HERMES_CLOSE)}'
+        elif syntax == "mistral":
+            body = f'{mark(MISTRAL_MARK)} "[" {body} "]"'
+    return [f"call_{i}: {body}", *rules]
+
+
+@functools.lru_cache(maxsize=256)
+def _compiles(grammar: str) -> bool:
+    try:
+        _validate(grammar)
+    except UnsupportedSchema:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=64)
@@ -278,7 +308,7 @@ def _check_calls(grammar: str, names: tuple[str, ...]) -> None:
         raise whole from None
 
 
-def _xml_call(rules: list[str], i: int, fname: str, params: Any, mark: Any) -> str:
+def _xml_call(rules: list[str], i: int, fname: str, params: Any, mark: Any, lenient: bool = False) -> str:
     """The xml syntax: each parameter its own block, in schema order
     (optional ones may be left out); strings raw, other values JSON."""
     if not isinstance(params, dict) or any(k in params for k in ("anyOf", "oneOf", "allOf", "$ref", "enum", "const")):
@@ -299,7 +329,7 @@ def _xml_call(rules: list[str], i: int, fname: str, params: Any, mark: Any) -> s
             value = f"P_{i}_{j}"
             rules.append(f"{value}: /{raw}{close}/")
         else:
-            value = f'{_json({**ps, **defs} if isinstance(ps, dict) else ps, path)} "\\n</parameter>\\n"'
+            value = f'{_json({**ps, **defs} if isinstance(ps, dict) else ps, path, lenient)} "\\n</parameter>\\n"'
         rule = f"param_{i}_{j}"
         rules.append(f"{rule}: {_lit(f'<parameter={pname}>' + chr(10))} {value}")
         parts.append(rule if pname in required else f"{rule}?")
