@@ -8,7 +8,7 @@ Responses ``function_call_arguments.delta``, Ollama one line per call.
 The long calls are real: Qwen2.5-Coder made to write a file whose
 ``content`` the schema holds to at least 600 characters (hundreds of
 argument tokens). The scripted model covers what a real one cannot be made
-to do on cue: a stream that fails inside a call."""
+to do on cue: a call written slowly, and an engine that fails inside a call."""
 
 from __future__ import annotations
 
@@ -358,3 +358,73 @@ def test_arguments_reach_every_dialect_long_before_the_call_ends(slow):
         total = time.monotonic() - start
         assert first is not None, (path, seen[-400:])
         assert total > 3 and first < 0.5 * total, (path, first, total)
+
+
+#: what the script below has written of the call when the engine fails
+CUT_ARGS = '{"city": "' + "Par" * 5
+
+
+def test_an_engine_failure_inside_a_streamed_call_ends_each_stream_in_its_shape():
+    """The engine fails while a call's arguments stream: each dialect ends
+    with its own error frame after the pieces already sent (Responses lists
+    the call as ``incomplete`` with the arguments it had), and the request
+    finishes with the error (no ``generated``)."""
+    model = ScriptedModel(scripts=[Script(SLOW_CALL, fail_after=6)], enforces_grammars=True)
+    obs = ListObserver()
+    weather = WEATHER_FUNCTION | {"parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    with Server(models=[model], observer=obs) as srv:
+        chat = {"model": "scripted", "messages": ASK, "tools": [chat_tool(weather)], "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=chat, timeout=60) as r:
+            frames = [f for f in r.read().decode().split("\n\n") if f.strip()]
+        assert frames[-1].startswith("event: error\ndata: ") and "[DONE]" not in frames[-2]
+        deltas = [ch["delta"] for f in frames[:-1] for ch in json.loads(f[6:])["choices"]]
+        calls = [tc for d in deltas for tc in d.get("tool_calls") or []]
+        assert calls[0]["function"]["name"] == "get_weather"
+        assert "".join(c["function"].get("arguments", "") for c in calls) == CUT_ARGS
+
+        client = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0, timeout=60)
+        kinds: list[str] = []
+        with pytest.raises(anthropic.APIStatusError):
+            for event in client.messages.create(
+                model="scripted", messages=ASK, tools=[anthropic_tool(weather)], max_tokens=200, stream=True
+            ):
+                kinds.append(event.type)
+        assert kinds[:2] == ["message_start", "content_block_start"] and kinds.count("content_block_delta") >= 1
+        assert "message_stop" not in kinds
+
+        body = {"model": "scripted", "input": ASK, "tools": [responses_tool(weather)], "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/responses", json=body, timeout=60) as r:
+            events = [json.loads(x[6:]) for x in r.read().decode().split("\n") if x.startswith("data: ")]
+        assert events[-1]["type"] == "response.failed"
+        deltas = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+        assert deltas == CUT_ARGS
+        output = events[-1]["response"]["output"]
+        assert [(o["type"], o["status"], o["arguments"]) for o in output] == [("function_call", "incomplete", deltas)]
+    finished = [e for e in obs.events if e.kind == "requestFinished"]
+    assert len(finished) == 3 and all(e.error and "scripted failure" in e.error for e in finished)
+    assert not [e for e in obs.events if e.kind == "generated"]
+
+
+def test_ollama_sends_a_call_the_moment_it_is_complete():
+    """Two calls, the second written slowly: the first call's line arrives
+    long before the second is done (a line of all the calls at the end would
+    arrive with it), and each call has a line of its own."""
+    second = ['\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "', *(["Ro"] * 20), 'me"}}\n</tool_call>']
+    first = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    script = Script([first, *second], delay=0.1)
+    model = ScriptedModel(scripts=[script], enforces_grammars=True)
+    weather = WEATHER_FUNCTION | {"parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    body = {"model": "scripted", "messages": ASK, "tools": [chat_tool(weather)], "stream": True}
+    with Server(models=[model]) as srv:
+        start = time.monotonic()
+        arrivals: list[tuple[float, dict]] = []
+        with httpx.stream("POST", srv.url + "/api/chat", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line:
+                    arrivals.append((time.monotonic() - start, json.loads(line)))
+    with_calls = [(t, line["message"]["tool_calls"]) for t, line in arrivals if line["message"].get("tool_calls")]
+    cities = [[c["function"]["arguments"]["city"] for c in calls] for _, calls in with_calls]
+    assert cities == [["Paris"], ["Ro" * 20 + "me"]]
+    total = arrivals[-1][0]
+    assert arrivals[-1][1]["done"] is True and total > 2
+    assert with_calls[0][0] < 0.5 * total, (with_calls[0][0], total)

@@ -448,7 +448,7 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         config.grammar, config.grammar_trigger = lazy
     compile_grammar = getattr(model, "compile_grammar", None)
     if config.grammar and compile_grammar is not None:
-        compile_grammar(config.grammar)
+        compile_grammar(config.grammar, config.grammar_trigger)
     call_grammar = _streamed_calls(model, req, syntax, grammar is not None, lazy is not None)
     offered = tuple(tool_names(req.tools)) if syntax is not None else ()
     if offered:

@@ -13,11 +13,14 @@ import ctypes
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .types import AdmissionError
 
 log = logging.getLogger("turbospark.engine")
 
@@ -84,6 +87,8 @@ class ContextOptions:
 #: --cache-type values -> ggml types, and their bytes per element (q8_0: 34
 #: bytes per block of 32, q4_0: 18)
 CACHE_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+#: compiled grammars a model file keeps (LlamaModelFile.grammar_matcher)
+_GRAMMAR_CACHE = 32
 #: flash attention settings (llama_flash_attn_type)
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 CACHE_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
@@ -217,6 +222,9 @@ class LlamaModelFile:
         self.marked_tokens = marked
         self._grammar_tokenizer: Any = None
         self._grammar_lock = threading.Lock()
+        #: compiled grammars by text, most recent last (agents send the same
+        #: tools with every request): a sequence takes a copy
+        self._grammars: OrderedDict[str, Any] = OrderedDict()
         self.pieces = plain
         self.special_pieces = special
         #: the most bytes one token stands for (a bound for prompt lengths)
@@ -244,6 +252,31 @@ class LlamaModelFile:
                     slices=None,
                 )
             return self._grammar_tokenizer
+
+    def grammar_matcher(self, grammar: str) -> Any:
+        """A fresh llguidance matcher for ``grammar`` (Lark text). The first
+        use compiles it (milliseconds to tens of them for an agent's tool
+        list: do it off the engine thread, as the generation core's prepare
+        does); later ones copy the compiled one (microseconds). A grammar
+        that does not compile is an :class:`AdmissionError`."""
+        import llguidance
+
+        with self._grammar_lock:
+            compiled = self._grammars.get(grammar)
+            if compiled is not None:
+                self._grammars.move_to_end(grammar)
+                return compiled.deep_copy()
+        matcher = llguidance.LLMatcher(
+            self.grammar_tokenizer(), llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0
+        )
+        if matcher.is_error():
+            why = matcher.get_error().splitlines()[0][:300]
+            raise AdmissionError(f"the grammar could not be compiled: {why}", "grammar")
+        with self._grammar_lock:
+            self._grammars[grammar] = matcher
+            while len(self._grammars) > _GRAMMAR_CACHE:
+                self._grammars.popitem(last=False)
+        return matcher.deep_copy()
 
     def token_text(self, token: int) -> str:
         if 0 <= token < self.n_vocab:

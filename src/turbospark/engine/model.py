@@ -21,6 +21,7 @@ from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
 from .hostcache import cache_folder, default_budget_mib
 from .llama import CACHE_TYPES, FLASH_ATTN, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
 from .memory import KvPlan, plan_kv
+from .sampling import lazy_grammar
 from .scheduler import Job, Scheduler
 from .template import TURN_END_MARKERS, ChatTemplate
 from .types import (
@@ -182,17 +183,12 @@ class LlamaChatModel:
         """Text → id of the tokens a grammar names by id (tools/grammar.py)."""
         return self.file.marked_tokens
 
-    def compile_grammar(self, grammar: str) -> None:
-        """Check that ``grammar`` compiles for this vocabulary (an
-        :class:`AdmissionError` if not), off the engine thread: the first call
-        also builds the grammar engine's view of the vocabulary (~1 s)."""
-        import llguidance
-
-        err = llguidance.LLMatcher.validate_grammar(
-            llguidance.LLMatcher.grammar_from_lark(grammar), self.file.grammar_tokenizer()
-        )
-        if err:
-            raise AdmissionError(f"the grammar could not be compiled: {err.splitlines()[0][:300]}", "grammar")
+    def compile_grammar(self, grammar: str, trigger: str | None = None) -> None:
+        """Compile ``grammar`` (lazy behind ``trigger``) for this vocabulary
+        off the engine thread, where the sequence then only copies it (an
+        :class:`AdmissionError` if it does not compile); the first call also
+        builds the grammar engine's view of the vocabulary (~1 s)."""
+        self.file.grammar_matcher(lazy_grammar(grammar, trigger))
 
     @property
     def vocab_size(self) -> int:

@@ -27,9 +27,14 @@ from .types import AdmissionError, GenerationConfig
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
-def _lead_in(grammar: str, first: str) -> str:
-    """``grammar`` behind any text without ``first`` (the trigger's first
-    character): what the token that began the trigger may hold before it."""
+def lazy_grammar(grammar: str, trigger: str | None) -> str:
+    """What the engine compiles for ``grammar`` switched on by ``trigger``:
+    the grammar behind any text without the trigger's first character (what
+    the token that began the trigger may hold before it); ``grammar`` itself
+    without a trigger."""
+    if not trigger:
+        return grammar
+    first = trigger[0]
     body = re.sub(r"(?m)^start\s*:", "lazy_call:", grammar, count=1)
     ch = "\\" + first if first in "[]^-\\/" else first
     return f"start: LAZY_LEAD lazy_call\nLAZY_LEAD: /[^{ch}]*/\n{body}"
@@ -41,15 +46,9 @@ class Constraint:
     vocabulary (a bitmask, used only when the pick was refused)."""
 
     def __init__(self, model: LlamaModelFile, grammar: str) -> None:
-        import llguidance
-
         self.n_vocab = model.n_vocab
         self.eog = model.eog_tokens
-        self.m = llguidance.LLMatcher(
-            model.grammar_tokenizer(), llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0
-        )
-        if self.m.is_error():
-            raise AdmissionError(f"the grammar could not be compiled: {self.m.get_error()[:300]}", "grammar")
+        self.m = model.grammar_matcher(grammar)
 
     def allows(self, token: int) -> bool:
         if self.m.is_stopped():  # the grammar is complete: only the end
@@ -60,7 +59,7 @@ class Constraint:
         """Advance over ``tokens``; False (and the matcher spent) if refused."""
         if self.m.is_stopped():
             return all(t in self.eog for t in tokens)
-        return bool(self.m.validate_tokens(tokens) == len(tokens) and self.m.consume_tokens(tokens))
+        return bool(self.m.consume_tokens(tokens))
 
     def mask(self) -> np.ndarray:
         if self.m.is_stopped():
@@ -113,11 +112,10 @@ class SamplerChain:
         with the trigger). The watching is done here, not by the grammar (a
         grammar over the whole output would be asked about every token); the
         grammar only ever sees the tokens from the one that began the
-        trigger, whatever that token held before it (``_lead_in``)."""
+        trigger, whatever that token held before it (``lazy_grammar``)."""
         if trigger:
             self.trigger = trigger.encode()
-            grammar = _lead_in(grammar, trigger[0])
-        return Constraint(model, grammar)
+        return Constraint(model, lazy_grammar(grammar, trigger))
 
     def _watch(self, token: int) -> None:
         """Follow the output for the lazy grammar's trigger; once it is

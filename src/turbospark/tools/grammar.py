@@ -141,10 +141,17 @@ def _json(schema: Any, path: str = "#", lenient: bool = False) -> str:
     return "%json " + json.dumps(_schema(schema, path, lenient), ensure_ascii=False)
 
 
-def _validate(grammar: str) -> None:
+@functools.lru_cache(maxsize=256)
+def _error(grammar: str) -> str:
+    """llguidance's complaint about ``grammar`` ("" when it compiles); kept,
+    since a dialect checks a schema and the core compiles it again."""
     import llguidance
 
-    err = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar))
+    return str(llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar)))
+
+
+def _validate(grammar: str) -> None:
+    err = _error(grammar)
     if err:
         raise UnsupportedSchema(_first_error(err))
 
@@ -283,19 +290,13 @@ def _call_rules(i: int, fname: str, params: Any, syntax: str, mark: Any, strictn
     return [f"call_{i}: {body}", *rules]
 
 
-@functools.lru_cache(maxsize=256)
 def _compiles(grammar: str) -> bool:
-    try:
-        _validate(grammar)
-    except UnsupportedSchema:
-        return False
-    return True
+    return not _error(grammar)
 
 
-@functools.lru_cache(maxsize=64)
 def _check_calls(grammar: str, names: tuple[str, ...]) -> None:
-    """Compile the call grammar once (agents send the same tools with every
-    request); on an error, name the first tool whose own grammar fails."""
+    """Compile the call grammar; on an error, name the first tool whose own
+    grammar fails."""
     try:
         _validate(grammar)
     except UnsupportedSchema as whole:
