@@ -7,8 +7,10 @@ Optional, read with ``getattr`` by the registry's watchdog: ``failure`` (why
 the model's engine died, or None) and ``stalled_for()`` (seconds without an
 engine step while work waits); a model without them is always healthy.
 Read by the generation core: ``enforces_grammars`` (True when every token
-obeys ``config.grammar``; tool calls then stream as they are written); a
-model without it is not trusted to."""
+obeys ``config.grammar``; tool calls then stream as they are written; a
+model without it is not trusted to), ``marked_tokens`` (text → id of the
+tokens a grammar names by id) and ``compile_grammar(grammar, trigger)``
+(compiles it off the engine thread, raising AdmissionError when it cannot)."""
 
 from __future__ import annotations
 
