@@ -74,6 +74,19 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _local_options(opts: list[Any]) -> list[Any]:
+    """The local models among ``opts``, a replica group's local replicas
+    included: what the engine flags apply to (a remote model has its own)."""
+    from .engine.model import ModelOptions
+    from .loading import GroupOptions
+
+    out = [o for o in opts if isinstance(o, ModelOptions)]
+    for g in opts:
+        if isinstance(g, GroupOptions):
+            out += [r for _, r in g.replicas if isinstance(r, ModelOptions)]
+    return out
+
+
 def _model_options(args: argparse.Namespace) -> list[Any]:
     """Models from --config and --model, with explicit flags applied last.
     Also sets ``args.model_defaults``: the options a model attached later
@@ -106,7 +119,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
             if chosen is None:
                 raise ConfigError(f"--alias {alias}: no model with id {target!r}")
         chosen.aliases = (*chosen.aliases, name)
-    for o in opts:
+    for o in _local_options(opts):
         for flag, attr in MODEL_FLAGS.items():
             value = getattr(args, flag)
             if value is not None:
@@ -246,7 +259,15 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     registry = assembly.registry
     for entry in registry.entries():
-        if entry.model is None:
+        if entry.group is not None:
+            names = ", ".join(r.entry.id for r in entry.group.replicas)
+            print(f"  model {entry.id}: {len(entry.group.replicas)} replicas ({names})", file=sys.stderr)
+        elif entry.info.get("kind") == "remote":
+            print(
+                f"  model {entry.id}: remote, {entry.info['description']}, context {entry.info['context']}",
+                file=sys.stderr,
+            )
+        elif entry.model is None:
             print(f"  model {entry.id}: configured, loads on first use", file=sys.stderr)
 
     try:

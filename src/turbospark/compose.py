@@ -127,7 +127,8 @@ def _close_models(registry: Registry, owned: set[int]) -> None:
     demand) and those in ``owned`` (ids); a model object a caller passed in
     stays open."""
     for entry in registry.entries():
-        if entry.model is not None and (entry.spec is not None or id(entry.model) in owned):
+        remote = getattr(entry.model, "takes_messages", False)  # attached remotes hold connections
+        if entry.model is not None and (entry.spec is not None or id(entry.model) in owned or remote):
             try:
                 entry.model.close()
             except Exception:  # pragma: no cover - shutting down goes on

@@ -33,6 +33,24 @@
     model = "smollm2-135m"
     kind = "embedding"
 
+    [models.big]              # a model another server runs (vLLM, SGLang, llama-server, turbospark)
+    kind = "remote"
+    base_url = "http://gpu-box:8000/v1"
+    model = "Qwen/Qwen3-32B"  # the upstream's name for it
+    api_key_env = "GPU_BOX_KEY"   # the variable holding its key (never the key)
+    ctx = 32768
+
+    [models.pool]             # one id over several engines (see replicas.py)
+    model = "Qwen/Qwen3-32B"  # what every remote replica inherits (also api_key_env, ctx, headers ...)
+    ctx = 32768
+    health_interval = 5
+    cooldown = 10
+    replicas = [
+      { name = "a", base_url = "http://gpu-a:8000/v1" },
+      { name = "b", base_url = "http://gpu-b:8000/v1" },
+      { name = "here", model = "qwen2.5-coder-0.5b", ctx = 8192 },   # no base_url: a local GGUF
+    ]
+
 Every problem is reported once, naming the key and the file, before anything
 is loaded. Explicit command-line flags override the file.
 """
@@ -46,6 +64,9 @@ from typing import Any
 
 from .catalog import ModelNotFound, resolve_model
 from .engine.model import ModelOptions
+from .loading import GROUP_KEYS, GroupOptions, RemoteConfigError, remote_options, replica_name
+from .replicas import ROUTINGS
+from .upstream.model import RemoteOptions
 
 
 class ConfigError(ValueError):
@@ -127,7 +148,8 @@ NON_NEGATIVE = {
 class Config:
     server: dict[str, Any] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
-    models: list[ModelOptions] = field(default_factory=list)
+    #: local models, remote ones and replica groups, in the file's order
+    models: list[ModelOptions | RemoteOptions | GroupOptions] = field(default_factory=list)
 
 
 def _check(file: str, where: str, key: str, value: Any, types: tuple[type, ...]) -> None:
@@ -182,21 +204,70 @@ def load_config(path: str) -> Config:
     base = os.path.dirname(os.path.abspath(path))
     for model_id, table in models.items():
         where = f"models.{model_id}"
-        values = _section(path, where, table, MODEL_KEYS)
-        if "model" not in values:
-            raise ConfigError(f"{path}: {where}.model is required (a GGUF path or a packaged model name)")
-        merged = {**cfg.defaults, **values}
-        if "cache_dir" in merged:  # relative to the file, like every path in it
-            merged["cache_dir"] = os.path.join(here, os.path.expanduser(merged["cache_dir"]))
-        target = merged.pop("model")
-        candidate = target if os.path.isabs(target) else os.path.join(base, target)
-        try:
-            gguf, _ = resolve_model(candidate if os.path.isfile(candidate) else target)
-        except ModelNotFound as exc:
-            raise ConfigError(f"{path}: {where}.model: {exc}") from None
-        kwargs: dict[str, Any] = {"path": gguf, "id": model_id}
-        for key, value in merged.items():
-            attr = MODEL_KEYS[key][0]
-            kwargs[attr] = tuple(value) if key == "aliases" else value
-        cfg.models.append(ModelOptions(**kwargs))
+        if isinstance(table, dict) and ("replicas" in table or table.get("kind") == "remote"):
+            cfg.models.append(_remote_or_group(path, where, model_id, table, cfg.defaults, base))
+            continue
+        cfg.models.append(_local(path, where, model_id, table, cfg.defaults, base))
     return cfg
+
+
+def _local(path: str, where: str, model_id: str, table: Any, defaults: dict[str, Any], base: str) -> ModelOptions:
+    """A local GGUF model's section (or a group's local replica)."""
+    values = _section(path, where, table, MODEL_KEYS)
+    if "model" not in values:
+        raise ConfigError(f"{path}: {where}.model is required (a GGUF path or a packaged model name)")
+    merged = {**defaults, **values}
+    if "cache_dir" in merged:  # relative to the file, like every path in it
+        merged["cache_dir"] = os.path.join(base, os.path.expanduser(merged["cache_dir"]))
+    target = merged.pop("model")
+    candidate = target if os.path.isabs(target) else os.path.join(base, target)
+    try:
+        gguf, _ = resolve_model(candidate if os.path.isfile(candidate) else target)
+    except ModelNotFound as exc:
+        raise ConfigError(f"{path}: {where}.model: {exc}") from None
+    kwargs: dict[str, Any] = {"path": gguf, "id": model_id}
+    for key, value in merged.items():
+        attr = MODEL_KEYS[key][0]
+        kwargs[attr] = tuple(value) if key == "aliases" else value
+    return ModelOptions(**kwargs)
+
+
+def _remote_or_group(
+    path: str, where: str, model_id: str, table: dict[str, Any], defaults: dict[str, Any], base: str
+) -> RemoteOptions | GroupOptions:
+    """A ``kind = "remote"`` section, or a section with ``replicas``: each
+    replica a table with ``base_url`` (remote, inheriting the section's
+    remote keys) or without (a local GGUF, inheriting ``[defaults]``)."""
+    values = dict(table)
+    aliases = values.pop("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise ConfigError(f"{path}: {where}.aliases must be a list of strings")
+    values.pop("kind", None)
+    replicas = values.pop("replicas", None)
+    try:
+        if replicas is None:
+            return remote_options(model_id, values, where, tuple(aliases))
+        if not isinstance(replicas, list) or not replicas or not all(isinstance(r, dict) for r in replicas):
+            raise ConfigError(f"{path}: {where}.replicas must be a list of tables, one per replica")
+        group_values = {k: values.pop(k) for k in list(values) if k in GROUP_KEYS}
+        for key, value in group_values.items():
+            if key == "routing":
+                if value not in ROUTINGS:
+                    raise ConfigError(f"{path}: {where}.routing must be one of {', '.join(ROUTINGS)}, not {value!r}")
+            elif not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{path}: {where}.{key} must be a positive number of seconds")
+        members: list[tuple[str, RemoteOptions | ModelOptions]] = []
+        for i, rep in enumerate(replicas):
+            rep = dict(rep)
+            name = replica_name(rep, i)
+            rep.pop("name", None)
+            at = f"{where}.replicas[{i}]"
+            if any(n == name for n, _ in members):
+                raise ConfigError(f"{path}: {at}: two replicas are named {name!r}; give each a name")
+            if "base_url" in rep:
+                members.append((name, remote_options(f"{model_id}@{name}", {**values, **rep}, at)))
+            else:
+                members.append((name, _local(path, at, f"{model_id}@{name}", rep, defaults, base)))
+        return GroupOptions(model_id, members, tuple(aliases), **group_values)
+    except RemoteConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -34,6 +34,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from .engine.channel import Run
 from .engine.interface import ChatModel
 from .engine.types import (
@@ -132,6 +134,9 @@ class Prepared:
     #: calls stream as they are written: "forced" (the whole answer is the
     #: call: tool_choice required/named), "lazy" (from the call marker on)
     call_grammar: str | None = None
+    #: for a model that takes requests rather than token ids (a remote
+    #: engine, ``takes_messages``): what is sent, less the sampling fields
+    body: dict[str, Any] | None = None
 
 
 @dataclass
@@ -262,10 +267,18 @@ def _template_source(model: ChatModel) -> str:
 
 
 def render(model: ChatModel, req: ChatRequest) -> list[int]:
-    """The prompt token ids exactly as :func:`prepare` prefills them (token
-    counting endpoints use this, so their count is the real one)."""
+    """The prompt token ids exactly as :func:`prepare` prefills them."""
     ids, _, _ = _render(model, req)
     return ids
+
+
+def count_prompt(model: ChatModel, req: ChatRequest) -> int:
+    """The prompt's length in tokens exactly as a real request would be
+    prefilled (token counting endpoints): rendered here, or counted by a
+    remote engine itself. Blocking: call it off the event loop."""
+    if getattr(model, "takes_messages", False):
+        return int(model.count_prompt(model.request_body(req)))  # type: ignore[attr-defined]
+    return len(render(model, req))
 
 
 def _render(model: ChatModel, req: ChatRequest) -> tuple[list[int], str | None, bool]:
@@ -425,6 +438,8 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
             )
     if req.tool_choice in ("required", "named") and not tool_names(req.tools):
         raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
+    if getattr(model, "takes_messages", False):
+        return _prepare_remote(model, req)
     ids, syntax, think = _render(model, req)
     raw = req.prompt is not None or req.prompt_ids is not None or req.fill_in is not None
     if not ids:
@@ -465,6 +480,35 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     return Prepared(ids, config, req, syntax, offered, not raw, think_open, warnings, call_grammar)
 
 
+def _prepare_remote(model: ChatModel, req: ChatRequest) -> Prepared:
+    """A model that takes the request itself (a remote engine): checked and
+    translated into the body it is sent; the upstream templates, tokenises,
+    enforces grammars and admits (its refusals are relayed). Tool calls it
+    parses come back as calls; calls it leaves in the text are read by the
+    same parsers and rescue as a local model's."""
+    if req.fill_in is not None:
+        raise AdmissionError(
+            f"model {model.model_id!r} runs on a remote engine; fill-in-the-middle needs a local model", "suffix"
+        )
+    raw = req.prompt is not None or req.prompt_ids is not None
+    if req.prompt == "" or (req.prompt_ids is not None and not req.prompt_ids):
+        raise AdmissionError("the prompt is empty", "prompt")
+    if not raw and not req.messages:
+        raise AdmissionError("'messages' must contain at least one message", "messages")
+    warnings: list[str] = []
+    config = req.config
+    if config.logprobs is not None:
+        warnings.append("log-probabilities are not relayed from a remote engine")
+        config.logprobs = None
+    if req.context_limit is not None and req.context_limit < model.max_context:
+        warnings.append(f"{req.context_limit_field} is not applied to a remote engine")
+    tools = req.tools if req.tool_choice != "none" and not raw else None
+    syntax = toolcalls.syntax_for_template("") if tools else None
+    offered = tuple(tool_names(tools)) if syntax is not None else ()
+    body = model.request_body(req)  # type: ignore[attr-defined]
+    return Prepared([], config, req, syntax, offered, not raw, False, warnings, body=body)
+
+
 # --------------------------------------------------------------- generating
 async def complete(model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER) -> Final:
     """Run the turn to its end (the same path as :func:`stream`)."""
@@ -492,7 +536,7 @@ async def _run(
     run to end at the engine's next step (it is still reported: the reporter
     tracks its result's future)."""
     if run is None:
-        run = model.generate(prepared.prompt_ids, prepared.config, None, cancel)
+        run = _start(model, prepared, prepared.config, cancel)
     model_id = model.model_id
     reported = False
 
@@ -514,6 +558,13 @@ async def _run(
     finally:
         if not run.done.done():
             cancel.cancel("the client went away")
+
+
+def _start(model: ChatModel, prepared: Prepared, config: GenerationConfig, cancel: CancelFlag) -> Run:
+    """One engine run of ``prepared`` with ``config`` (a choice's own)."""
+    if prepared.body is not None:
+        return model.generate_body(prepared.body, config, cancel)  # type: ignore[attr-defined,no-any-return]
+    return model.generate(prepared.prompt_ids, config, None, cancel)
 
 
 Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta
@@ -655,10 +706,10 @@ async def stream(
         for i in range(1, n)
     ]
     many = getattr(model, "generate_many", None)
-    if many is not None:
+    if many is not None and prepared.body is None:
         runs = many(prepared.prompt_ids, configs, None, cancel)
     else:  # an engine without shared prefill: n plain runs
-        runs = [model.generate(prepared.prompt_ids, c, None, cancel) for c in configs]
+        runs = [_start(model, prepared, c, cancel) for c in configs]
     choices = [
         _choice(model, dataclasses.replace(prepared, config=c), cancel, reporter, run, i)
         for i, (c, run) in enumerate(zip(configs, runs))
@@ -724,8 +775,14 @@ async def _one_choice(
     attempts: list[RawDecodeResult] = []
     result: RawDecodeResult | None = None
     probs = _ProbsCarrier()
+    relayed: _Relayed | None = None
     async for item in _run(model, prepared, cancel, reporter, run):
         if isinstance(item, Progress):
+            if item.call is not None or item.reasoning:  # split by the engine itself
+                relayed = relayed or _Relayed()
+                for r in relayed.feed(item, router):
+                    yield r
+                continue
             for d in probs.attach(item.logprobs, router.feed(item.text)):
                 yield d
         else:
@@ -737,7 +794,16 @@ async def _one_choice(
         yield d
     calls: list[toolcalls.ToolCall] = []
     problems: list[str] = []
-    if router.streamed_calls:
+    if relayed is not None and relayed.calls:
+        # calls the engine parsed itself went out as they came: closed here
+        calls = relayed.finish()
+        for i, call in enumerate(calls):
+            yield ToolCallDelta(i, call, streamed=True)
+        problems = validate_calls(calls, prepared.request.tools if prepared.request else None)
+        leftover = _calls_of(router.tail, prepared)[2] if router.tail else ""
+        if leftover.strip():
+            yield router._content(leftover)
+    elif router.streamed_calls:
         # the grammar kept them valid and they are out already: no re-ask
         assert router.reader is not None
         calls = list(router.reader.calls)
@@ -793,9 +859,59 @@ async def _one_choice(
         reasoning=reasoning,
         tool_calls=calls,
         attempts=attempts,
-        reasoning_tokens=len(model.tokenize(reasoning, False, False)) if reasoning else 0,
+        reasoning_tokens=_reasoning_tokens(model, result, reasoning),
         problems=problems,
     )
+
+
+def _reasoning_tokens(model: ChatModel, result: RawDecodeResult, reasoning: str) -> int:
+    if result.reasoning_tokens is not None:  # the engine counted them
+        return result.reasoning_tokens
+    if not reasoning or getattr(model, "takes_messages", False):
+        return 0
+    return len(model.tokenize(reasoning, False, False))
+
+
+class _Relayed:
+    """Reasoning and tool calls an engine split off itself (a remote
+    engine's ``reasoning_content`` and ``tool_calls`` deltas), relayed as
+    they come: a call's first piece opens it (:class:`ToolCallBegin`), the
+    rest are argument pieces."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, tuple[str, str, list[str]]] = {}
+
+    def feed(self, item: Progress, router: _Router) -> list[Routed]:
+        out: list[Routed] = []
+        if item.reasoning:
+            router.reasoning.append(item.reasoning)
+            out.append(ReasoningDelta(item.reasoning))
+        piece = item.call
+        if piece is None:
+            return out
+        index = len(self.calls) if piece.index not in self.calls and piece.index < 0 else piece.index
+        if index not in self.calls:
+            call_id = piece.id or toolcalls.new_call_id()
+            self.calls[index] = (call_id, piece.name or "", [])
+            out.append(ToolCallBegin(len(self.calls) - 1, call_id, piece.name or ""))
+        call_id, name, args = self.calls[index]
+        if piece.arguments:
+            args.append(piece.arguments)
+            out.append(ToolArgumentsDelta(list(self.calls).index(index), piece.arguments))
+        return out
+
+    def finish(self) -> list[toolcalls.ToolCall]:
+        out = []
+        for call_id, name, args in self.calls.values():
+            try:
+                parsed = orjson.loads("".join(args) or "{}")
+            except orjson.JSONDecodeError:
+                parsed = None
+            # arguments that are not a JSON object are none (the renderers
+            # and validation read them as one)
+            text = orjson.dumps(parsed if isinstance(parsed, dict) else {}).decode()
+            out.append(toolcalls.ToolCall(call_id, name, text))
+        return out
 
 
 class _ProbsCarrier:

@@ -7,13 +7,116 @@ import dataclasses
 import os
 import stat
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .catalog import CATALOG, GGUF_MAGIC, cache_dir, resolve_model
 from .engine.model import LlamaChatModel, ModelOptions, derive_id
-from .registry import ModelSpec, Registry
+from .registry import Entry, ModelSpec, Registry
+from .replicas import Replica
+from .upstream.model import RemoteModel, RemoteOptions
 
 ModelArg = str | ModelOptions | Any
+
+
+#: keys of a remote model (config section, attach body, a replica) -> accepted types
+REMOTE_KEYS: dict[str, tuple[type, ...]] = {
+    "base_url": (str,),
+    "model": (str,),
+    "api_key_env": (str,),
+    "ctx": (int,),
+    "context": (int,),
+    "headers": (dict,),
+    "connect_timeout": (int, float),
+    "read_timeout": (int, float),
+    "embeddings": (bool,),
+    "health_path": (str,),
+}
+#: keys of a replica group besides its replicas
+GROUP_KEYS: dict[str, tuple[type, ...]] = {"health_interval": (int, float), "cooldown": (int, float), "routing": (str,)}
+
+
+class RemoteConfigError(ValueError):
+    """A remote model or replica group described wrongly (the message names the key)."""
+
+
+def remote_options(model_id: str, values: dict[str, Any], where: str, aliases: tuple[str, ...] = ()) -> RemoteOptions:
+    """A remote model from a config section / attach body / replica entry
+    (only :data:`REMOTE_KEYS`). The API key itself is never a key: only the
+    name of the environment variable holding it."""
+    for key, value in values.items():
+        types = REMOTE_KEYS.get(key)
+        if types is None:
+            known = ", ".join(sorted(REMOTE_KEYS))
+            raise RemoteConfigError(f"unknown key {where}.{key} for a remote model (known keys: {known})")
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            names = " or ".join(t.__name__ for t in types)
+            raise RemoteConfigError(f"{where}.{key} must be {names}, not {type(value).__name__}")
+    for key in ("base_url", "model"):
+        if not values.get(key):
+            raise RemoteConfigError(f"{where}.{key} is required for a remote model")
+    url = values["base_url"]
+    if not url.startswith(("http://", "https://")):
+        raise RemoteConfigError(f"{where}.base_url must be an http:// or https:// URL, not {url!r}")
+    headers = values.get("headers", {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise RemoteConfigError(f"{where}.headers must map header names to strings")
+    if any(k.lower() == "authorization" for k in headers):
+        raise RemoteConfigError(f"{where}.headers must not carry the key: name its variable in api_key_env")
+    ctx = values.get("ctx", values.get("context", 8192))
+    for key, value in (("ctx", ctx), *((k, values[k]) for k in ("connect_timeout", "read_timeout") if k in values)):
+        if value <= 0:
+            raise RemoteConfigError(f"{where}.{key} must be positive")
+    return RemoteOptions(
+        id=model_id,
+        base_url=url,
+        model=values["model"],
+        api_key_env=values.get("api_key_env"),
+        ctx=ctx,
+        aliases=aliases,
+        headers=dict(headers),
+        connect_timeout=float(values.get("connect_timeout", 5.0)),
+        read_timeout=float(values.get("read_timeout", 600.0)),
+        embeddings=values.get("embeddings", False),
+        health_path=values.get("health_path", "/models"),
+    )
+
+
+@dataclass
+class GroupOptions:
+    """A replica group: one id over several engines, each a remote model or
+    a local one, attached as ``id@name``."""
+
+    id: str
+    replicas: list[tuple[str, RemoteOptions | ModelOptions]]
+    aliases: tuple[str, ...] = ()
+    health_interval: float = 5.0
+    cooldown: float = 10.0
+    #: "affinity" (cache-aware, the default), "round-robin" or "least-loaded"
+    routing: str = "affinity"
+
+
+def replica_name(values: dict[str, Any], index: int) -> str:
+    """A replica's name: its ``name``, else its upstream's host:port, else its position."""
+    name = values.get("name")
+    if isinstance(name, str) and name:
+        return name
+    url = values.get("base_url")
+    if isinstance(url, str) and "://" in url:
+        return url.split("://", 1)[1].split("/", 1)[0]
+    return f"r{index}"
+
+
+async def probe_replica(replica: Replica) -> str | None:
+    """A replica's health: a remote answers its health path, a local model's
+    engine neither failed nor stalled (the registry's watchdog decides those)."""
+    entry: Entry = replica.entry
+    model = entry.model
+    if isinstance(model, RemoteModel):
+        return await model.connection.healthy()
+    if entry.failure is not None and model is None:
+        return entry.failure
+    return entry.stall_reason if entry.stalled else None
 
 
 def options_for(arg: str, **overrides: Any) -> ModelOptions:
@@ -86,6 +189,42 @@ def spec_for(opts: ModelOptions) -> ModelSpec:
     )
 
 
+def attach_group(
+    registry: Registry,
+    group: GroupOptions,
+    progress_for: Callable[[ModelSpec], Callable[[float], None] | None] | None = None,
+) -> list[Any]:
+    """Load a group's local replicas, make its remote ones, and add it to the
+    registry. Returns the models it made (the caller closes them)."""
+    made: list[Any] = []
+    members: list[tuple[str, Any, ModelSpec | None]] = []
+    try:
+        for name, opts in group.replicas:
+            member_id = f"{group.id}@{name}"
+            if isinstance(opts, RemoteOptions):
+                model: Any = RemoteModel(dataclasses.replace(opts, id=member_id, aliases=(), replica=name))
+                members.append((name, model, None))
+            else:
+                spec = spec_for(dataclasses.replace(opts, id=member_id, aliases=()))
+                model = load_spec(spec, progress_for(spec) if progress_for else None)
+                members.append((name, model, spec))
+            made.append(model)
+        registry.add_group(
+            group.id,
+            tuple(group.aliases),
+            members,
+            group.health_interval,
+            group.cooldown,
+            probe=probe_replica,
+            routing=group.routing,
+        )
+    except BaseException:
+        for model in made:
+            model.close()
+        raise
+    return made
+
+
 def load_spec(spec: ModelSpec, progress: Callable[[float], None] | None = None) -> LlamaChatModel:
     """The registry's loader: build the llama.cpp model a spec describes."""
     return LlamaChatModel(spec.options, progress)
@@ -108,9 +247,21 @@ def populate(
             spec = spec_for(arg)
             registry.check_names(spec.id, spec.aliases)
             scratch.configure(spec)
+        elif isinstance(arg, RemoteOptions):
+            registry.check_names(arg.id, arg.aliases)
+            scratch.configure(ModelSpec(arg.id, tuple(arg.aliases)))
+        elif isinstance(arg, GroupOptions):
+            registry.check_names(arg.id, arg.aliases)
+            scratch.configure(ModelSpec(arg.id, tuple(arg.aliases)))
     loaded: list[Any] = []
     for arg in args:
-        if isinstance(arg, ModelOptions):
+        if isinstance(arg, GroupOptions):
+            loaded += attach_group(registry, arg, progress_for)
+        elif isinstance(arg, RemoteOptions):  # nothing to load: a client
+            remote = RemoteModel(arg)
+            registry.attach(remote)
+            loaded.append(remote)
+        elif isinstance(arg, ModelOptions):
             spec = spec_for(arg)
             if registry.max_resident and len(loaded) >= registry.max_resident:
                 registry.configure(spec)

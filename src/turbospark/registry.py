@@ -35,11 +35,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .observe import ModelAttached, ModelDetached, ModelHealth, Observer, now_ms, record
+from .replicas import ROUTINGS, Replica, ReplicaSet
 
 log = logging.getLogger("turbospark.registry")
 
@@ -117,17 +118,29 @@ class Entry:
     #: the watchdog's finding: no engine step for the stall timeout
     stalled: bool = False
     stall_reason: str = ""
+    #: a replica group's routing state (the group's own entry has no model)
+    group: ReplicaSet | None = None
+    #: a group member: its place in the group
+    replica: Replica | None = None
+    member_of: str | None = None
 
     @property
     def problem(self) -> str | None:
         """What is wrong with it now, for ``/health`` (None: nothing)."""
         if self.state == "failed":
             return self.failure
+        if self.state == "down":
+            return self.replica.reason if self.replica is not None else "every replica is down"
         return self.stall_reason if self.stalled else None
 
     @property
     def state(self) -> str:
-        """``failed``, ``stalled``, ``loaded`` or ``unloaded``."""
+        """``failed``, ``stalled``, ``loaded`` or ``unloaded``; a replica
+        (or a group with no replica up) may be ``down``."""
+        if self.group is not None:
+            return "loaded" if any(r.up for r in self.group.replicas) else "down"
+        if self.replica is not None and not self.replica.up:
+            return "down"
         if self.failure is not None and self.model is None:
             return "failed"
         if self.stalled:
@@ -143,6 +156,8 @@ class Entry:
         return self.model is not None
 
     def capable(self, capability: Capability) -> bool:
+        if self.group is not None:
+            return any(r.entry.capable(capability) for r in self.group.replicas)
         if self.model is not None:
             flag = "supports_chat" if capability == "chat" else "supports_embeddings"
             return bool(getattr(self.model, flag, capability == "chat"))
@@ -158,6 +173,9 @@ class Route:
     served: str
     #: seconds this request spent loading the model (0: it was resident)
     load_seconds: float = 0.0
+    #: the group and replica it was routed to, when ``requested`` names a group
+    group: ReplicaSet | None = None
+    replica: Replica | None = None
 
     @property
     def model(self) -> Any:
@@ -263,12 +281,77 @@ class Registry:
             await asyncio.to_thread(model.close)
 
     def remove(self, model_id: str) -> Entry:
-        """Detach, and unload in the background when idle (needs a loop)."""
+        """Detach, and unload in the background when idle (needs a loop). A
+        group goes with its replicas."""
         entry = self.detach(model_id)
-        task = asyncio.ensure_future(self.unload_when_idle(entry))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        gone = [entry]
+        if entry.group is not None:
+            entry.group.close()
+            gone += [self.detach(r.entry.id) for r in entry.group.replicas if r.entry.id in self._entries]
+        for e in gone:
+            task = asyncio.ensure_future(self.unload_when_idle(e))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         return entry
+
+    def add_group(
+        self,
+        group_id: str,
+        aliases: tuple[str, ...],
+        members: list[tuple[str, Any, ModelSpec | None]],
+        health_interval: float = 5.0,
+        cooldown: float = 10.0,
+        probe: Callable[[Replica], Awaitable[str | None]] | None = None,
+        routing: str = "affinity",
+    ) -> Entry:
+        """A replica group: ``members`` are (replica name, loaded model or
+        None, spec to load it or None), each attached as ``group_id@name``."""
+        if routing not in ROUTINGS:
+            raise RegistryError(f"unknown routing {routing!r} for {group_id!r} (one of: {', '.join(ROUTINGS)})")
+        with self._lock:
+            self.check_names(group_id, aliases)
+            for name, model, spec in members:
+                member_id = spec.id if spec is not None else model.model_id
+                if member_id != f"{group_id}@{name}":
+                    raise RegistryError(f"replica {name!r} of {group_id!r} must be attached as {group_id}@{name}")
+                self.check_names(member_id, ())
+            entries = [
+                self.attach(model, spec) if model is not None else self.configure(spec)  # type: ignore[arg-type]
+                for name, model, spec in members
+            ]
+            replicas = [Replica(name, e) for (name, _, _), e in zip(members, entries)]
+            group = ReplicaSet(
+                group_id,
+                replicas,
+                health_interval,
+                cooldown,
+                routing=routing,
+                probe=probe,
+                on_change=self._replica_changed,
+            )
+            for e, r in zip(entries, replicas):
+                e.replica, e.member_of = r, group_id
+            entry = Entry(group_id, aliases, "chat", group=group)
+            ctx = [int(e.info.get("context") or 0) for e in entries]
+            entry.info = {
+                "id": group_id,
+                "aliases": list(aliases),
+                "kind": "replicas",
+                "context": min((c for c in ctx if c), default=0),
+                "description": f"{len(replicas)} replicas",
+                "parameters": 0,
+                "size_bytes": 0,
+                "path": None,
+            }
+            self._entries[group_id] = entry
+            for e in entries:  # listed after their group
+                self._entries[e.id] = self._entries.pop(e.id)
+        record(self.observer, lambda: ModelAttached(at_ms=now_ms(), model=group_id))
+        return entry
+
+    def _replica_changed(self, replica: Replica, state: str, reason: str) -> None:
+        member = replica.entry.id
+        record(self.observer, lambda: ModelHealth(at_ms=now_ms(), model=member, state=state, reason=reason))
 
     # -- views -----------------------------------------------------------------
     def entries(self) -> list[Entry]:
@@ -291,7 +374,9 @@ class Registry:
 
     def unhealthy(self) -> list[Entry]:
         """The models that are failed or stalled now."""
-        return [e for e in self.entries() if e.state in ("failed", "stalled")]
+        return [
+            e for e in self.entries() if e.state in ("failed", "stalled") or (e.group is not None and e.state == "down")
+        ]
 
     def lookup(self, name: str) -> Entry | None:
         """Exact id or alias (``:latest`` ignored); never falls back."""
@@ -307,6 +392,9 @@ class Registry:
                     for e in capable:
                         if name in e.names:
                             return Route(e, requested, e.id)
+            # a group's members answer to their own names, but the group is
+            # the one model a fallback may pick
+            capable = [e for e in capable if e.member_of is None]
             if len(capable) == 1:
                 return Route(capable[0], requested, capable[0].id)
             if not capable:
@@ -328,11 +416,21 @@ class Registry:
                 "model_not_found",
             )
 
-    async def acquire(self, requested: str | None, capability: Capability = "chat") -> tuple[Route, Callable[[], None]]:
-        """Resolve, load on demand, and lease the model for one request.
-        Call the returned release exactly once when the request is done."""
+    async def acquire(
+        self,
+        requested: str | None,
+        capability: Capability = "chat",
+        key: Callable[[], str | None] | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> tuple[Route, Callable[[], None]]:
+        """Resolve, load on demand, and lease the model for one request (for
+        a replica group: the replica ``key`` routes to, never one named in
+        ``exclude``). Call the returned release exactly once when the
+        request is done."""
         self._ensure_reaper()
         route = self.resolve(requested, capability)
+        if route.entry.group is not None:
+            return await self._acquire_replica(route, capability, key, exclude)
         entry = route.entry
         self.check(entry)
         if entry.model is None and entry.failure is not None:
@@ -364,6 +462,27 @@ class Registry:
 
         entry.last_used = time.monotonic()
         return route, release
+
+    async def _acquire_replica(
+        self, route: Route, capability: Capability, key: Callable[[], str | None] | None, exclude: frozenset[str]
+    ) -> tuple[Route, Callable[[], None]]:
+        group = route.entry.group
+        assert group is not None
+        unable = frozenset(r.name for r in group.replicas if not r.entry.capable(capability))
+        replica = group.pick(key() if key is not None else None, unable | exclude)
+        if replica is None:
+            raise RoutingError(503, f"no replica of {group.id!r} can take this request", "model_not_available")
+        member, release_member = await self.acquire(replica.entry.id, capability)
+        finished = group.started(replica)
+
+        def release() -> None:
+            finished()
+            release_member()
+
+        served = Route(
+            member.entry, route.requested, member.entry.id, member.load_seconds, group=group, replica=replica
+        )
+        return served, release
 
     async def _load(self, entry: Entry) -> None:
         if entry.spec is None or self.loader is None:
@@ -517,6 +636,8 @@ class Registry:
             await asyncio.sleep(every)
             now = time.monotonic()
             for e in self.entries():
+                if e.group is not None:
+                    e.group.tick()
                 try:
                     self.check(e)
                 except Exception:  # pragma: no cover - the watchdog never dies
@@ -528,6 +649,9 @@ class Registry:
     async def close(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        for e in self.entries():
+            if e.group is not None:
+                e.group.close()
         for task in list(self._closing):
             await task
 

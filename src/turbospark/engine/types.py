@@ -98,6 +98,12 @@ class Progress:
     #: an empty tuple, shared, when not asked for: nothing is allocated per
     #: token)
     logprobs: Sequence[TokenProb] = ()
+    #: reasoning the engine itself split off (a remote engine's
+    #: ``reasoning_content``); the text is then empty
+    reasoning: str = ""
+    #: a piece of a tool call the engine parsed itself (a remote engine's
+    #: ``tool_calls`` delta, ``upstream.wire.CallPiece``); the text is then empty
+    call: Any = None
 
 
 @dataclass(slots=True)
@@ -131,6 +137,9 @@ class RawDecodeResult:
     #: own slot already held), "copy" (copied from another slot's KV of the
     #: same owner), None when nothing was reused.
     reused_from: str | None = None
+    #: tokens of reasoning, when the engine counted them (a remote engine's
+    #: ``completion_tokens_details``); None: counted from the text
+    reasoning_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -151,11 +160,14 @@ class CancelFlag:
     by the scheduler once per step. A queued request that is cancelled never
     runs."""
 
-    __slots__ = ("_event", "error", "reason")
+    __slots__ = ("_event", "error", "reason", "_callbacks")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = ""
+        #: called once when the flag is set (an engine that waits on I/O
+        #: rather than stepping: a remote engine closes its connection)
+        self._callbacks: list[Callable[[], None]] = []
         #: set by :meth:`fail`: the run ends as cancelled, and the generation
         #: core raises this instead of answering (the server shutting down, a
         #: client too slow to read)
@@ -164,6 +176,20 @@ class CancelFlag:
     def cancel(self, reason: str = "cancelled") -> None:
         self.reason = reason
         self._event.set()
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
+
+    def on_cancel(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when the flag is set (at once if it is already); it
+        may be called from any thread that cancels."""
+        if self._event.is_set():
+            fn()
+            return
+        self._callbacks.append(fn)
+        if self._event.is_set() and fn in self._callbacks:  # set meanwhile, on another thread
+            self._callbacks.remove(fn)
+            fn()
 
     def fail(self, error: Exception) -> None:
         """Cancel, and end the request with ``error`` rather than an answer."""

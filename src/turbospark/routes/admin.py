@@ -16,8 +16,21 @@ from ..catalog import ModelNotFound
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import openai_error
 from ..engine.model import ModelOptions
-from ..loading import NotAttachable, attachable, load_spec, spec_for
+from ..loading import (
+    GROUP_KEYS,
+    GroupOptions,
+    NotAttachable,
+    RemoteConfigError,
+    attach_group,
+    attachable,
+    load_spec,
+    remote_options,
+    replica_name,
+    spec_for,
+)
 from ..registry import RegistryError
+from ..replicas import ROUTINGS
+from ..upstream.model import RemoteModel, RemoteOptions
 from .common import JSONResponse, endpoint, read_json, state_of
 from .events import viewer
 
@@ -72,7 +85,7 @@ class AttachBody(BaseModel):
     model: str = Field(min_length=1, description="GGUF path or packaged model name")
     id: str | None = Field(default=None, min_length=1)
     aliases: list[str] = Field(default_factory=list)
-    kind: Literal["chat", "embedding"] = "chat"
+    kind: Literal["chat", "embedding", "remote"] = "chat"
     ctx: int | None = Field(default=None, ge=16)
     parallel: int | None = Field(default=None, ge=1)
     session_slots: int | None = Field(default=None, ge=0)
@@ -84,15 +97,21 @@ class AttachBody(BaseModel):
 
 
 def entry_card(entry: Any) -> dict[str, Any]:
-    return {
+    card = {
         "id": entry.id,
         "aliases": list(entry.aliases),
-        "kind": entry.kind,
-        "loaded": entry.model is not None,
+        "kind": entry.info.get("kind", entry.kind),
+        "loaded": entry.model is not None or entry.group is not None,
+        "state": entry.state,
         "in_flight": entry.leases,
         "keep_alive": entry.spec.keep_alive if entry.spec is not None else None,
         "path": entry.info.get("path"),
     }
+    if entry.info.get("upstream"):
+        card["upstream"], card["upstream_model"] = entry.info["upstream"], entry.info.get("upstream_model")
+    if entry.group is not None:
+        card["replicas"] = entry.group.describe()
+    return card
 
 
 @endpoint(openai_error)
@@ -100,9 +119,66 @@ async def list_admin_models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [entry_card(e) for e in state_of(request).registry.entries()]})
 
 
+def _remote_body(raw: dict[str, Any]) -> RemoteOptions | GroupOptions:
+    """``{"id", "kind": "remote", "base_url", "model", "api_key_env", "ctx", ...}``,
+    or with ``replicas``: a list of such (remote) replicas, each with an
+    optional ``name``, inheriting the body's remote keys."""
+    values = dict(raw)
+    model_id = values.pop("id", None)
+    if not isinstance(model_id, str) or not model_id:
+        raise BadRequest("'id' is required for a remote model (the name clients use)", "id")
+    aliases = values.pop("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise BadRequest("'aliases' must be a list of names", "aliases")
+    values.pop("kind", None)
+    replicas = values.pop("replicas", None)
+    try:
+        if replicas is None:
+            return remote_options(model_id, values, "body", tuple(aliases))
+        if not isinstance(replicas, list) or not replicas or not all(isinstance(r, dict) for r in replicas):
+            raise BadRequest("'replicas' must be a non-empty list of objects", "replicas")
+        group = {k: values.pop(k) for k in list(values) if k in GROUP_KEYS}
+        for key, value in group.items():
+            if key == "routing":
+                if value not in ROUTINGS:
+                    raise BadRequest(f"'routing' must be one of {', '.join(ROUTINGS)}", "routing")
+            elif not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise BadRequest(f"'{key}' must be a positive number of seconds", key)
+        members: list[tuple[str, RemoteOptions | ModelOptions]] = []
+        for i, rep in enumerate(replicas):
+            name = replica_name(rep, i)
+            rep = {k: v for k, v in rep.items() if k != "name"}
+            if "base_url" not in {**values, **rep}:
+                raise BadRequest("attached replicas are remote: each needs a 'base_url'", f"replicas[{i}].base_url")
+            if any(n == name for n, _ in members):
+                raise BadRequest(f"two replicas are named {name!r}; give each a 'name'", f"replicas[{i}].name")
+            members.append((name, remote_options(f"{model_id}@{name}", {**values, **rep}, f"replicas[{i}]")))
+        return GroupOptions(model_id, members, tuple(aliases), **group)
+    except RemoteConfigError as exc:
+        raise BadRequest(str(exc), None) from None
+
+
+async def _attach_remote(request: Request, raw: dict[str, Any]) -> Response:
+    opts = _remote_body(raw)
+    registry = state_of(request).registry
+    try:
+        registry.check_names(opts.id, opts.aliases)
+        if isinstance(opts, GroupOptions):
+            attach_group(registry, opts)
+            entry = registry.lookup(opts.id)
+        else:
+            entry = registry.attach(RemoteModel(opts))
+    except RegistryError as exc:
+        raise BadRequest(str(exc), "id", status=409, code="model_exists") from None
+    return JSONResponse(entry_card(entry), status_code=201)
+
+
 @endpoint(openai_error)
 async def attach_model(request: Request) -> Response:
-    body = validate(AttachBody, await read_json(request))
+    raw = await read_json(request)
+    if raw.get("kind") == "remote" or "replicas" in raw:
+        return await _attach_remote(request, raw)
+    body = validate(AttachBody, raw)
     registry = state_of(request).registry
     try:
         path, default_id = await asyncio.to_thread(attachable, body.model, state_of(request).model_folders)

@@ -14,7 +14,7 @@ from starlette.routing import Route
 from ..dialects import anthropic as msgs
 from ..dialects.common import validate
 from ..dialects.errors import anthropic_error
-from ..generation import render
+from ..generation import count_prompt
 from .common import (
     JSONResponse,
     endpoint,
@@ -56,8 +56,8 @@ async def count_tokens(request: Request) -> Response:
     req, warnings = msgs.to_prompt_request(body)
     normalize(req, request)  # counted as the real request will be prefilled
     model, _ = await route_model(request, body.model, "chat", False, req.normalized)
-    ids = await off_loop(render, model, req)
-    return JSONResponse({"input_tokens": len(ids)}, headers=_headers(request, warnings))
+    n = await off_loop(count_prompt, model, req)
+    return JSONResponse({"input_tokens": n}, headers=_headers(request, warnings))
 
 
 routes = [

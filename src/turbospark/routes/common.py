@@ -9,7 +9,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,18 +34,22 @@ from ..generation import (
     ToolArgumentsDelta,
     ToolCallBegin,
     ToolCallDelta,
-    complete_choices,
     prepare,
     stream,
 )
 from ..middleware import CANCEL_KEY, DISCONNECTED, ERROR_KEY, LEASES_KEY, REPORTER_KEY, TOO_SLOW
 from ..observe import NO_REPORTER, REQUEST_ID_KEY, Observer, Reporter, RequestIds, RequestRouted, record
 from ..registry import Capability, Registry, Route, RoutingError
+from ..replicas import routing_key
+from ..upstream.client import UpstreamError
 
 if TYPE_CHECKING:
     from ..sinks.live import LiveEvents
 
 log = logging.getLogger("turbospark.http")
+
+#: the request's :class:`Failover`, when it was routed to a replica
+FAILOVER_KEY = "turbospark.failover"
 
 
 @dataclass
@@ -125,13 +129,21 @@ def normalize(req: ChatRequest, request: Request) -> ChatRequest:
 
 
 async def route_model(
-    request: Request, requested: str | None, capability: Capability, stream: bool, normalized: int = 0
+    request: Request,
+    requested: str | None,
+    capability: Capability,
+    stream: bool,
+    normalized: int = 0,
+    key: Callable[[], str | None] | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> tuple[Any, Route]:
     """Resolve (loading on demand) and lease the model, report
     ``requestRouted``, and bind the request's :class:`Reporter` (which the
-    generation core reports ``generated`` through)."""
+    generation core reports ``generated`` through). ``key``: what a replica
+    group routes the request by (``replicas.routing_key``), asked only when
+    the model is one."""
     st = state_of(request)
-    route, release = await st.registry.acquire(requested, capability)
+    route, release = await st.registry.acquire(requested, capability, key, exclude)
     request.scope.setdefault("state", {}).setdefault(LEASES_KEY, []).append(release)
     rid = request_id(request)
     if rid is not None:
@@ -160,8 +172,80 @@ async def route_and_prepare(
     prepare the generation (``prepare_fn``: a dialect's own wrapper of
     ``prepare``), all before any byte of the response is sent."""
     bind_request(req, request)
-    model, route = await route_model(request, requested, "chat", streamed, req.normalized)
-    return model, route, await prepare_and_admit(request, model, req, prepare_fn)
+
+    def key() -> str | None:
+        prompt = req.prompt if req.prompt is not None else req.prompt_ids
+        return routing_key(req.config.session_key, req.messages, req.tools, prompt)
+
+    model, route = await route_model(request, requested, "chat", streamed, req.normalized, key)
+    prepared = await prepare_and_admit(request, model, req, prepare_fn)
+    if route.group is not None:
+        request.scope["state"][FAILOVER_KEY] = Failover(request, req, requested, streamed, prepare_fn, route, key)
+    return model, route, prepared
+
+
+class Failover:
+    """A request routed to a replica: when the replica fails it before its
+    first token, it is marked down and the request goes (once) to another
+    replica, re-routed and prepared anew; never after a token was sent."""
+
+    def __init__(
+        self,
+        request: Request,
+        req: ChatRequest,
+        requested: str | None,
+        streamed: bool,
+        prepare_fn: Callable[[Any, ChatRequest], Prepared],
+        route: Route,
+        key: Callable[[], str | None],
+    ) -> None:
+        self.request, self.req, self.requested, self.streamed = request, req, requested, streamed
+        self.prepare_fn, self.route, self.key = prepare_fn, route, key
+        self.used = False
+
+    def failed(self, exc: UpstreamError) -> None:
+        """A failure of the replica itself (no answer, 5xx) takes it out
+        for the cooldown; a 429 only sends this request elsewhere."""
+        if self.route.group is not None and self.route.replica is not None and exc.status != 429 and exc.retryable:
+            self.route.group.failed(self.route.replica, exc.message)
+
+    async def next(self) -> tuple[Any, Prepared] | None:
+        if self.used or self.route.replica is None:
+            return None
+        self.used = True
+        exclude = frozenset({self.route.replica.name})
+        try:
+            model, self.route = await route_model(
+                self.request, self.requested, "chat", self.streamed, self.req.normalized, self.key, exclude
+            )
+        except RoutingError:
+            return None
+        return model, await prepare_and_admit(self.request, model, self.req, self.prepare_fn)
+
+
+async def generate_items(
+    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag
+) -> AsyncGenerator[Any, None]:
+    """The generation core's items for this request; a replica that fails
+    before the first item is replaced once (:class:`Failover`)."""
+    failover: Failover | None = request.scope.get("state", {}).get(FAILOVER_KEY)
+    sent = False
+    try:
+        async for item in stream(model, prepared, cancel, reporter_of(request)):
+            sent = True
+            yield item
+        return
+    except UpstreamError as exc:
+        if failover is None:
+            raise
+        failover.failed(exc)
+        moved = None if sent or not exc.retryable or cancel.cancelled else await failover.next()
+        if moved is None:
+            raise
+        log.warning("replica failed before its first token (%s); retried on %s", exc.message, failover.route.served)
+    model, prepared = moved
+    async for item in stream(model, prepared, cancel, reporter_of(request)):
+        yield item
 
 
 async def prepare_and_admit(
@@ -201,10 +285,21 @@ def classify(exc: BaseException) -> Failure:
         return Failure(499, DISCONNECTED, None, "client_disconnected")
     if isinstance(exc, ShuttingDown):
         return Failure(503, str(exc), None, "shutting_down", None, {"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, UpstreamError):
+        return upstream_failure(exc)
     if isinstance(exc, EngineError):
         return Failure(500, f"engine error: {exc}", "server_error")
     log.exception("unhandled error", exc_info=exc)
     return Failure(500, f"internal error: {type(exc).__name__}", "server_error")
+
+
+def upstream_failure(exc: UpstreamError) -> Failure:
+    """A remote engine's error with its status (429/503 keep ``Retry-After``).
+    Its refusal of this server's own key is not the client's: a 502."""
+    headers = {"Retry-After": exc.retry_after} if exc.retry_after else {}
+    if exc.status in (401, 403, 407):
+        return Failure(502, f"the upstream refused this server's credentials ({exc.status}): {exc.message}")
+    return Failure(exc.status, exc.message, None, exc.code, None, headers)
 
 
 def failed(request: Request | None, exc: BaseException) -> Failure:
@@ -272,25 +367,55 @@ async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, 
     (or cut by a drain that ran out of time)."""
     with state_of(request).drain.watch(cancel):
         async with DisconnectWatch(request, cancel):
-            return await complete_choices(model, prepared, cancel, reporter_of(request))
+            finals = [i async for i in generate_items(request, model, prepared, cancel) if isinstance(i, Final)]
+            return sorted(finals, key=lambda f: f.choice)
 
 
 async def stream_frames(
-    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag, renderer: Renderer
+    request: Request,
+    model: ChatModel,
+    prepared: Prepared,
+    cancel: CancelFlag,
+    renderer: Renderer,
+    started: tuple[AsyncGenerator[Any, None], Any] | None = None,
 ) -> AsyncIterator[bytes]:
     """A streamed answer in ``renderer``'s dialect, cancelled if the client
     disconnects (or cut by a drain that ran out of time); any failure once the
-    stream has begun becomes its error frame."""
+    stream has begun becomes its error frame. ``started``: the items and the
+    first of them, already taken (:func:`respond`, for a remote engine)."""
     with state_of(request).drain.watch(cancel):
         async with DisconnectWatch(request, cancel):
             for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
                 yield frame
+            items, first = started if started is not None else (generate_items(request, model, prepared, cancel), None)
             try:
-                async for item in stream(model, prepared, cancel, reporter_of(request)):
+                if first is not None:
+                    for frame in _frames(_render(renderer, first)):
+                        yield frame
+                async for item in items:
                     for frame in _frames(_render(renderer, item)):
                         yield frame
             except Exception as exc:  # noqa: BLE001 - framed for the client
                 yield renderer.error(failed(request, exc))  # requestFinished carries its message
+            finally:
+                await items.aclose()
+
+
+async def first_item(
+    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag
+) -> tuple[AsyncGenerator[Any, None], Any]:
+    """Start a generation and wait for its first item, so that a remote
+    engine's refusal (a 429 with its ``Retry-After``, a 400, no replica
+    answering) is this response's status rather than an error frame after a
+    200. A client leaving meanwhile cancels it."""
+    items = generate_items(request, model, prepared, cancel)
+    with state_of(request).drain.watch(cancel):
+        async with DisconnectWatch(request, cancel):
+            try:
+                return items, await anext(items)
+            except BaseException:
+                await items.aclose()
+                raise
 
 
 def _render(renderer: Renderer, item: Any) -> FrameOut:
@@ -329,7 +454,9 @@ async def respond(
         if len(finals) > 1:  # only dialects with ``n`` ask for more than one
             return JSONResponse(cast(ChoicesRenderer, renderer).complete_choices(finals), headers=headers)
         return JSONResponse(renderer.complete(finals[0]), headers=headers)
-    return streaming_response(stream_frames(request, model, prepared, cancel, renderer), renderer.media_type, headers)
+    started = await first_item(request, model, prepared, cancel) if prepared.body is not None else None
+    frames = stream_frames(request, model, prepared, cancel, renderer, started)
+    return streaming_response(frames, renderer.media_type, headers)
 
 
 def streaming_response(

@@ -122,11 +122,13 @@ async def ps(request: Request) -> Response:
     now = time.time_ns()
     entries = []
     for entry in st.registry.entries():
-        if entry.model is None and entry.state != "failed":
+        if entry.model is None and entry.state != "failed" and entry.group is None:
             continue  # configured but not resident
         info = _info(entry)
         row = ol.ps_entry(info, _mtime_ns(info, st.started_at), now)
-        row["state"] = entry.state  # this server's: loaded, stalled, failed (then not in memory)
+        row["state"] = entry.state  # this server's: loaded, stalled, failed (then not in memory), down
+        if entry.group is not None:
+            row["replicas"] = entry.group.describe()
         if entry.state == "failed":
             row["size"], row["error"] = 0, entry.failure
         entries.append(row)

@@ -59,6 +59,10 @@ def facts(entry: Any) -> dict[str, Any]:
         out["context_length"] = out["max_model_len"] = ctx
     chat = entry.capable("chat")
     out["capabilities"] = {"chat": chat, "tools": chat, "embeddings": entry.capable("embeddings")}
+    if entry.group is not None:  # a replica group: its replicas and their state now
+        out["replicas"] = entry.group.describe()
+    elif entry.info.get("upstream"):
+        out["upstream"] = entry.info["upstream"]
     return out
 
 

@@ -40,6 +40,7 @@ from ..observe import (
     Generated,
     ModelAttached,
     ModelDetached,
+    ModelHealth,
     RequestFinished,
     RequestRouted,
     RequestStarted,
@@ -102,6 +103,7 @@ class PrometheusSink:
         self._open: OrderedDict[int, _Open] = OrderedDict()
         self._loaded: set[str] = set()
         self._load_collector: EngineLoadCollector | None = None
+        self._replica_collector: ReplicaCollector | None = None
         r = self.registry
         self.requests = Counter(
             "turbospark_requests",
@@ -137,6 +139,13 @@ class PrometheusSink:
         self.evictions = Counter(
             "turbospark_session_slot_evictions",
             "Generations that evicted another conversation's slot.",
+            ["model"],
+            registry=r,
+        )
+        self.replica_down = Counter(
+            "turbospark_replica_down",
+            "Times a replica (model id@replica) was taken out of routing: a failed health check or a request "
+            "it failed before its first token.",
             ["model"],
             registry=r,
         )
@@ -193,8 +202,12 @@ class PrometheusSink:
         with self._lock:
             if self._load_collector is not None:
                 self.registry.unregister(self._load_collector)
+            if self._replica_collector is not None:
+                self.registry.unregister(self._replica_collector)
             self._load_collector = EngineLoadCollector(models)
             self.registry.register(self._load_collector)
+            self._replica_collector = ReplicaCollector(models)
+            self.registry.register(self._replica_collector)
 
     def watch_event_log(self, sink: Any) -> None:
         """Report the event log's failed writes and lost events (``sink``: a
@@ -228,6 +241,9 @@ class PrometheusSink:
             self._generated(event, now)
         elif isinstance(event, RequestFinished):
             self._finished(event)
+        elif isinstance(event, ModelHealth):
+            if event.state == "down":  # a replica taken out of routing
+                self.replica_down.labels(event.model).inc()
         elif isinstance(event, (ModelAttached, ModelDetached)):
             with self._lock:
                 if isinstance(event, ModelAttached):
@@ -304,6 +320,37 @@ class EngineLoadCollector:
             running.add_metric([name], float(state.get("running", 0)))
             waiting.add_metric([name], float(state.get("waiting", 0)))
         return [running, waiting]
+
+
+class ReplicaCollector:
+    """Each replica group's replicas: up or down, and requests in flight,
+    read at scrape time from the router (state now). What each replica
+    served is in the per-model counters (``model="id@replica"``) and how
+    often it went down in ``turbospark_replica_down_total``, from events."""
+
+    def __init__(self, models: Any) -> None:
+        self.models = models
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        up = GaugeMetricFamily(
+            "turbospark_replica_up",
+            "1 while a replica of a group is routed to, 0 while it is down (health check or failed request).",
+            labels=["model", "replica"],
+        )
+        in_flight = GaugeMetricFamily(
+            "turbospark_replica_in_flight", "Requests a replica of a group is serving now.", labels=["model", "replica"]
+        )
+        for entry in getattr(self.models, "entries", list)():
+            group = getattr(entry, "group", None)
+            if group is None:
+                continue
+            for r in group.replicas:
+                up.add_metric([group.id, r.name], 1.0 if r.up else 0.0)
+                in_flight.add_metric([group.id, r.name], float(r.in_flight))
+        return [up, in_flight]
 
 
 class EventLogCollector:

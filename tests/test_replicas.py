@@ -1,0 +1,194 @@
+"""The replica router (replicas.py) and the remote/group configuration,
+without engines: which replica a key goes to, how load bounds it, what a
+failure and a health check do, and how config and attach bodies are read.
+The same paths run against real upstreams in test_remote.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from turbospark.config import ConfigError, load_config
+from turbospark.engine.model import ModelOptions
+from turbospark.loading import GroupOptions, RemoteConfigError, remote_options
+from turbospark.replicas import Replica, ReplicaSet, routing_key
+from turbospark.upstream import wire
+from turbospark.upstream.model import RemoteOptions
+
+
+def group(n: int = 2, **kw: Any) -> ReplicaSet:
+    reps = [Replica(name, SimpleNamespace(id=f"g@{name}", info={})) for name in "abcdefgh"[:n]]
+    return ReplicaSet("g", reps, **kw)
+
+
+def test_a_key_sticks_to_its_replica() -> None:
+    g = group(3)
+    first = g.pick("session:x")
+    assert first is not None
+    assert all(g.pick("session:x") is first for _ in range(20))
+
+
+def test_new_keys_are_spread_evenly_even_when_few() -> None:
+    g = group(2)
+    chosen = [g.pick(f"prefix:{i}") for i in range(8)]
+    counts = {r.name: sum(c is r for c in chosen) for r in g.replicas}
+    assert counts == {"a": 4, "b": 4}
+    # and they stay where they were put
+    assert [g.pick(f"prefix:{i}") for i in range(8)] == chosen
+
+
+def test_a_hot_key_spills_over_the_in_flight_bound() -> None:
+    g = group(2)
+    home = g.pick("session:hot")
+    assert home is not None
+    done = [g.started(home) for _ in range(3)]  # its replica is busy, the other idle
+    other = g.pick("session:hot")
+    assert other is not None and other is not home
+    for d in done:
+        d()
+    assert home.in_flight == 0
+
+
+def test_keyless_requests_go_to_the_least_loaded() -> None:
+    g = group(2)
+    a, b = g.replicas
+    g.started(a)
+    assert g.pick(None) is b
+    g.started(b)
+    g.started(b)
+    assert g.pick(None) is a
+
+
+def test_round_robin_ignores_keys() -> None:
+    g = group(2, routing="round-robin")
+    names = [g.pick("session:same").name for _ in range(4)]  # type: ignore[union-attr]
+    assert sorted(names) == ["a", "a", "b", "b"] and names[0] != names[1]
+
+
+def test_a_failed_replica_is_down_until_a_check_passes_after_the_cooldown() -> None:
+    changes: list[tuple[str, str]] = []
+    healthy = {"a": True, "b": True}
+
+    async def probe(r: Replica) -> str | None:
+        return None if healthy[r.name] else "unreachable"
+
+    g = group(2, cooldown=0.2, probe=probe, on_change=lambda r, state, why: changes.append((r.name, state)))
+    a, b = g.replicas
+    g.failed(a, "unreachable (ConnectError)")
+    assert not a.up and changes == [("a", "down")]
+    assert all(g.pick(f"session:{i}") is b for i in range(10))
+    asyncio.run(g.check())  # within the cooldown: still down, though it answers
+    assert not a.up
+    time.sleep(0.25)
+    healthy["b"] = False
+    asyncio.run(g.check())
+    assert a.up and not b.up and changes[0] == ("a", "down") and set(changes[1:]) == {("b", "down"), ("a", "ok")}
+    assert g.pick("session:0") is a
+    # every replica excluded: no replica; every replica down: the one down longest is tried
+    assert g.pick("k", frozenset({"a", "b"})) is None
+    g.failed(a, "x")
+    assert g.pick("session:1") is b
+
+
+def test_routing_key_is_the_session_else_the_conversation_beginning() -> None:
+    sys_msg = {"role": "system", "content": "rules"}
+    turn1 = [sys_msg, {"role": "user", "content": "hello"}]
+    turn3 = [*turn1, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]
+    assert routing_key("abc", turn1, None) == "session:abc"
+    assert routing_key(None, turn1, None) == routing_key(None, turn3, None)
+    assert routing_key(None, turn1, None) != routing_key(None, [sys_msg, {"role": "user", "content": "bye"}], None)
+    assert routing_key(None, turn1, [{"type": "function"}]) != routing_key(None, turn1, None)
+
+
+def test_upstream_counts_come_from_usage_or_timings_never_chunks() -> None:
+    r = wire.Reading()
+    for piece in ("a", "b", "c"):
+        r.chunk({"choices": [{"index": 0, "delta": {"content": piece}}]})
+    assert r.counts() == (0, 0, 0, None)  # said nothing: zeros, not three
+    r.chunk({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3,
+             "prompt_tokens_details": {"cached_tokens": 5}}})  # fmt: skip
+    assert r.counts() == (9, 3, 5, None)
+    t = wire.Reading()
+    t.chunk({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+             "timings": {"prompt_n": 4, "cache_n": 6, "predicted_n": 2}})  # fmt: skip
+    assert t.counts() == (10, 2, 6, None) and t.reason().value == "maxTokens"
+
+
+def test_upstream_error_bodies_in_every_shape() -> None:
+    assert wire.error_message(429, b'{"error": {"message": "slow", "code": "rl"}}') == ("slow", "rl")
+    assert wire.error_message(400, b'{"object": "error", "message": "too long"}')[0] == "too long"
+    assert wire.error_message(500, b'{"error": "boom"}')[0] == "boom"
+    assert wire.error_message(422, b'{"detail": "bad"}')[0] == "bad"
+    assert wire.error_message(502, b"<html>gateway</html>")[0] == "<html>gateway</html>"
+    assert wire.error_message(503, b"")[0] == "HTTP 503"
+
+
+def test_remote_options_refuse_a_key_in_the_config() -> None:
+    ok = remote_options("m", {"base_url": "http://h:1/v1", "model": "x", "api_key_env": "K", "ctx": 100}, "s")
+    assert ok.ctx == 100 and ok.api_key_env == "K"
+    with pytest.raises(RemoteConfigError, match="api_key_env"):
+        remote_options("m", {"base_url": "http://h/v1", "model": "x", "headers": {"authorization": "Bearer k"}}, "s")
+    with pytest.raises(RemoteConfigError, match="unknown key s.api_key"):
+        remote_options("m", {"base_url": "http://h/v1", "model": "x", "api_key": "sk-1"}, "s")
+    with pytest.raises(RemoteConfigError, match="base_url"):
+        remote_options("m", {"base_url": "gpu-box:8000", "model": "x"}, "s")
+
+
+def test_config_reads_remote_models_and_groups(tmp_path) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text(
+        """
+[defaults]
+ctx = 1024
+
+[models.big]
+kind = "remote"
+base_url = "http://gpu-box:8000/v1"
+model = "Qwen/Qwen3-32B"
+api_key_env = "GPU_BOX_KEY"
+ctx = 32768
+aliases = ["gpt-4o"]
+
+[models.pool]
+model = "Qwen/Qwen3-32B"
+ctx = 32768
+routing = "round-robin"
+cooldown = 3
+replicas = [
+  { name = "a", base_url = "http://gpu-a:8000/v1" },
+  { base_url = "http://gpu-b:8000/v1", ctx = 16384 },
+  { name = "here", model = "smollm2-135m" },
+]
+"""
+    )
+    cfg = load_config(str(f))
+    big, pool = cfg.models
+    assert isinstance(big, RemoteOptions) and big.ctx == 32768 and big.aliases == ("gpt-4o",)
+    assert isinstance(pool, GroupOptions) and pool.routing == "round-robin" and pool.cooldown == 3
+    names = [n for n, _ in pool.replicas]
+    assert names == ["a", "gpu-b:8000", "here"]
+    a, b, here = (o for _, o in pool.replicas)
+    assert isinstance(a, RemoteOptions) and a.model == "Qwen/Qwen3-32B" and a.ctx == 32768
+    assert isinstance(b, RemoteOptions) and b.ctx == 16384
+    assert isinstance(here, ModelOptions) and here.ctx == 1024 and here.id == "pool@here"
+
+
+@pytest.mark.parametrize(
+    ("section", "error"),
+    [
+        ('kind = "remote"\nmodel = "x"', "base_url is required"),
+        ('kind = "remote"\nbase_url = "http://h/v1"\nmodel = "x"\napi_key = "sk"', "unknown key"),
+        ('model = "x"\nreplicas = []', "list of tables"),
+        ('model = "x"\nrouting = "random"\nreplicas = [{ base_url = "http://h/v1" }]', "routing must be one of"),
+        ('model = "x"\nreplicas = [{ base_url = "http://h/v1" }, { base_url = "http://h/v1" }]', "named"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path, section: str, error: str) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text(f"[models.m]\n{section}\n")
+    with pytest.raises(ConfigError, match=error):
+        load_config(str(f))
