@@ -135,6 +135,8 @@ class ScriptedUpstream:
 
     def __init__(self) -> None:
         self.mode = "ok"
+        #: modes for the next requests, one each, before ``mode`` applies again
+        self.queue: list[str] = []
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.port = free_port()
@@ -171,11 +173,18 @@ class ScriptedUpstream:
         body = await request.json()
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
-        if self.mode == "rate_limited":
+        mode = self.queue.pop(0) if self.queue else self.mode
+        if mode == "json":  # ignores ``stream``
+            return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]})
+        if mode == "parsed_call":  # the upstream's own tool parser: a structured call, in pieces
+            return StreamingResponse(self._parsed_call(), media_type="text/event-stream")
+        if mode == "rate_limited":
             err = {"error": {"message": "slow down", "type": "rate_limit_error", "code": "rate_limited"}}
             return JSONResponse(err, status_code=429, headers={"Retry-After": "7"})
-        if self.mode == "text_call":
+        if mode == "text_call":
             pieces = ["<tool_call>", '{"name": "get_weather", ', '"arguments": {"city": "Paris"}}', "</tool_call>"]
+        elif mode == "bad_text_call":  # an argument the schema does not have
+            pieces = ['<tool_call>{"name": "get_weather", "arguments": {"town": "Paris"}}</tool_call>']
         else:
             pieces = ["Hello", " there"]
 
@@ -187,7 +196,7 @@ class ScriptedUpstream:
                     "choices": [{"index": 0, "delta": {"content": p}}],
                 }
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-                if self.mode == "mid_stream" and i == 0:
+                if mode == "mid_stream" and i == 0:
                     err = {"error": {"message": "the GPU fell over", "type": "server_error"}}
                     yield b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
                     return
@@ -198,3 +207,19 @@ class ScriptedUpstream:
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(frames(), media_type="text/event-stream")
+
+    async def _parsed_call(self) -> Any:
+        first = {"index": 0, "id": "call_up1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+        deltas = [
+            {"role": "assistant", "reasoning_content": "The user wants Paris."},
+            {"tool_calls": [first]},
+            {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+            {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
+        ]
+        for d in deltas:
+            yield b"data: " + orjson.dumps({"id": "c", "choices": [{"index": 0, "delta": d}]}) + b"\n\n"
+        end = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+        yield b"data: " + orjson.dumps(end) + b"\n\n"
+        usage = {"prompt_tokens": 20, "completion_tokens": 12, "completion_tokens_details": {"reasoning_tokens": 5}}
+        yield b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": usage}) + b"\n\n"
+        yield b"data: [DONE]\n\n"

@@ -310,6 +310,62 @@ def test_a_call_left_as_text_by_the_upstream_is_read_by_our_parsers(front, scrip
     assert sent["tools"][0]["function"]["name"] == "get_weather"
 
 
+def test_calls_and_reasoning_parsed_upstream_are_relayed_as_they_stream(front, scripted_upstream) -> None:
+    srv, obs = front
+    scripted_upstream.mode = "parsed_call"
+    tools = [chat_tool(WEATHER_FUNCTION)]
+    ask = [{"role": "user", "content": "weather?"}]
+    chunks = list(oai(srv).chat.completions.create(model="scripted", messages=ask, tools=tools, stream=True))
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id == "call_up1" and deltas[0].function.name == "get_weather"
+    assert len(deltas) >= 3  # opened, then the argument pieces as the upstream sent them
+    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"city": "Paris"}
+    msg = ant(srv).messages.create(
+        model="scripted",
+        max_tokens=50,
+        messages=ask,
+        tools=[{"name": "get_weather", "input_schema": WEATHER_FUNCTION["parameters"]}],
+    )
+    kinds = [b.type for b in msg.content]
+    assert kinds == ["thinking", "tool_use"] and msg.content[1].input == {"city": "Paris"}
+    assert msg.stop_reason == "tool_use" and msg.usage.output_tokens == 12
+
+
+def test_a_reask_takes_the_upstreams_parsed_call(front, scripted_upstream) -> None:
+    """The guardrails re-ask after a call that fails its schema; the second
+    attempt's call, parsed by the upstream itself, is the answer."""
+    srv, obs = front
+    scripted_upstream.queue = ["bad_text_call", "parsed_call"]
+    raw = oai(srv).chat.completions.with_raw_response.create(
+        model="scripted", messages=[{"role": "user", "content": "weather?"}], tools=[chat_tool(WEATHER_FUNCTION)]
+    )
+    call = raw.parse().choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    wait_event(obs, raw.headers["x-request-id"], "requestFinished")
+    assert len([e for e in obs.of(int(raw.headers["x-request-id"])) if e.kind == "generated"]) == 2
+
+
+def test_an_upstream_that_does_not_stream_is_a_502(front, scripted_upstream) -> None:
+    srv, _ = front
+    scripted_upstream.mode = "json"
+    r = httpx.post(
+        srv.url + "/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert r.status_code == 502 and "not an event stream" in r.json()["error"]["message"]
+
+
+def test_local_only_operations_on_a_remote_model_are_clean_400s(front) -> None:
+    srv, _ = front
+    for path, body in (
+        ("/tokenize", {"model": "solo", "content": "hi"}),
+        ("/apply-template", {"model": "solo", "messages": [{"role": "user", "content": "hi"}]}),
+        ("/infill", {"model": "solo", "input_prefix": "def f(", "input_suffix": ")"}),
+    ):
+        r = httpx.post(srv.url + path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        assert "remote engine" in r.json()["error"]["message"]
+
+
 # ------------------------------------------------------------ errors
 def test_upstream_429_reaches_anthropic_as_rate_limit_error(front, scripted_upstream) -> None:
     srv, _ = front
@@ -388,6 +444,13 @@ def test_session_affinity_keeps_a_conversation_on_its_replica(front) -> None:
         raw = c.chat.completions.with_raw_response.create(model="pool", messages=MESSAGES, max_tokens=4)
         keyless += routed(obs, raw.headers["x-request-id"])
     assert len(set(keyless)) == 1
+    # Ollama's routes route by the same keys
+    oc = ollama.Client(host=srv.url, timeout=120)
+    by_ollama = []
+    for _ in range(2):
+        oc.chat(model="pool", messages=MESSAGES, options={"num_predict": 3})
+        by_ollama.append([e.served for e in obs.events if e.kind == "requestRouted"][-1])
+    assert by_ollama == keyless
 
 
 def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, upstreams) -> None:
@@ -488,6 +551,8 @@ def test_attach_and_detach_a_remote_model(front, upstreams) -> None:
     )
     assert group.status_code == 201 and group.json()["replicas"][0]["id"] == "late-pool@b"
     assert oai(srv).chat.completions.create(model="late-pool", messages=MESSAGES, max_tokens=4).choices
+    member = httpx.delete(srv.url + "/v1/admin/models/late-pool@b")
+    assert member.status_code == 409 and "detach the group" in member.json()["error"]["message"]
     for model_id in ("late", "late-pool"):
         assert httpx.delete(srv.url + f"/v1/admin/models/{model_id}").status_code == 200
     ids = [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]]

@@ -127,6 +127,24 @@ def test_upstream_error_bodies_in_every_shape() -> None:
     assert wire.error_message(503, b"")[0] == "HTTP 503"
 
 
+def test_routing_key_sees_past_a_long_system_prompt() -> None:
+    long_system = {"role": "system", "content": "rule. " * 5000}
+    one = routing_key(None, [long_system, {"role": "user", "content": "first conversation"}], None)
+    two = routing_key(None, [long_system, {"role": "user", "content": "second conversation"}], None)
+    assert one != two
+
+
+def test_reasoning_efforts_become_what_upstreams_take() -> None:
+    from turbospark.generation import ChatRequest
+
+    def body(effort: str | None) -> dict[str, Any]:
+        return wire.request_body(ChatRequest(messages=[{"role": "user", "content": "x"}], reasoning=effort), None)
+
+    assert body("none")["chat_template_kwargs"] == {"enable_thinking": False} and "reasoning_effort" not in body("none")
+    assert body("max")["reasoning_effort"] == "high" and body("low")["reasoning_effort"] == "low"
+    assert "reasoning_effort" not in body(None)
+
+
 def test_remote_options_refuse_a_key_in_the_config() -> None:
     ok = remote_options("m", {"base_url": "http://h:1/v1", "model": "x", "api_key_env": "K", "ctx": 100}, "s")
     assert ok.ctx == 100 and ok.api_key_env == "K"
@@ -136,6 +154,9 @@ def test_remote_options_refuse_a_key_in_the_config() -> None:
         remote_options("m", {"base_url": "http://h/v1", "model": "x", "api_key": "sk-1"}, "s")
     with pytest.raises(RemoteConfigError, match="base_url"):
         remote_options("m", {"base_url": "gpu-box:8000", "model": "x"}, "s")
+    for url in ("http://user:sk-1@h/v1", "http://h/v1?api-key=sk-1"):
+        with pytest.raises(RemoteConfigError, match="credentials"):
+            remote_options("m", {"base_url": url, "model": "x"}, "s")
 
 
 def test_config_reads_remote_models_and_groups(tmp_path) -> None:

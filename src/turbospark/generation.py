@@ -830,8 +830,12 @@ async def _one_choice(
             # what was already streamed)
             again = _Router(retry, stream_calls=False)
             second: RawDecodeResult | None = None
+            parsed = _Relayed()  # calls the engine parses itself, whole at the end
+            pieces: list[Routed]
             async for item in _run(model, retry, cancel, reporter):
-                if isinstance(item, Progress):
+                if isinstance(item, Progress) and (item.call is not None or item.reasoning):
+                    pieces = [d for d in parsed.feed(item, again) if isinstance(d, ReasoningDelta)]
+                elif isinstance(item, Progress):
                     pieces = again.feed(item.text)
                 else:
                     second, pieces = item, again.flush()
@@ -845,6 +849,9 @@ async def _one_choice(
             attempts.append(second)
             result = second
             calls, problems, leftover = _calls_of(again.tail, retry)
+            if parsed.calls:
+                calls = parsed.finish()
+                problems = validate_calls(calls, retry.request.tools if retry.request else None)
             text = "".join(again.content) + leftover
             if text.strip():
                 yield router._content(text)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .catalog import CATALOG, GGUF_MAGIC, cache_dir, resolve_model
 from .engine.model import LlamaChatModel, ModelOptions, derive_id
-from .registry import Entry, ModelSpec, Registry
+from .registry import MAX_FAILURES, Entry, ModelSpec, Registry
 from .replicas import Replica
 from .upstream.model import RemoteModel, RemoteOptions
 
@@ -31,6 +32,7 @@ REMOTE_KEYS: dict[str, tuple[type, ...]] = {
     "read_timeout": (int, float),
     "embeddings": (bool,),
     "health_path": (str,),
+    "max_connections": (int,),
 }
 #: keys of a replica group besides its replicas
 GROUP_KEYS: dict[str, tuple[type, ...]] = {"health_interval": (int, float), "cooldown": (int, float), "routing": (str,)}
@@ -58,13 +60,20 @@ def remote_options(model_id: str, values: dict[str, Any], where: str, aliases: t
     url = values["base_url"]
     if not url.startswith(("http://", "https://")):
         raise RemoteConfigError(f"{where}.base_url must be an http:// or https:// URL, not {url!r}")
+    host = url.split("://", 1)[1].split("/", 1)[0]
+    if "@" in host or "?" in url or "#" in url:
+        # the URL is shown (model listings, error messages): no credentials in it
+        raise RemoteConfigError(
+            f"{where}.base_url must not carry credentials or a query; name the key's variable in api_key_env"
+        )
     headers = values.get("headers", {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
         raise RemoteConfigError(f"{where}.headers must map header names to strings")
     if any(k.lower() == "authorization" for k in headers):
         raise RemoteConfigError(f"{where}.headers must not carry the key: name its variable in api_key_env")
     ctx = values.get("ctx", values.get("context", 8192))
-    for key, value in (("ctx", ctx), *((k, values[k]) for k in ("connect_timeout", "read_timeout") if k in values)):
+    timing = ("connect_timeout", "read_timeout", "max_connections")
+    for key, value in (("ctx", ctx), *((k, values[k]) for k in timing if k in values)):
         if value <= 0:
             raise RemoteConfigError(f"{where}.{key} must be positive")
     return RemoteOptions(
@@ -79,6 +88,7 @@ def remote_options(model_id: str, values: dict[str, Any], where: str, aliases: t
         read_timeout=float(values.get("read_timeout", 600.0)),
         embeddings=values.get("embeddings", False),
         health_path=values.get("health_path", "/models"),
+        max_connections=values.get("max_connections", 256),
     )
 
 
@@ -115,7 +125,11 @@ async def probe_replica(replica: Replica) -> str | None:
     if isinstance(model, RemoteModel):
         return await model.connection.healthy()
     if entry.failure is not None and model is None:
-        return entry.failure
+        # a failed engine is reloaded by the next request routed to it, once
+        # its backoff is over: until then (or after too many failures) down
+        if entry.failures >= MAX_FAILURES or time.monotonic() < entry.retry_at:
+            return entry.failure
+        return None
     return entry.stall_reason if entry.stalled else None
 
 
@@ -263,7 +277,8 @@ def populate(
             loaded.append(remote)
         elif isinstance(arg, ModelOptions):
             spec = spec_for(arg)
-            if registry.max_resident and len(loaded) >= registry.max_resident:
+            local = sum(1 for m in loaded if not getattr(m, "takes_messages", False))
+            if registry.max_resident and local >= registry.max_resident:
                 registry.configure(spec)
                 continue
             model = load_spec(spec, progress_for(spec) if progress_for else None)

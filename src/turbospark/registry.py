@@ -282,7 +282,13 @@ class Registry:
 
     def remove(self, model_id: str) -> Entry:
         """Detach, and unload in the background when idle (needs a loop). A
-        group goes with its replicas."""
+        group goes with its replicas; a replica alone is refused
+        (:class:`RegistryError`): it is removed with its group."""
+        member = self._entries.get(model_id)
+        if member is not None and member.member_of is not None:
+            raise RegistryError(
+                f"{model_id!r} is a replica of {member.member_of!r}; detach the group (replicas go with it)"
+            )
         entry = self.detach(model_id)
         gone = [entry]
         if entry.group is not None:
@@ -374,8 +380,11 @@ class Registry:
 
     def unhealthy(self) -> list[Entry]:
         """The models that are failed or stalled now."""
+        # a replica's trouble is its group's only when no replica is left up
         return [
-            e for e in self.entries() if e.state in ("failed", "stalled") or (e.group is not None and e.state == "down")
+            e
+            for e in self.entries()
+            if (e.member_of is None and e.state in ("failed", "stalled")) or (e.group is not None and e.state == "down")
         ]
 
     def lookup(self, name: str) -> Entry | None:
@@ -468,11 +477,18 @@ class Registry:
     ) -> tuple[Route, Callable[[], None]]:
         group = route.entry.group
         assert group is not None
-        unable = frozenset(r.name for r in group.replicas if not r.entry.capable(capability))
-        replica = group.pick(key() if key is not None else None, unable | exclude)
-        if replica is None:
-            raise RoutingError(503, f"no replica of {group.id!r} can take this request", "model_not_available")
-        member, release_member = await self.acquire(replica.entry.id, capability)
+        skip = frozenset(r.name for r in group.replicas if not r.entry.capable(capability)) | exclude
+        routing = key() if key is not None else None
+        while True:
+            replica = group.pick(routing, skip)
+            if replica is None:
+                raise RoutingError(503, f"no replica of {group.id!r} can take this request", "model_not_available")
+            try:
+                member, release_member = await self.acquire(replica.entry.id, capability)
+                break
+            except RoutingError as exc:  # a local replica failed and backs off: the next one
+                group.failed(replica, exc.message)
+                skip |= {replica.name}
         finished = group.started(replica)
 
         def release() -> None:
@@ -590,7 +606,11 @@ class Registry:
         the cap is reached and every resident model is busy."""
         if not self.max_resident:
             return True
-        resident = [e for e in self.entries() if e.model is not None and e is not exclude]
+        resident = [
+            e
+            for e in self.entries()
+            if e.model is not None and e is not exclude and not getattr(e.model, "takes_messages", False)
+        ]  # a remote model holds no memory here
         while len(resident) >= self.max_resident:
             idle = [e for e in resident if e.leases == 0 and e.spec is not None]
             if not idle:

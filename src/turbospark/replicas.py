@@ -68,19 +68,21 @@ def _point(text: str) -> int:
 
 def routing_key(session_key: str | None, messages: list[dict[str, Any]], tools: Any, prompt: Any = None) -> str:
     """The key a request is routed by: its session key, else a digest of the
-    beginning every turn of its conversation repeats (tools, system prompt,
-    first message; at most :data:`PREFIX_CHARS` of it)."""
+    beginning every turn of its conversation repeats: the tools, the system
+    messages and the first other message, each hashed whole (a long tool
+    list or system prompt must not hide what follows it), or a raw prompt's
+    first :data:`PREFIX_CHARS` characters."""
     if session_key:
         return "session:" + session_key
-    head: list[Any] = [tools or None]
+    h = hashlib.blake2b(digest_size=16)
+    h.update(orjson.dumps(tools or None, default=str))
     if prompt is not None:
-        head.append(prompt if isinstance(prompt, str) else list(prompt)[:1024])
+        h.update(orjson.dumps(prompt[:PREFIX_CHARS] if isinstance(prompt, str) else list(prompt)[:1024]))
     for m in messages:
-        head.append([m.get("role"), m.get("content")])
+        h.update(orjson.dumps([m.get("role"), m.get("content")], default=str))
         if m.get("role") not in ("system", "developer"):
             break
-    text = orjson.dumps(head, default=str).decode()[:PREFIX_CHARS]
-    return "prefix:" + hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+    return "prefix:" + h.hexdigest()
 
 
 @dataclass(eq=False)

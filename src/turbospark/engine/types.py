@@ -160,7 +160,7 @@ class CancelFlag:
     by the scheduler once per step. A queued request that is cancelled never
     runs."""
 
-    __slots__ = ("_event", "error", "reason", "_callbacks")
+    __slots__ = ("_event", "error", "reason", "_callbacks", "_lock")
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -168,6 +168,7 @@ class CancelFlag:
         #: called once when the flag is set (an engine that waits on I/O
         #: rather than stepping: a remote engine closes its connection)
         self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
         #: set by :meth:`fail`: the run ends as cancelled, and the generation
         #: core raises this instead of answering (the server shutting down, a
         #: client too slow to read)
@@ -175,21 +176,23 @@ class CancelFlag:
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.reason = reason
-        self._event.set()
-        callbacks, self._callbacks = self._callbacks, []
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
-            fn()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one callback must not stop the others
+                pass
 
     def on_cancel(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the flag is set (at once if it is already); it
         may be called from any thread that cancels."""
-        if self._event.is_set():
-            fn()
-            return
-        self._callbacks.append(fn)
-        if self._event.is_set() and fn in self._callbacks:  # set meanwhile, on another thread
-            self._callbacks.remove(fn)
-            fn()
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
 
     def fail(self, error: Exception) -> None:
         """Cancel, and end the request with ``error`` rather than an answer."""

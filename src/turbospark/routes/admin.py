@@ -234,6 +234,8 @@ async def detach_model(request: Request) -> Response:
     model_id = request.path_params["model_id"]
     try:
         entry = registry.remove(model_id)
+    except RegistryError as exc:
+        raise BadRequest(str(exc), "model", status=409, code="model_is_replica") from None
     except KeyError:
         raise BadRequest(f"model {model_id!r} is not attached", "model", status=404, code="model_not_found") from None
     # the model stops taking requests now; it unloads once its in-flight ones end

@@ -172,16 +172,37 @@ async def route_and_prepare(
     prepare the generation (``prepare_fn``: a dialect's own wrapper of
     ``prepare``), all before any byte of the response is sent."""
     bind_request(req, request)
+    model, route = await route_chat(request, req, requested, streamed)
+    prepared = await prepare_and_admit(request, model, req, prepare_fn)
+    arm_failover(request, req, requested, streamed, route, prepare_fn)
+    return model, route, prepared
 
+
+def _key_of(req: ChatRequest) -> Callable[[], str | None]:
     def key() -> str | None:
         prompt = req.prompt if req.prompt is not None else req.prompt_ids
         return routing_key(req.config.session_key, req.messages, req.tools, prompt)
 
-    model, route = await route_model(request, requested, "chat", streamed, req.normalized, key)
-    prepared = await prepare_and_admit(request, model, req, prepare_fn)
+    return key
+
+
+async def route_chat(request: Request, req: ChatRequest, requested: str | None, streamed: bool) -> tuple[Any, Route]:
+    """Route a bound chat request (a replica group picks by its routing key)."""
+    return await route_model(request, requested, "chat", streamed, req.normalized, _key_of(req))
+
+
+def arm_failover(
+    request: Request,
+    req: ChatRequest,
+    requested: str | None,
+    streamed: bool,
+    route: Route,
+    prepare_fn: Callable[[Any, ChatRequest], Prepared] = prepare,
+) -> None:
+    """A request routed to a replica may move to another one (:class:`Failover`)."""
     if route.group is not None:
-        request.scope["state"][FAILOVER_KEY] = Failover(request, req, requested, streamed, prepare_fn, route, key)
-    return model, route, prepared
+        failover = Failover(request, req, requested, streamed, prepare_fn, route, _key_of(req))
+        request.scope["state"][FAILOVER_KEY] = failover
 
 
 class Failover:
@@ -385,10 +406,10 @@ async def stream_frames(
     first of them, already taken (:func:`respond`, for a remote engine)."""
     with state_of(request).drain.watch(cancel):
         async with DisconnectWatch(request, cancel):
-            for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
-                yield frame
             items, first = started if started is not None else (generate_items(request, model, prepared, cancel), None)
             try:
+                for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
+                    yield frame
                 if first is not None:
                     for frame in _frames(_render(renderer, first)):
                         yield frame

@@ -20,11 +20,13 @@ from ..dialects.errors import ollama_error
 from ..dialects.translate import Translation
 from .common import (
     JSONResponse,
+    arm_failover,
     bind_request,
     endpoint,
     prepare_and_admit,
     read_json,
     respond,
+    route_chat,
     route_model,
     state_of,
     warning_headers,
@@ -37,8 +39,11 @@ async def _answer(request: Request, requested: str, tr: Translation, renderer: o
     once idle, e.g. right after this request); the time this request spent
     loading the model is its ``load_duration``."""
     req = bind_request(tr.request, request) if tr.request is not None else None
-    normalized = req.normalized if req is not None else 0
-    model, route = await route_model(request, ol.model_name(requested), "chat", tr.stream, normalized)
+    name = ol.model_name(requested)
+    if req is not None:
+        model, route = await route_chat(request, req, name, tr.stream)
+    else:  # a load or unload request: no prompt to route by
+        model, route = await route_model(request, name, "chat", tr.stream)
     keep_alive = tr.extras.get("keep_alive")
     if keep_alive is not None:
         state_of(request).registry.set_keep_alive(route.entry, None if math.isinf(keep_alive) else keep_alive)
@@ -46,6 +51,7 @@ async def _answer(request: Request, requested: str, tr: Translation, renderer: o
     if req is None:
         return JSONResponse(renderer.loaded(tr.extras["done_reason"]), headers=warning_headers(tr.warnings))
     prepared = await prepare_and_admit(request, model, req)
+    arm_failover(request, req, name, tr.stream, route)
     return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
 
 

@@ -57,8 +57,9 @@ class Endpoint:
     connect_timeout: float = 5.0
     #: the longest wait for the next byte (a long prefill comes first)
     read_timeout: float = 600.0
-    #: most connections kept to it
-    max_connections: int = 64
+    #: most connections open to it at once (a streamed request holds one for
+    #: its whole answer; past this, requests wait for one)
+    max_connections: int = 256
     #: what a health check reads (relative to ``base_url``, or absolute)
     health_path: str = "/models"
 
@@ -87,7 +88,9 @@ class Connection:
 
     def _timeout(self) -> httpx.Timeout:
         e = self.endpoint
-        return httpx.Timeout(connect=e.connect_timeout, read=e.read_timeout, write=60.0, pool=e.connect_timeout)
+        # no pool timeout: a request waiting for a free connection waits (a busy
+        # upstream is not a failed one; its own queue bounds it)
+        return httpx.Timeout(connect=e.connect_timeout, read=e.read_timeout, write=60.0, pool=None)
 
     def _limits(self) -> httpx.Limits:
         n = self.endpoint.max_connections
@@ -144,6 +147,14 @@ class Connection:
                 if resp.status_code >= 400:
                     raw = await _read_limited(resp)
                     raise answer_error(resp.status_code, raw, resp.headers)
+                kind = resp.headers.get("content-type", "")
+                if resp.status_code != 200 or "text/event-stream" not in kind:
+                    raise UpstreamError(
+                        502,
+                        f"upstream {e.base_url} answered {resp.status_code} {kind or 'without a content type'} "
+                        "to a streamed request, not an event stream",
+                        retryable=True,
+                    )
                 event = ""
                 async for line in resp.aiter_lines():
                     if line.startswith("event:"):
@@ -194,10 +205,13 @@ class Connection:
         return data
 
     async def healthy(self, timeout: float = 5.0) -> str | None:
-        """None when the upstream answers its health path with 2xx, else why not."""
+        """None when the upstream answers its health path with 2xx, else why
+        not. Its own short-lived connection: a pool full of long answers
+        must not make a busy upstream look dead."""
         e = self.endpoint
         try:
-            resp = await self.client().get(e.url(e.health_path), headers=e.request_headers(), timeout=timeout)
+            async with httpx.AsyncClient(http2=_http2(), timeout=timeout, trust_env=False) as client:
+                resp = await client.get(e.url(e.health_path), headers=e.request_headers())
         except httpx.HTTPError as exc:
             return f"unreachable ({type(exc).__name__})"
         return None if resp.status_code < 300 else f"health check answered {resp.status_code}"

@@ -28,10 +28,14 @@ from ..engine.types import (
     EngineError,
     GenerationConfig,
     RawDecodeResult,
+    ReaderBehind,
     StopReason,
 )
 from . import wire
 from .client import Connection, Endpoint, UpstreamError
+
+#: pieces a reader may leave unread before the run is failed (as the local engine's)
+MAX_UNREAD = 1024
 
 
 @dataclass
@@ -53,6 +57,8 @@ class RemoteOptions:
     #: the upstream serves ``/embeddings`` for this model
     embeddings: bool = False
     health_path: str = "/models"
+    #: most connections open to it at once (each streamed answer holds one)
+    max_connections: int = 256
     #: its name within a replica group (``id@replica``), else None
     replica: str | None = None
 
@@ -63,7 +69,8 @@ class RemoteOptions:
             dict(self.headers),
             self.connect_timeout,
             self.read_timeout,
-            health_path=self.health_path,
+            self.max_connections,
+            self.health_path,
         )
 
 
@@ -143,6 +150,9 @@ class RemoteModel:
     def prompt_ids(self, text: str) -> list[int]:
         raise self._local_only("tokenizing")
 
+    def chat_text(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> str:
+        raise self._local_only("rendering the chat template")
+
     def check_admission(self, n_prompt: int, max_new: int) -> None:
         """The upstream decides (its error is relayed with its status)."""
 
@@ -176,7 +186,9 @@ class RemoteModel:
         loop, feeding the returned :class:`Run`. A cancelled flag closes the
         upstream connection, so the upstream stops too."""
         loop = asyncio.get_running_loop()
-        channel = Channel(loop)
+        # a reader that stops reading fails the run rather than buffering the
+        # upstream's answer without end (as a local engine's run does)
+        channel = Channel(loop, MAX_UNREAD, lambda unread: cancel.fail(ReaderBehind(unread)))
         task = asyncio.ensure_future(self._pump(self._payload(body, config, True), cancel, channel.put))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -192,6 +204,7 @@ class RemoteModel:
 
     async def _pump(self, payload: dict[str, Any], cancel: CancelFlag, put: Callable[[Any], None]) -> None:
         reading = wire.Reading()
+        cut = False
         sent = time.perf_counter()
         first: float | None = None
         last = sent
@@ -213,7 +226,7 @@ class RemoteModel:
             put(exc)
             return
         except asyncio.CancelledError:
-            pass  # the cancel flag: the connection is closed, the run ends below
+            cut = True  # the cancel flag (or the loop closing): the connection is closed
         except Exception as exc:  # noqa: BLE001 - every failure ends the run
             put(EngineError(f"reading the upstream failed: {type(exc).__name__}: {exc}"))
             return
@@ -227,7 +240,7 @@ class RemoteModel:
                 new_tokens=new,
                 prefill_seconds=started - sent,
                 decode_seconds=last - first if first is not None else 0.0,
-                reason=StopReason.CANCELLED if cancel.cancelled else reading.reason(),
+                reason=StopReason.CANCELLED if cut or cancel.cancelled else reading.reason(),
                 reused_prefix_tokens=cached,
                 text="".join(reading.text),
                 reused_from="upstream" if cached else None,

@@ -14,6 +14,11 @@ import orjson
 
 from ..engine.types import GenerationConfig, Progress, StopReason
 
+#: reasoning efforts that turn thinking off (``generation.EFFORTS_OFF``)
+EFFORTS_OFF = ("none", "off", "disabled", "false")
+#: the internal effort as one of the three OpenAI-compatible servers take
+EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+
 #: the upstream's ``finish_reason`` as the event contract's stop reason
 FINISH = {
     "stop": StopReason.END_OF_TURN,
@@ -94,10 +99,16 @@ def request_body(req: Any, default_max: int | None) -> dict[str, Any]:
             }
         elif req.json_object:
             body["response_format"] = {"type": "json_object"}
-        if req.reasoning is not None:
-            body["reasoning_effort"] = req.reasoning
-        if req.template_kwargs:
-            body["chat_template_kwargs"] = dict(req.template_kwargs)
+        kwargs = dict(req.template_kwargs)
+        effort = str(req.reasoning).lower() if req.reasoning is not None else None
+        if effort in EFFORTS_OFF:
+            # thinking off: the template's switch (Qwen3 and kin), as locally
+            kwargs.setdefault("enable_thinking", False)
+        elif effort is not None:
+            # OpenAI's three efforts; Anthropic's "max", Ollama's own words ... map onto them
+            body["reasoning_effort"] = EFFORTS.get(effort, "medium")
+        if kwargs:
+            body["chat_template_kwargs"] = kwargs
     if req.max_tokens_explicit:
         body["max_tokens"] = req.config.max_new_tokens
     elif default_max is not None:
