@@ -126,7 +126,9 @@ def start_front(replicas: list[str], routing: str, ctx: int, folder: str) -> tup
     return proc, url, log
 
 
-def conversation(url: str, conv: int, args: argparse.Namespace, latencies: list[float]) -> None:
+def conversation(
+    url: str, conv: int, args: argparse.Namespace, latencies: list[float], ids: dict[int, list[int]]
+) -> None:
     time.sleep(STAGGER * conv)  # conversations begin at different moments, as real ones do
     messages = [{"role": "system", "content": SYSTEM}]
     with httpx.Client(timeout=600) as client:
@@ -139,6 +141,7 @@ def conversation(url: str, conv: int, args: argparse.Namespace, latencies: list[
             )
             r.raise_for_status()
             latencies.append(time.perf_counter() - started)
+            ids.setdefault(conv, []).append(int(r.headers["x-request-id"]))
             messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""})
             # a user (or an agent's tool) takes a moment before the next turn; the
             # jitter keeps the conversations from falling into a fixed order, in
@@ -158,8 +161,9 @@ def run_mode(routing: str, args: argparse.Namespace, folder: str) -> dict[str, f
         procs.append(front)
         time.sleep(8)  # the replicas time their decode steps while idle (engine/speculative.py)
         latencies: list[float] = []
+        ids: dict[int, list[int]] = {}
         threads = [
-            threading.Thread(target=conversation, args=(front_url, c, args, latencies))
+            threading.Thread(target=conversation, args=(front_url, c, args, latencies, ids))
             for c in range(args.conversations)
         ]
         started = time.perf_counter()
@@ -170,11 +174,17 @@ def run_mode(routing: str, args: argparse.Namespace, folder: str) -> dict[str, f
         wall = time.perf_counter() - started
         time.sleep(1.5)  # the event log is written in batches
         generated = []
+        served_by: dict[int, str] = {}
         with open(log) as f:
             for line in f:
                 e = json.loads(line)
                 if e.get("kind") == "generated":
                     generated.append(e)
+                elif e.get("kind") == "requestRouted":
+                    served_by[e["id"]] = e["served"]
+        # how often a turn went to the replica that served its conversation's previous turn
+        pairs = [(a, b) for turns in ids.values() for a, b in zip(turns, turns[1:])]
+        stayed = sum(served_by.get(a) == served_by.get(b) for a, b in pairs) / len(pairs) if pairs else 0.0
         served: dict[str, int] = {}
         for e in generated:
             served[e["model"]] = served.get(e["model"], 0) + 1
@@ -189,6 +199,7 @@ def run_mode(routing: str, args: argparse.Namespace, folder: str) -> dict[str, f
             "median": statistics.median(lat),
             "p95": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
             "wall": wall,
+            "stayed": stayed,
             "served": served,  # type: ignore[dict-item]
         }
     finally:
@@ -216,6 +227,7 @@ def main() -> int:
             print(
                 f"{routing:12s} reuse {r['reuse']:.2f} of {r['prompt_tokens']} prompt tokens; turn latency "
                 f"median {r['median']:.2f} s, p95 {r['p95']:.2f} s; {r['turns']} turns in {r['wall']:.0f} s; "
+                f"next turn on the same replica {r['stayed']:.2f}; "
                 f"served {r['served']}",
                 flush=True,
             )
