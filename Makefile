@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 export VENV
 
-.PHONY: install serve test lint bench bench-runtime bench-agents bench-load clean e2e-agents
+.PHONY: install serve test lint bench bench-runtime bench-agents bench-load bench-replicas clean e2e-agents
 
 install:
 	@scripts/install.sh
@@ -40,6 +40,11 @@ bench-runtime:
 bench-agents:
 	@FOR_TESTS=1 scripts/install.sh
 	$(VENV)/bin/python bench/agents.py $(ARGS)
+
+# replica routing: cache-aware vs round-robin over two local replicas (issue 17)
+bench-replicas:
+	@FOR_TESTS=1 scripts/install.sh
+	$(VENV)/bin/python bench/replicas.py $(ARGS)
 
 # many mixed-dialect clients at once, with faults; checks the event log (issue 16)
 bench-load:

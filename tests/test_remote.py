@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from turbospark import ListObserver, Server
+from turbospark.engine.model import ModelOptions
 from turbospark.loading import GroupOptions
 from turbospark.upstream.model import RemoteOptions
 
@@ -520,6 +521,51 @@ def test_replica_never_retried_after_a_token(front, scripted_upstream) -> None:
         rid = r.headers["x-request-id"]
     assert "Hello" in raw and "the GPU fell over" in raw
     assert len(routed(obs, rid)) == 1
+
+
+def test_embeddings_over_a_remote_model(upstreams) -> None:
+    """A remote model marked ``embeddings`` serves OpenAI's and Ollama's
+    embedding routes from the upstream's ``/v1/embeddings``."""
+    _, b = upstreams
+    opts = RemoteOptions(id="emb", base_url=b.url + "/v1", model="smollm2-135m", ctx=2048, embeddings=True)
+    with Server([opts]) as srv:
+        out = oai(srv).embeddings.create(model="emb", input=["a lighthouse", "a storm at sea"])
+        assert len(out.data) == 2 and len(out.data[0].embedding) == len(out.data[1].embedding) > 10
+        assert out.usage.prompt_tokens > 0
+        theirs = httpx.post(b.url + "/v1/embeddings", json={"input": ["a lighthouse"]}).json()["data"][0]["embedding"]
+        assert out.data[0].embedding == pytest.approx(theirs, abs=1e-5)  # the upstream's own vector
+        r = ollama.Client(host=srv.url, timeout=60).embed(model="emb", input="a lighthouse")
+        assert len(r.embeddings[0]) == len(theirs)
+
+
+def test_a_group_of_a_local_and_a_remote_replica(upstreams) -> None:
+    """One id over a GGUF this process runs and an upstream: both serve,
+    each named in the events."""
+    from turbospark.catalog import resolve_model
+
+    _, b = upstreams
+    gguf, _ = resolve_model("smollm2-135m")
+    local = ModelOptions(path=gguf, ctx=2048, parallel=1, threads=1)
+    remote = RemoteOptions(id="x", base_url=b.url + "/v1", model="smollm2-135m", ctx=2048)
+    obs = ListObserver()
+    with Server([GroupOptions("mixed", [("here", local), ("there", remote)])], observer=obs) as srv:
+        c = oai(srv)
+        served = set()
+        for i in range(6):
+            raw = c.chat.completions.with_raw_response.create(
+                model="mixed", messages=[{"role": "user", "content": f"Say {i}."}], max_tokens=4
+            )
+            assert raw.parse().usage.completion_tokens > 0
+            rid = raw.headers["x-request-id"]
+            served.add(gen(obs, rid)["model"])
+        assert served == {"mixed@here", "mixed@there"}
+        ps = httpx.get(srv.url + "/api/ps").json()["models"]
+        assert {
+            r["name"] for r in next(m for m in ps if m["name"].startswith("mixed") and "replicas" in m)["replicas"]
+        } == {
+            "here",
+            "there",
+        }
 
 
 # ------------------------------------------------------------ admin attach
