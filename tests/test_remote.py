@@ -484,6 +484,20 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
     ) as s:
         assert "data:" in s.read().decode()
         assert routed(obs, s.headers["x-request-id"]) == ["pool@a"]
+    # a stream that fails over gives the failed replica back at once: while
+    # it is still being answered by a, b holds nothing
+    bb = group.by_name("b")
+    bb.up, bb.reason, bb.down_until = True, "", 0.0  # as if a check had passed just before it died
+    fresh = next(k for k in (f"t{i}" for i in range(500)) if group.pick("session:" + k).name == "b")
+    with c.chat.completions.with_streaming_response.create(
+        model="pool", messages=MESSAGES, max_tokens=200, stream=True, extra_headers={"x-session-id": fresh}
+    ) as s:
+        next(s.iter_lines())
+        served = [e.served for e in obs.of(int(s.headers["x-request-id"])) if e.kind == "requestRouted"]
+        assert served == ["pool@b", "pool@a"]
+        assert bb.in_flight == 0 and group.by_name("a").in_flight == 1
+    assert not bb.up
+    wait_until(lambda: group.by_name("a").in_flight == 0, what="a's lease released once the client left")
     # b comes back: after the cooldown, the next health check finds it
     b.start()
     group.health_interval = 0.3

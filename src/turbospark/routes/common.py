@@ -50,6 +50,8 @@ log = logging.getLogger("turbospark.http")
 
 #: the request's :class:`Failover`, when it was routed to a replica
 FAILOVER_KEY = "turbospark.failover"
+#: id(route) -> its lease's release, for routes to a replica
+REPLICA_LEASES_KEY = "turbospark.replica_leases"
 
 
 @dataclass
@@ -145,6 +147,8 @@ async def route_model(
     st = state_of(request)
     route, release = await st.registry.acquire(requested, capability, key, exclude)
     request.scope.setdefault("state", {}).setdefault(LEASES_KEY, []).append(release)
+    if route.group is not None:  # a failover gives the failed replica back at once
+        request.scope["state"].setdefault(REPLICA_LEASES_KEY, {})[id(route)] = release
     rid = request_id(request)
     if rid is not None:
         record(
@@ -235,6 +239,11 @@ class Failover:
             return None
         self.used = True
         exclude = frozenset({self.route.replica.name})
+        # the failed replica's lease and in-flight count end now, not with the response
+        # (releases are idempotent: the lease middleware's later call does nothing)
+        give_back = self.request.scope["state"].get(REPLICA_LEASES_KEY, {}).pop(id(self.route), None)
+        if give_back is not None:
+            give_back()
         try:
             model, self.route = await route_model(
                 self.request, self.requested, "chat", self.streamed, self.req.normalized, self.key, exclude
