@@ -8,6 +8,7 @@ model is asked to write the bare-arguments shape too."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import orjson
@@ -118,6 +119,37 @@ def test_a_json_answer_that_fits_no_tool_stays_the_answer_in_the_stream():
                     content += chunk["choices"][0]["delta"].get("content") or ""
                     assert not chunk["choices"][0]["delta"].get("tool_calls")
         assert content == '{"colour": "red"}'
+
+
+def test_a_long_json_answer_is_not_held_back_for_more_than_a_few_seconds():
+    """An answer that begins as a JSON object is held while it may be
+    rescued as a call, but never longer than HOLD_SECONDS: one that takes
+    longer to write streams as the text it is (the stream is never silent
+    for long while tokens come)."""
+    from turbospark.generation import HOLD_SECONDS
+
+    pieces = ['{"colour": "', *(["red, "] * 60), 'blue"}']
+    srv, _, _ = scripted(Script(pieces, delay=0.1))  # about 6 s to write
+    with srv:
+        body = {
+            "model": "scripted",
+            "messages": [{"role": "user", "content": "json"}],
+            "tools": [SHELL],
+            "stream": True,
+        }
+        start = time.monotonic()
+        first = None
+        content = ""
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    delta = orjson.loads(line[6:])["choices"][0]["delta"]
+                    if delta.get("content") and first is None:
+                        first = time.monotonic() - start
+                    content += delta.get("content") or ""
+        total = time.monotonic() - start
+    assert content == "".join(pieces)  # nothing lost, nothing doubled
+    assert first is not None and HOLD_SECONDS <= first < HOLD_SECONDS + 1.5 < total - 1, (first, total)
 
 
 def test_the_name_beside_bad_arguments_is_re_asked():

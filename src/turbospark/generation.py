@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,9 @@ from .tools.rescue import may_become_call, rescue_call
 from .tools.streaming import CallReader, Opened, Piece
 
 DEFAULT_MAX_TOKENS = 256
+#: the longest an answer that begins as a JSON object is held back while it
+#: may still be rescued as a call (a silent stream trips clients' watchdogs)
+HOLD_SECONDS = 3.0
 EFFORTS_OFF = ("none", "off", "disabled")
 
 
@@ -585,8 +589,10 @@ class _Router:
         self.reader: CallReader | None = CallReader() if mode == "forced" else None
         self.trigger = CALL_TRIGGERS.get(prepared.syntax or "") if mode == "lazy" else None
         #: an answer that begins as a JSON object is held back while it may
-        #: still be a call in the wrong shape (tools/rescue.py)
+        #: still be a call in the wrong shape (tools/rescue.py), for at most
+        #: :data:`HOLD_SECONDS`: a response never stays silent longer
         self.hold_json = self.tools and self.reader is None
+        self.held_since: float | None = None
         self.pending = ""  # answer text not yet known to be free of a call start
         self.tail = ""  # from the first call start on
         self.reasoning: list[str] = []
@@ -605,6 +611,14 @@ class _Router:
             out.append(self._content(self.pending))
             self.pending = ""
         return out
+
+    def _held_too_long(self) -> bool:
+        """The hold has lasted :data:`HOLD_SECONDS` (a long JSON answer is
+        then text as it comes: a rescue would need it whole)."""
+        now = time.monotonic()
+        if self.held_since is None:
+            self.held_since = now
+        return now - self.held_since > HOLD_SECONDS
 
     @staticmethod
     def _is_call(text: str) -> bool:
@@ -659,7 +673,7 @@ class _Router:
                 # a possible start is held back until it is decided
                 self.pending += text
                 if self.hold_json and not self.content:
-                    if may_become_call(self.pending):
+                    if may_become_call(self.pending) and not self._held_too_long():
                         continue
                     self.hold_json = False
                 sent = "".join(self.content)
