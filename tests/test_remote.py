@@ -359,6 +359,7 @@ def test_local_only_operations_on_a_remote_model_are_clean_400s(front) -> None:
     srv, _ = front
     for path, body in (
         ("/tokenize", {"model": "solo", "content": "hi"}),
+        ("/detokenize", {"model": "solo", "tokens": [1, 2]}),
         ("/apply-template", {"model": "solo", "messages": [{"role": "user", "content": "hi"}]}),
         ("/infill", {"model": "solo", "input_prefix": "def f(", "input_suffix": ")"}),
     ):

@@ -61,6 +61,8 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     body = validate(ll.DetokenizeBody, await read_json(request))
     model, _ = await route_model(request, body.model, "chat", False)
+    if getattr(model, "takes_messages", False):  # a remote engine: its vocabulary is not here
+        return JSONResponse({"content": await off_loop(model.detokenize, body.tokens)})
     bad = next((t for t in body.tokens if not 0 <= t < model.vocab_size), None)
     if bad is not None:
         raise BadRequest(f"token {bad} is not in the vocabulary ({model.vocab_size} tokens)", "tokens")
