@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 import time
 from typing import Any
 
@@ -247,6 +248,40 @@ def test_a_client_leaving_stops_the_upstream(front, upstreams) -> None:
     assert g["stopReason"] == "cancelled"
     wait_until(lambda: len(upstreams[0].generated()) > before, what="the upstream's generated event")
     theirs = upstreams[0].generated()[before]
+    assert theirs["stopReason"] == "cancelled" and theirs["newTokens"] < 1500
+
+
+def test_a_drain_that_runs_out_cuts_a_remote_stream_and_the_upstream_run(front, upstreams) -> None:
+    """Stopping the front (SIGTERM's path) with a remote stream still going:
+    past the drain timeout the stream ends with its error frame, and the
+    upstream's own run is cancelled, not left generating."""
+    a, _ = upstreams
+    before = a.settled()
+    opts = RemoteOptions(id="drained", base_url=a.url + "/v1", model="m", api_key_env=KEY_ENV, ctx=2048)
+    srv = Server([opts], drain_timeout=1.0).start()
+    body = {"model": "drained", "stream": True, "max_tokens": 1500, "messages": [
+        {"role": "user", "content": "Write a very long story about a lighthouse."}]}  # fmt: skip
+    got: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                got.append(line)
+                if line.startswith("data: {"):
+                    started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(60)
+    finally:
+        srv.stop()
+    reader.join(60)
+    text = "\n".join(got)
+    assert "shutting" in text and "event: error" in text, text[-400:]
+    wait_until(lambda: len(a.generated()) > before, what="the upstream's generated event")
+    theirs = a.generated()[before]
     assert theirs["stopReason"] == "cancelled" and theirs["newTokens"] < 1500
 
 
