@@ -910,7 +910,7 @@ class _Relayed:
         piece = item.call
         if piece is None:
             return out
-        index = len(self.calls) if piece.index not in self.calls and piece.index < 0 else piece.index
+        index = piece.index
         if index not in self.calls:
             call_id = piece.id or toolcalls.new_call_id()
             self.calls[index] = (call_id, piece.name or "", [])

@@ -264,6 +264,7 @@ class ReplicaSet:
                 "reason": r.reason or None,
                 "in_flight": r.in_flight,
                 "served": r.served,
+                "failures": r.failures,
                 "upstream": r.entry.info.get("upstream"),
             }
             for r in self.replicas

@@ -152,7 +152,6 @@ class Reading:
     timings: dict[str, Any] | None = None
     finish: str | None = None
     text: list[str] = field(default_factory=list)
-    pieces: int = 0
 
     def chunk(self, data: dict[str, Any]) -> list[Progress]:
         """One streamed chunk (chat or completion) as progress items."""
@@ -185,7 +184,6 @@ class Reading:
         for p in out:
             if p.text:
                 self.text.append(p.text)
-        self.pieces += len(out)
         return out
 
     def reason(self) -> StopReason:
