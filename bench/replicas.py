@@ -60,8 +60,11 @@ SYSTEM = "You are the assistant of a small engineering firm. Follow these house 
 )
 #: seconds between the starts of two conversations
 STAGGER = 1.0
-#: the most seconds between an answer and the next turn (seeded, the same in both modes)
-THINK = 2.0
+#: the most seconds between an answer and the next turn (seeded, the same in
+#: both modes): of the order of a turn's latency, so the conversations do not
+#: keep one order (with 2 s, round-robin sent 0.70 of the turns back to the
+#: replica of their previous turn, as a fixed order of 8 conversations would)
+THINK = 6.0
 TOPICS = ["a footbridge", "a water pump", "a garage wiring plan", "a timber roof", "a concrete slab",
           "a rainwater tank", "a solar array", "a retaining wall"]  # fmt: skip
 
@@ -174,17 +177,26 @@ def run_mode(routing: str, args: argparse.Namespace, folder: str) -> dict[str, f
         wall = time.perf_counter() - started
         time.sleep(1.5)  # the event log is written in batches
         generated = []
+        by_id: dict[int, dict[str, int]] = {}
         served_by: dict[int, str] = {}
         with open(log) as f:
             for line in f:
                 e = json.loads(line)
                 if e.get("kind") == "generated":
                     generated.append(e)
+                    by_id[e["id"]] = e
                 elif e.get("kind") == "requestRouted":
                     served_by[e["id"]] = e["served"]
-        # how often a turn went to the replica that served its conversation's previous turn
+        # how often a turn went to the replica that served its conversation's
+        # previous turn, and the reuse of the turns that stayed and that moved
         pairs = [(a, b) for turns in ids.values() for a, b in zip(turns, turns[1:])]
         stayed = sum(served_by.get(a) == served_by.get(b) for a, b in pairs) / len(pairs) if pairs else 0.0
+        split: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
+        for a, b in pairs:
+            if b in by_id:
+                row = split[served_by.get(a) == served_by.get(b)]
+                row[0] += by_id[b]["reusedPrefixTokens"]
+                row[1] += by_id[b]["promptTokens"]
         served: dict[str, int] = {}
         for e in generated:
             served[e["model"]] = served.get(e["model"], 0) + 1
@@ -200,6 +212,8 @@ def run_mode(routing: str, args: argparse.Namespace, folder: str) -> dict[str, f
             "p95": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
             "wall": wall,
             "stayed": stayed,
+            "reuse_stayed": split[True][0] / split[True][1] if split[True][1] else 0.0,
+            "reuse_moved": split[False][0] / split[False][1] if split[False][1] else 0.0,
             "served": served,  # type: ignore[dict-item]
         }
     finally:
@@ -227,7 +241,8 @@ def main() -> int:
             print(
                 f"{routing:12s} reuse {r['reuse']:.2f} of {r['prompt_tokens']} prompt tokens; turn latency "
                 f"median {r['median']:.2f} s, p95 {r['p95']:.2f} s; {r['turns']} turns in {r['wall']:.0f} s; "
-                f"next turn on the same replica {r['stayed']:.2f}; "
+                f"next turn on the same replica {r['stayed']:.2f} (reuse {r['reuse_stayed']:.2f}, "
+                f"moved: {r['reuse_moved']:.2f}); "
                 f"served {r['served']}",
                 flush=True,
             )

@@ -187,3 +187,170 @@ def test_real_qwen_positional_arguments_become_a_call(qwen_server):
     assert call["name"] == "shell" and json.loads(call["arguments"]) == {"command": ["echo", "hi"]}
     gens = [e for e in events.of(int(r.headers["x-request-id"])) if e.kind == "generated"]
     assert len(gens) == 1
+
+
+def test_the_speculative_reader_reads_objects_only_for_offered_names():
+    """``CallReader(names=...)``: a call no grammar holds is read as it comes
+    only when it names an offered tool and its arguments are an object
+    (under their key, or beside the name); everything else fails the reader
+    and is left whole to the parsers and the rescue."""
+    from turbospark.tools.streaming import CallReader, Closed, Opened, Piece
+
+    def read(text: str) -> tuple[CallReader, list]:
+        reader = CallReader(names=("Bash", "shell"))
+        events = [e for ch in text for e in reader.feed(ch)]  # a character at a time
+        return reader, events
+
+    for text, args in [
+        ('{"name": "Bash", "command": "ls -l", "timeout": 5}', {"command": "ls -l", "timeout": 5}),
+        ('{"name": "Bash", "arguments": {"command": "ls"}}', {"command": "ls"}),
+        ('<tool_call>\n{"name": "Bash", "parameters": {"command": "ls"}}\n</tool_call>', {"command": "ls"}),
+    ]:
+        reader, events = read(text)
+        assert not reader.failed and isinstance(events[0], Opened) and events[0].name == "Bash", text
+        streamed = "".join(e.text for e in events if isinstance(e, Piece))
+        closed = [e for e in events if isinstance(e, Closed)]
+        assert len(closed) == 1 and closed[0].call.arguments == streamed and json.loads(streamed) == args, text
+    for text in [
+        '{"name": "shell", "arguments": ["echo", "hi"]}',  # positional: the rescue's to mend
+        '{"name": "Other", "arguments": {"x": 1}}',  # not offered
+        '{"command": "ls", "name": "Bash"}',  # the name not first: parsed at the end
+    ]:
+        reader, events = read(text + " " * 1100)
+        assert reader.failed and not events, text
+    # cut inside the call: the text as written, not the arguments object
+    reader, _ = read('{"name": "Bash", "command": "l')
+    assert reader.partial_text == '{"name": "Bash", "command": "l'
+
+
+def _slow_bash_call() -> tuple[list[str], dict]:
+    """A name-beside call that takes about 6 s to write."""
+    pieces = ['{"name": "Bash", ', '"command": "', *(["echo hi; "] * 60), 'true", "timeout": 5}']
+    return pieces, {"command": "echo hi; " * 60 + "true", "timeout": 5}
+
+
+def test_a_long_call_no_grammar_holds_streams_after_the_hold():
+    """A call in a shape no grammar holds (here the name beside its
+    arguments) is held back while it may be mended whole, but once it has
+    been written for HOLD_SECONDS it is read as it comes: its name and
+    argument bytes stream in OpenAI's and Anthropic's shapes before it ends,
+    and the call is the same as the one a non-streamed request gets."""
+    from turbospark.generation import HOLD_SECONDS
+
+    pieces, args = _slow_bash_call()
+    srv, _, _ = scripted(Script(pieces, delay=0.1))
+    with srv:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH]}
+        start = time.monotonic()
+        first = None
+        content, arguments, names, finish = "", "", [], None
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    choice = orjson.loads(line[6:])["choices"][0]
+                    content += choice["delta"].get("content") or ""
+                    finish = choice.get("finish_reason") or finish
+                    for c in choice["delta"].get("tool_calls") or []:
+                        first = time.monotonic() - start if first is None else first
+                        names += [c["function"]["name"]] if c["function"].get("name") else []
+                        arguments += c["function"].get("arguments") or ""
+        total = time.monotonic() - start
+        assert content == "" and names == ["Bash"] and finish == "tool_calls"
+        assert json.loads(arguments) == args
+        assert first is not None and HOLD_SECONDS <= first < HOLD_SECONDS + 1.5 < total - 1, (first, total)
+
+        a_tools = [{"name": "Bash", "input_schema": BASH["function"]["parameters"]}]
+        a_body = {
+            "model": "scripted",
+            "max_tokens": 400,
+            "messages": body["messages"],
+            "tools": a_tools,
+            "stream": True,
+        }
+        start, first, partial, stop = time.monotonic(), None, "", None
+        with httpx.stream("POST", srv.url + "/v1/messages", json=a_body, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    e = orjson.loads(line[6:])
+                    if e["type"] == "content_block_start":
+                        assert e["content_block"]["type"] == "tool_use" and e["content_block"]["name"] == "Bash"
+                        first = time.monotonic() - start
+                    elif e["type"] == "content_block_delta":
+                        partial += e["delta"]["partial_json"]
+                    elif e["type"] == "message_delta":
+                        stop = e["delta"]["stop_reason"]
+        assert json.loads(partial) == args and stop == "tool_use"
+        assert first is not None and first < time.monotonic() - start - 1
+
+        whole = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+        assert [json.loads(c["function"]["arguments"]) for c in whole["tool_calls"]] == [args]
+
+
+def test_json_after_text_is_not_held_back_for_long():
+    """A JSON object after some text (never rescued: not the whole answer)
+    is held only while a call's name may still show in it, for at most
+    HOLD_SECONDS: then it is the text it is, as it comes."""
+    pieces = ["Here it is:\n", '{"colour": "', *(["red, "] * 60), 'blue"}']
+    srv, _, _ = scripted(Script(pieces, delay=0.1))
+    with srv:
+        body = {
+            "model": "scripted",
+            "messages": [{"role": "user", "content": "json"}],
+            "tools": [SHELL],
+            "stream": True,
+        }
+        start, times, content = time.monotonic(), [], ""
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    text = orjson.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                    if "{" in text or (content.count("{") and text):
+                        times.append(time.monotonic() - start)
+                    content += text
+        total = time.monotonic() - start
+    assert content == "".join(pieces)
+    assert times and times[0] < total - 1, (times, total)
+
+
+def test_real_qwen_long_bare_json_call_streams(qwen_server):
+    """Asked for a long file as a bare JSON call (no ``<tool_call>`` tags, so
+    the lazy grammar is never woken), Qwen2.5-Coder-0.5B writes
+    ``{"name": "write_file", "arguments": {...`` for a few hundred tokens.
+    Without the speculative reader the stream sent nothing until the budget
+    ran out (then the cut JSON as text); now the call's name and argument
+    bytes stream once it has been held for HOLD_SECONDS."""
+    srv, _ = qwen_server
+    write = {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Write a text file",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path", "content"],
+            },
+        },
+    }
+    ask = (
+        "Call write_file to save a file named poem.txt whose content is a numbered list of the first 40 US "
+        'states, one per line. Answer with only the JSON object {"name": "write_file", "arguments": {...}}, '
+        "no tool_call tags."
+    )
+    body = {"model": "qwen", "messages": [{"role": "user", "content": ask}], "tools": [write],
+            "temperature": 0, "max_tokens": 250, "stream": True}  # fmt: skip
+    start, first, content, arguments, names = time.monotonic(), None, "", "", []
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=300) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                choices = orjson.loads(line[6:])["choices"]
+                delta = choices[0]["delta"] if choices else {}
+                content += delta.get("content") or ""
+                for c in delta.get("tool_calls") or []:
+                    first = time.monotonic() - start if first is None else first
+                    names += [c["function"]["name"]] if c["function"].get("name") else []
+                    arguments += c["function"].get("arguments") or ""
+    total = time.monotonic() - start
+    assert content == "" and names == ["write_file"], (content[:200], names)
+    assert arguments.startswith('{"path": "poem.txt", "content": "1. Alabama'), arguments[:100]
+    assert first is not None and first < total - 1, (first, total)

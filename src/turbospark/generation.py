@@ -580,7 +580,7 @@ class _Router:
     end) unless a grammar holds the calls to their one shape: then they are
     read as they come (``reader``) and stream."""
 
-    def __init__(self, prepared: Prepared, stream_calls: bool = True) -> None:
+    def __init__(self, prepared: Prepared, stream_calls: bool = True, live: bool = False) -> None:
         self.splitter = ReasoningSplitter(start_in_reasoning=prepared.think_open) if prepared.think else None
         self.tools = bool(prepared.offered)
         mode = prepared.call_grammar if stream_calls and self.tools else None
@@ -592,7 +592,14 @@ class _Router:
         #: still be a call in the wrong shape (tools/rescue.py), for at most
         #: :data:`HOLD_SECONDS`: a response never stays silent longer
         self.hold_json = self.tools and self.reader is None
+        #: when what is held back began to be (None: nothing is held)
         self.held_since: float | None = None
+        #: a client is reading as it comes (a stream): a call that no grammar
+        #: holds and that is still being written after HOLD_SECONDS is read
+        #: on speculation (its bytes stream; it is validated, not re-asked,
+        #: at the end). Not for the xml syntax, which the reader cannot read.
+        self.speculate = live and stream_calls and self.tools and prepared.syntax != "xml"
+        self.offered = prepared.offered
         self.pending = ""  # answer text not yet known to be free of a call start
         self.tail = ""  # from the first call start on
         self.reasoning: list[str] = []
@@ -613,8 +620,9 @@ class _Router:
         return out
 
     def _held_too_long(self) -> bool:
-        """The hold has lasted :data:`HOLD_SECONDS` (a long JSON answer is
-        then text as it comes: a rescue would need it whole)."""
+        """What is held back has been for :data:`HOLD_SECONDS` since the
+        last byte that went out (a long JSON answer is then text as it
+        comes, a long call read as it comes: a rescue would need it whole)."""
         now = time.monotonic()
         if self.held_since is None:
             self.held_since = now
@@ -628,6 +636,7 @@ class _Router:
 
     def _content(self, text: str) -> Delta:
         self.content.append(text)
+        self.held_since = None
         return Delta(text)
 
     @property
@@ -649,11 +658,15 @@ class _Router:
 
     def _to_tail(self, text: str) -> list[Routed]:
         """Text from the first call start on: buffered, and read as calls
-        when they stream (the lazy grammar's marker opens the tail)."""
+        when they stream (the lazy grammar's marker opens the tail; a call
+        held for :data:`HOLD_SECONDS` is read on speculation)."""
         fresh = not self.tail
         self.tail += text
         if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
             self.reader = CallReader()
+        elif self.reader is None and self.speculate and self._held_too_long():
+            self.reader = CallReader(names=self.offered)
+            return self._read_calls(self.tail)
         return self._read_calls(text) if self.reader is not None else []
 
     def _route(self, parts: list[tuple[str, str]]) -> list[Routed]:
@@ -689,6 +702,8 @@ class _Router:
                     self.pending = ""
                     if self._is_call(rest):
                         out += self._to_tail(rest)
+                    elif self._held_too_long():  # no call has shown itself: text
+                        out.append(self._content(rest))
                     else:
                         self.pending = rest  # maybe a call: decide with more text
         return out
@@ -698,16 +713,17 @@ Item = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDel
 
 
 async def stream(
-    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER
+    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter = NO_REPORTER, live: bool = False
 ) -> AsyncIterator[Item]:
     """Deltas as the engine produces them, tool calls once validated, then
     one :class:`Final` per choice; each engine run is reported through
     ``reporter``. With ``n`` > 1 the choices run side by side (one prefill,
     see ``LlamaChatModel.generate_many``) and their items interleave, each
-    tagged with its ``choice``."""
+    tagged with its ``choice``. ``live``: a client reads the items as they
+    come, so nothing is held back for long (``_Router.speculate``)."""
     n = prepared.request.n if prepared.request is not None else 1
     if n == 1:  # the hot path: no wrapper (its items are choice 0 already)
-        async for item in _one_choice(model, prepared, cancel, reporter, None):
+        async for item in _one_choice(model, prepared, cancel, reporter, None, live):
             yield item
         return
     configs = [prepared.config] + [
@@ -725,7 +741,7 @@ async def stream(
     else:  # an engine without shared prefill: n plain runs
         runs = [_start(model, prepared, c, cancel) for c in configs]
     choices = [
-        _choice(model, dataclasses.replace(prepared, config=c), cancel, reporter, run, i)
+        _choice(model, dataclasses.replace(prepared, config=c), cancel, reporter, run, i, live)
         for i, (c, run) in enumerate(zip(configs, runs))
     ]
     async for item in _merge(choices):
@@ -774,18 +790,19 @@ async def _choice(
     reporter: Reporter,
     run: Run | None = None,
     index: int = 0,
+    live: bool = False,
 ) -> AsyncGenerator[Item, None]:
     """One choice: its run's deltas, its tool calls (with a guardrail
     re-ask when needed), its :class:`Final`."""
-    async for item in _one_choice(model, prepared, cancel, reporter, run):
+    async for item in _one_choice(model, prepared, cancel, reporter, run, live):
         item.choice = index
         yield item
 
 
 async def _one_choice(
-    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter, run: Run | None
+    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter, run: Run | None, live: bool = False
 ) -> AsyncIterator[Item]:
-    router = _Router(prepared)
+    router = _Router(prepared, live=live)
     attempts: list[RawDecodeResult] = []
     result: RawDecodeResult | None = None
     probs = _ProbsCarrier()

@@ -254,14 +254,15 @@ class Failover:
 
 
 async def generate_items(
-    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag
+    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag, live: bool = False
 ) -> AsyncGenerator[Any, None]:
     """The generation core's items for this request; a replica that fails
-    before the first item is replaced once (:class:`Failover`)."""
+    before the first item is replaced once (:class:`Failover`). ``live``:
+    they go out as they come (a stream)."""
     failover: Failover | None = request.scope.get("state", {}).get(FAILOVER_KEY)
     sent = False
     try:
-        async for item in stream(model, prepared, cancel, reporter_of(request)):
+        async for item in stream(model, prepared, cancel, reporter_of(request), live):
             sent = True
             yield item
         return
@@ -274,7 +275,7 @@ async def generate_items(
             raise
         log.warning("replica failed before its first token (%s); retried on %s", exc.message, failover.route.served)
     model, prepared = moved
-    async for item in stream(model, prepared, cancel, reporter_of(request)):
+    async for item in stream(model, prepared, cancel, reporter_of(request), live):
         yield item
 
 
@@ -415,7 +416,9 @@ async def stream_frames(
     first of them, already taken (:func:`respond`, for a remote engine)."""
     with state_of(request).drain.watch(cancel):
         async with DisconnectWatch(request, cancel):
-            items, first = started if started is not None else (generate_items(request, model, prepared, cancel), None)
+            items, first = (
+                started if started is not None else (generate_items(request, model, prepared, cancel, True), None)
+            )
             try:
                 for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
                     yield frame
@@ -438,7 +441,7 @@ async def first_item(
     engine's refusal (a 429 with its ``Retry-After``, a 400, no replica
     answering) is this response's status rather than an error frame after a
     200. A client leaving meanwhile cancels it."""
-    items = generate_items(request, model, prepared, cancel)
+    items = generate_items(request, model, prepared, cancel, True)
     with state_of(request).drain.watch(cancel):
         async with DisconnectWatch(request, cancel):
             try:

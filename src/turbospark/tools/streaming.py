@@ -28,11 +28,15 @@ from .calls import ToolCall, new_call_id
 #: the head of one call, up to where its arguments begin: what closed the
 #: call before it (braces, brackets, the closing marker), an optional call
 #: marker (and mistral's list bracket), the name, the arguments key
-_HEAD = re.compile(
-    r"[\s}\]]*(?:</tool_call>)?"
-    r'\s*(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:\s*'
-    r'"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
-)
+_LEAD = r'[\s}\]]*(?:</tool_call>)?\s*(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:\s*'
+_NAME = r'"((?:[^"\\]|\\.)*)"\s*,\s*'
+_HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*')
+#: the heads of a call written without a grammar (read on speculation, see
+#: :class:`CallReader`): arguments that are an object, under their key, or
+#: the object's other keys beside the name (``{"name": "N", "command": ...}``,
+#: a small model's shape; the next key is whole before it is told apart)
+_FREE_HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_BESIDE = re.compile(_LEAD + _NAME + r'(?="(?!(?:arguments|parameters)")(?:[^"\\]|\\.)*"\s*:)')
 #: a head not found in this much text is not coming (the reader gives up)
 _HEAD_LIMIT = 1024
 
@@ -112,15 +116,25 @@ class _Value:
 
 
 class CallReader:
-    """Reads calls of the grammar's shape from text fed in pieces."""
+    """Reads calls of the grammar's shape from text fed in pieces.
 
-    def __init__(self) -> None:
+    ``names``: read on speculation, with no grammar behind the text (a call
+    that has been held back long enough, ``generation._Router``). Then a call
+    opens only for one of these names and only when its arguments are an
+    object (under their key, or as the keys beside the name, which become
+    the arguments object); anything else fails the reader, and the text is
+    left to the parsers and the rescue, whole, at the end.
+    """
+
+    def __init__(self, names: tuple[str, ...] | None = None) -> None:
         self.calls: list[ToolCall] = []
         self.buffer = ""  # text not yet placed (before a head is complete)
         self.failed = False  # no head where one had to be: not a call text
+        self.names = names
         self._open: tuple[str, str] | None = None  # (id, name) of the call being read
         self._args: list[str] = []
         self._head_text = ""  # the open call's text before its arguments
+        self._beside = False  # the arguments are the keys beside the name
         self._value = _Value()
 
     @property
@@ -138,7 +152,10 @@ class CallReader:
     @property
     def partial_text(self) -> str:
         """The open call's text as the model wrote it so far."""
-        return self._head_text + "".join(self._args) if self._open is not None else ""
+        if self._open is None:
+            return ""
+        args = "".join(self._args)
+        return self._head_text + (args[1:] if self._beside else args)
 
     def feed(self, text: str) -> list[Event]:
         out: list[Event] = []
@@ -150,7 +167,16 @@ class CallReader:
         return out
 
     def _head(self, text: str, out: list[Event]) -> str:
-        m = _HEAD.match(text)
+        beside = False
+        if self.names is None:
+            m = _HEAD.match(text)
+        else:
+            m = _FREE_HEAD.match(text)
+            if m is None and (m := _BESIDE.match(text)) is not None:
+                beside = True
+            elif m is None and (h := _HEAD.match(text)) is not None and h.end() < len(text):
+                self.failed = True  # arguments that are not an object: the rescue's
+                return ""
         if m is None:
             self.buffer = text
             self.failed = len(text.lstrip()) > _HEAD_LIMIT
@@ -161,10 +187,17 @@ class CallReader:
         except ValueError:
             self.failed = True
             return ""
+        if self.names is not None and name not in self.names:
+            self.failed = True
+            return ""
         self._open = (new_call_id(), name)
         self._head_text = m.group(0).lstrip("}] \t\r\n").removeprefix("</tool_call>").lstrip()
-        self._args, self._value = [], _Value()
+        self._args, self._value, self._beside = [], _Value(), beside
         out.append(Opened(len(self.calls), self._open[0], name))
+        if beside:  # the call's own object, less its name, is the arguments
+            self._value.step("{")
+            self._args.append("{")
+            out.append(Piece(len(self.calls), "{"))
         return text[m.end() :]
 
     def _arguments(self, text: str, out: list[Event]) -> str:
