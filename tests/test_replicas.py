@@ -45,12 +45,27 @@ def test_a_hot_key_spills_over_the_in_flight_bound() -> None:
     g = group(2)
     home = g.pick("session:hot")
     assert home is not None
-    done = [g.started(home) for _ in range(3)]  # its replica is busy, the other idle
+    done = [g.started(home) for _ in range(g.load_slack - 1)]  # its replica is busier than the other
+    assert g.pick("session:hot") is home  # a small imbalance does not move a conversation
+    done.append(g.started(home))  # load_slack more than the idle one, and over 1.25 x the mean
     other = g.pick("session:hot")
     assert other is not None and other is not home
     for d in done:
         d()
     assert home.in_flight == 0
+    # with many in flight the multiplicative bound is the larger: with 6 on the
+    # other replica the home holds 11 (< ceil(1.25 x 18 / 2) = 12, above 6 + 4)
+    # and spills at 12 (= ceil(1.25 x 19 / 2))
+    g = group(2)
+    home = g.pick("session:hot")
+    assert home is not None
+    other = next(r for r in g.replicas if r is not home)
+    busy = [g.started(other) for _ in range(6)] + [g.started(home) for _ in range(11)]
+    assert g.pick("session:hot") is home
+    busy.append(g.started(home))
+    assert g.pick("session:hot") is other
+    for d in busy:
+        d()
 
 
 def test_keyless_requests_go_to_the_least_loaded() -> None:

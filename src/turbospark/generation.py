@@ -56,7 +56,7 @@ from .tools.guardrails import answer_turn, corrective_turn, repeated, validate_c
 from .tools.prompting import inline_tools, template_knows_tools, tool_names
 from .tools.reasoning import ReasoningSplitter
 from .tools.rescue import may_become_call, rescue_call
-from .tools.streaming import CallReader, Opened, Piece
+from .tools.streaming import CallReader, Opened, Piece, XmlCallReader
 
 DEFAULT_MAX_TOKENS = 256
 #: the longest an answer that begins as a JSON object is held back while it
@@ -396,9 +396,8 @@ def _lazy_call_grammar(req: ChatRequest, syntax: str | None, specials: dict[str,
 
 def _streamed_calls(model: ChatModel, req: ChatRequest, syntax: str | None, forced: bool, lazy: bool) -> str | None:
     """Whether the calls stream as they are written (``Prepared.call_grammar``):
-    only when the engine enforces grammars and the syntax is one
-    tools/streaming.py reads (JSON arguments: not xml)."""
-    if not getattr(model, "enforces_grammars", False) or not req.tools or syntax in (None, "xml"):
+    only when the engine enforces grammars and a syntax is known."""
+    if not getattr(model, "enforces_grammars", False) or not req.tools or syntax is None:
         return None
     if forced and req.tool_choice in ("required", "named"):
         return "forced"
@@ -586,7 +585,8 @@ class _Router:
         mode = prepared.call_grammar if stream_calls and self.tools else None
         #: the calls' reader: from the start when the answer is the call,
         #: from the call marker on when the lazy grammar waits for it
-        self.reader: CallReader | None = CallReader() if mode == "forced" else None
+        self.syntax, self.tool_list = prepared.syntax, prepared.request.tools if prepared.request else None
+        self.reader: CallReader | XmlCallReader | None = self._new_reader() if mode == "forced" else None
         self.trigger = CALL_TRIGGERS.get(prepared.syntax or "") if mode == "lazy" else None
         #: an answer that begins as a JSON object is held back while it may
         #: still be a call in the wrong shape (tools/rescue.py), for at most
@@ -597,8 +597,8 @@ class _Router:
         #: a client is reading as it comes (a stream): a call that no grammar
         #: holds and that is still being written after HOLD_SECONDS is read
         #: on speculation (its bytes stream; it is validated, not re-asked,
-        #: at the end). Not for the xml syntax, which the reader cannot read.
-        self.speculate = live and stream_calls and self.tools and prepared.syntax != "xml"
+        #: at the end).
+        self.speculate = live and stream_calls and self.tools
         self.offered = prepared.offered
         self.pending = ""  # answer text not yet known to be free of a call start
         self.tail = ""  # from the first call start on
@@ -618,6 +618,12 @@ class _Router:
             out.append(self._content(self.pending))
             self.pending = ""
         return out
+
+    def _new_reader(self, names: tuple[str, ...] | None = None) -> CallReader | XmlCallReader:
+        """The reader of this syntax's calls (``names``: on speculation)."""
+        if self.syntax == "xml":
+            return XmlCallReader(grammars.xml_raw_parameters(self.tool_list or []), names)
+        return CallReader(names)
 
     def _held_too_long(self) -> bool:
         """What is held back has been for :data:`HOLD_SECONDS` since the
@@ -663,9 +669,9 @@ class _Router:
         fresh = not self.tail
         self.tail += text
         if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
-            self.reader = CallReader()
+            self.reader = self._new_reader()
         elif self.reader is None and self.speculate and self._held_too_long():
-            self.reader = CallReader(names=self.offered)
+            self.reader = self._new_reader(self.offered)
             return self._read_calls(self.tail)
         return self._read_calls(text) if self.reader is not None else []
 

@@ -13,8 +13,13 @@ Routing (:meth:`ReplicaSet.pick`):
   overloaded) walks a consistent-hash ring from the key's point to the first
   replica under both bounds. That is *consistent hashing with bounded
   loads*: a replica takes no more than ``ceil(load_factor × (requests in
-  flight + 1) / replicas up)`` requests at once, so a hot key spills over
-  instead of piling onto one replica; and a new key goes to a replica holding
+  flight + 1) / replicas up)`` requests at once, or ``load_slack`` more than
+  the least loaded replica up, whichever is more, so a hot key spills over
+  instead of piling onto one replica while a small imbalance never moves a
+  conversation (a move costs its whole history's prefill, far more than a
+  wait behind a few requests; vLLM's and SGLang's cache-aware routers leave
+  the cache's choice until 64 requests separate the busiest replica from the
+  idlest); and a new key goes to a replica holding
   no more than its even share of the keys active in the last
   :data:`ACTIVE_WINDOW` seconds (``ceil((active keys + 1) / replicas up)``),
   so conversations — and the KV they need — are spread evenly even when few.
@@ -123,6 +128,8 @@ class ReplicaSet:
     health_interval: float = 5.0
     cooldown: float = 10.0
     load_factor: float = 1.25
+    #: the imbalance (requests in flight) a key stays through in any case
+    load_slack: int = 4
     #: "affinity" (the default, above), "round-robin" or "least-loaded"
     routing: str = "affinity"
     #: how a replica's health is checked: None when healthy, else why not
@@ -162,7 +169,10 @@ class ReplicaSet:
             tied = [r for r in up if r.in_flight == least]
             self._turn += 1
             return tied[self._turn % len(tied)]
-        bound = math.ceil(self.load_factor * (sum(r.in_flight for r in up) + 1) / len(up))
+        bound = max(
+            math.ceil(self.load_factor * (sum(r.in_flight for r in up) + 1) / len(up)),
+            min(r.in_flight for r in up) + self.load_slack,
+        )
         last = self._affinity.get(key)
         chosen = next((r for r in up if r.name == last and r.in_flight < bound), None)
         if chosen is None:

@@ -357,3 +357,25 @@ def _raw_string(ps: Any, path: str) -> str | None:
     if lo == 0 and hi is None:
         return "[^<]*"
     return f"[^<]{{{lo},{'' if hi is None else int(hi)}}}"
+
+
+def xml_raw_parameters(tools: list[dict[str, Any]]) -> dict[str, frozenset[str]]:
+    """For the xml syntax: each tool's parameters whose values are written
+    raw (plain strings, string enums), as :func:`tool_call_grammar` writes
+    them; the others are JSON. Read by ``tools/streaming.XmlCallReader``."""
+    out: dict[str, frozenset[str]] = {}
+    for tool in tools:
+        try:
+            name, params = _tool_spec(tool)
+        except ValueError:
+            continue
+        props = params.get("properties") if isinstance(params, dict) else None
+        raw = set()
+        for pname, ps in (props or {}).items() if isinstance(props, dict) else ():
+            try:
+                if _raw_string(ps, "") is not None:
+                    raw.add(pname)
+            except UnsupportedSchema:  # a pattern or format: still a string written raw
+                raw.add(pname)
+        out[name] = frozenset(raw)
+    return out

@@ -224,3 +224,151 @@ class CallReader:
             out.append(Closed(len(self.calls) - 1, call))
             return text[end:]
         return ""
+
+
+#: an xml call's head: what closed the call before it, the optional
+#: ``<tool_call>`` wrapper, ``<function=NAME>`` and the one newline after it
+#: (known once the next character is there)
+_XML_HEAD = re.compile(
+    r"\s*(?:</function>\s*)?(?:</tool_call>\s*)?(?:<tool_call>\s*)?<function=([^>\n]*)>(?:\n|(?=.))", re.S
+)
+_XML_PARAM = re.compile(r"\s*<parameter=([^>\n]*)>(?:\n|(?=.))", re.S)
+_XML_END = re.compile(r"\s*</function>")
+_PARAM_CLOSE = "</parameter>"
+
+
+class XmlCallReader:
+    """Reads calls of the xml syntax (Qwen3-Coder's ``<function=N>``
+    ``<parameter=K>`` blocks) as they are written, turning each into the
+    same events as :class:`CallReader`: its arguments stream as the JSON
+    object they make. A parameter written raw (``raw[name]``, plain strings)
+    streams as a JSON string as its characters come; the others are JSON
+    text, handed on whole when their block closes. ``names``: read on
+    speculation (no grammar behind the text), only calls to these names."""
+
+    def __init__(self, raw: dict[str, frozenset[str]], names: tuple[str, ...] | None = None) -> None:
+        self.calls: list[ToolCall] = []
+        self.buffer = ""
+        self.failed = False
+        self.names = names
+        self._raw = raw
+        self._open: tuple[str, str] | None = None
+        self._args: list[str] = []
+        self._text: list[str] = []  # the open call's text as written
+        self._param: str | None = None  # the parameter being read
+        self._params = 0  # parameters of the open call so far
+
+    @property
+    def reading(self) -> bool:
+        return self._open is not None
+
+    @property
+    def partial(self) -> ToolCall | None:
+        if self._open is None:
+            return None
+        return ToolCall(self._open[0], self._open[1], "".join(self._args))
+
+    @property
+    def partial_text(self) -> str:
+        return "".join(self._text) + self.buffer if self._open is not None else ""
+
+    def feed(self, text: str) -> list[Event]:
+        out: list[Event] = []
+        self.buffer += text
+        while not self.failed:
+            before = self.buffer
+            if self._open is None:
+                self._head(out)
+            elif self._param is None:
+                self._next(out)
+            else:
+                self._value(out)
+            if self.buffer == before:
+                break
+        return out
+
+    def _emit(self, out: list[Event], piece: str) -> None:
+        self._args.append(piece)
+        out.append(Piece(len(self.calls), piece))
+
+    def _take(self, n: int) -> str:
+        taken, self.buffer = self.buffer[:n], self.buffer[n:]
+        self._text.append(taken)
+        return taken
+
+    def _head(self, out: list[Event]) -> None:
+        m = _XML_HEAD.match(self.buffer)
+        if m is None:
+            self.failed = len(self.buffer.lstrip()) > _HEAD_LIMIT
+            return
+        name = m.group(1).strip()
+        if not name or (self.names is not None and name not in self.names):
+            self.failed = True
+            return
+        self._text = []
+        self._take(m.end())
+        self._text = [self._text[0].lstrip().removeprefix("</function>").lstrip().removeprefix("</tool_call>").lstrip()]
+        self._open, self._args, self._params = (new_call_id(), name), [], 0
+        out.append(Opened(len(self.calls), self._open[0], name))
+        self._emit(out, "{")
+
+    def _next(self, out: list[Event]) -> None:
+        """Between parameters: the next one opens, or the call ends."""
+        assert self._open is not None
+        if (m := _XML_PARAM.match(self.buffer)) is not None:
+            self._take(m.end())
+            self._param = m.group(1).strip()
+            key = json.dumps(self._param, ensure_ascii=False)
+            self._emit(out, ("" if not self._params else ", ") + key + ": ")
+            self._params += 1
+            if self._param in self._raw.get(self._open[1], ()):
+                self._emit(out, '"')
+        elif (m := _XML_END.match(self.buffer)) is not None:
+            self._take(m.end())
+            self._emit(out, "}")
+            call = ToolCall(self._open[0], self._open[1], "".join(self._args))
+            self.calls.append(call)
+            self._open = None
+            out.append(Closed(len(self.calls) - 1, call))
+        elif self.buffer.strip() and not any(
+            tag.startswith(self.buffer.lstrip()[: len(tag)]) for tag in ("<parameter=", "</function>")
+        ):
+            self.failed = True  # neither a parameter nor the end: not a call the reader knows
+
+    def _value(self, out: list[Event]) -> None:
+        """Inside a parameter: a raw string streams, escaped, up to where
+        its closing tag may begin; JSON waits for the tag."""
+        assert self._open is not None and self._param is not None
+        raw = self._param in self._raw.get(self._open[1], ())
+        end = self.buffer.find(_PARAM_CLOSE)
+        if end < 0:
+            if raw:
+                keep = _close_start(self.buffer)
+                if keep > 0:
+                    self._emit(out, json.dumps(self._take(keep), ensure_ascii=False)[1:-1])
+            return
+        value = self._take(end)
+        self._take(len(_PARAM_CLOSE))
+        value = value[:-1] if value.endswith("\n") else value  # the newline before the tag is layout
+        if raw:
+            self._emit(out, json.dumps(value, ensure_ascii=False)[1:-1] + '"')
+        else:
+            self._emit(out, json.dumps(_xml_value(value), ensure_ascii=False))
+        self._param = None
+
+
+def _close_start(text: str) -> int:
+    """How much of a raw value can go out: all but a tail that may still
+    become the newline and tag that close it."""
+    for i in range(max(0, len(text) - len(_PARAM_CLOSE) - 1), len(text)):
+        if ("\n" + _PARAM_CLOSE).startswith(text[i:]) or _PARAM_CLOSE.startswith(text[i:]):
+            return i
+    return len(text)
+
+
+def _xml_value(raw: str) -> object:
+    """A non-raw parameter's JSON value (a string when it is not JSON)."""
+    try:
+        return json.loads(raw.strip())
+    except ValueError:
+        return raw

@@ -1,0 +1,163 @@
+"""Calls in the xml syntax (Qwen3-Coder's ``<function=N>`` /
+``<parameter=K>`` blocks) stream as they are written, like the JSON
+syntaxes' (issue 15, point 5): ``tools/streaming.XmlCallReader`` turns the
+blocks into the arguments' JSON object as they come, a raw string
+parameter's characters as they are written. No bundled model writes this
+syntax, so the server tests use a scripted model whose template teaches it
+(the lazy grammar's shape, and the same call with no grammar behind it)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from types import SimpleNamespace
+
+import httpx
+import orjson
+
+from turbospark import ListObserver, Server
+from turbospark.tools.calls import parse_tool_calls
+from turbospark.tools.grammar import tool_call_grammar, xml_raw_parameters
+from turbospark.tools.streaming import Closed, Opened, Piece, XmlCallReader
+
+from .fakes import Script, ScriptedModel
+
+WRITE = {
+    "type": "function",
+    "function": {
+        "name": "write_file",
+        "description": "Write a text file.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "mode": {"type": "integer"}},
+            "required": ["path", "content"],
+        },
+    },
+}
+LS = {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}
+CONTENT = "".join(f'line {i}: the sea is {"calm" if i % 3 else "rough"} \\ "quoted"\n' for i in range(40))
+CALL = (
+    "<tool_call>\n<function=write_file>\n<parameter=path>\nsea.txt\n</parameter>\n"
+    f"<parameter=content>\n{CONTENT}\n</parameter>\n<parameter=mode>\n420\n</parameter>\n</function>\n</tool_call>"
+)
+ARGS = {"path": "sea.txt", "content": CONTENT, "mode": 420}
+
+
+def read(text: str, rng: random.Random, names: tuple[str, ...] | None = None) -> tuple[XmlCallReader, list]:
+    reader, events, i = XmlCallReader(xml_raw_parameters([WRITE, LS]), names), [], 0
+    while i < len(text):
+        k = rng.randint(1, 9)
+        events += reader.feed(text[i : i + k])
+        i += k
+    return reader, events
+
+
+def test_the_reader_streams_the_arguments_object_however_the_text_is_cut():
+    text = CALL + "\n<tool_call>\n<function=ls>\n</function>\n</tool_call>"
+    rng = random.Random(3)
+    for _ in range(100):
+        reader, events = read(text, rng)
+        assert not reader.failed and not reader.reading
+        opened = [e for e in events if isinstance(e, Opened)]
+        assert [e.name for e in opened] == ["write_file", "ls"]
+        for index, expected in ((0, ARGS), (1, {})):
+            streamed = "".join(e.text for e in events if isinstance(e, Piece) and e.index == index)
+            closed = [e for e in events if isinstance(e, Closed) and e.index == index]
+            assert len(closed) == 1 and closed[0].call.arguments == streamed and json.loads(streamed) == expected
+        # the content streams as it is written, not when its block closes
+        pieces = [e for e in events if isinstance(e, Piece) and e.index == 0]
+        assert len(pieces) > 20
+    # the same arguments as the parser reads from the whole text
+    parsed = parse_tool_calls(CALL, ["write_file", "ls"])
+    assert [json.loads(c.arguments) for c in parsed.calls] == [ARGS]
+
+
+def test_the_grammar_writes_what_the_reader_reads():
+    """The lazy grammar's shape for these tools is the shape read above."""
+    grammar = tool_call_grammar([WRITE], "xml")
+    assert "<function=write_file>" in grammar and "<parameter=content>" in grammar
+
+
+def test_on_speculation_only_offered_names_are_read():
+    rng = random.Random(5)
+    reader, events = read(CALL.replace("write_file", "delete_all"), rng, names=("write_file",))
+    assert reader.failed and not events
+    reader, events = read(CALL, rng, names=("write_file",))
+    assert not reader.failed and [e.name for e in events if isinstance(e, Opened)] == ["write_file"]
+    # cut inside a parameter: the text as written so far
+    reader, _ = read(CALL[:120], rng, names=("write_file",))
+    assert reader.reading and reader.partial_text == CALL[:120]
+
+
+def xml_server(pieces: list[str], grammar: bool) -> tuple[Server, ListObserver]:
+    model = ScriptedModel(scripts=[Script(pieces, delay=0.1)], enforces_grammars=grammar)
+    model.template = SimpleNamespace(source="{# tools #}<tool_call>\n<function=name>\n<parameter=k>")  # type: ignore[attr-defined]
+    obs = ListObserver()
+    return Server(models=[model], observer=obs), obs
+
+
+def slow(text: str) -> list[str]:
+    """The call in small pieces (about 0.1 s each: several seconds in all)."""
+    return [text[i : i + 24] for i in range(0, len(text), 24)]
+
+
+def stream_openai(url: str, tools: list) -> tuple[float | None, float, str, list[str], str | None]:
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "write"}], "tools": tools, "stream": True}
+    start, first, args, names, finish = time.monotonic(), None, "", [], None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                choice = orjson.loads(line[6:])["choices"][0]
+                assert not choice["delta"].get("content")
+                finish = choice.get("finish_reason") or finish
+                for c in choice["delta"].get("tool_calls") or []:
+                    first = time.monotonic() - start if first is None else first
+                    names += [c["function"]["name"]] if c["function"].get("name") else []
+                    args += c["function"].get("arguments") or ""
+    return first, time.monotonic() - start, args, names, finish
+
+
+def test_a_grammar_held_xml_call_streams_from_its_start():
+    """Under the lazy grammar (an engine that enforces it), the call's name
+    goes out when its block opens and its content as it is written, in
+    OpenAI's and Anthropic's frames; a non-streamed answer has the same call."""
+    srv, _ = xml_server(slow(CALL), grammar=True)
+    with srv:
+        first, total, args, names, finish = stream_openai(srv.url, [WRITE])
+        assert names == ["write_file"] and json.loads(args) == ARGS and finish == "tool_calls"
+        assert first is not None and first < total / 4, (first, total)
+
+        a_tool = {"name": "write_file", "input_schema": WRITE["function"]["parameters"]}
+        body = {"model": "scripted", "max_tokens": 900, "messages": [{"role": "user", "content": "write"}],
+                "tools": [a_tool], "stream": True}  # fmt: skip
+        start, opened, partial, deltas = time.monotonic(), None, "", 0
+        with httpx.stream("POST", srv.url + "/v1/messages", json=body, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    e = orjson.loads(line[6:])
+                    if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use":
+                        opened = time.monotonic() - start
+                    elif e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta":
+                        partial += e["delta"]["partial_json"]
+                        deltas += 1
+        total = time.monotonic() - start
+        assert json.loads(partial) == ARGS and deltas > 20
+        assert opened is not None and opened < total / 4, (opened, total)
+
+        r = httpx.post(
+            srv.url + "/v1/chat/completions",
+            json={"model": "scripted", "messages": [{"role": "user", "content": "write"}], "tools": [WRITE]},
+            timeout=60,
+        ).json()
+        assert [json.loads(c["function"]["arguments"]) for c in r["choices"][0]["message"]["tool_calls"]] == [ARGS]
+
+
+def test_an_xml_call_no_grammar_holds_streams_after_the_hold():
+    from turbospark.generation import HOLD_SECONDS
+
+    srv, _ = xml_server(slow(CALL), grammar=False)
+    with srv:
+        first, total, args, names, finish = stream_openai(srv.url, [WRITE])
+    assert names == ["write_file"] and json.loads(args) == ARGS and finish == "tool_calls"
+    assert first is not None and HOLD_SECONDS <= first < total - 1, (first, total)
