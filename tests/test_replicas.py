@@ -68,6 +68,17 @@ def test_a_hot_key_spills_over_the_in_flight_bound() -> None:
         d()
 
 
+def test_the_slack_keeps_placed_keys_only() -> None:
+    """A new key goes by the bound alone: with 3 in flight on one replica and
+    none on the other, every new key lands on the idle one."""
+    g = group(2)
+    busy_one = g.replicas[0]
+    done = [g.started(busy_one) for _ in range(3)]
+    assert {g.pick(f"prefix:new{i}").name for i in range(6)} == {"b"}  # type: ignore[union-attr]
+    for d in done:
+        d()
+
+
 def test_keyless_requests_go_to_the_least_loaded() -> None:
     g = group(2)
     a, b = g.replicas

@@ -289,9 +289,12 @@ def test_a_long_call_no_grammar_holds_streams_after_the_hold():
 def test_json_after_text_is_not_held_back_for_long():
     """A JSON object after some text (never rescued: not the whole answer)
     is held only while a call's name may still show in it, for at most
-    HOLD_SECONDS: then it is the text it is, as it comes."""
-    pieces = ["Here it is:\n", '{"colour": "', *(["red, "] * 60), 'blue"}']
-    srv, _, _ = scripted(Script(pieces, delay=0.1))
+    HOLD_SECONDS; then it and everything after it go out as they come (no
+    second hold for the line already sent)."""
+    from turbospark.generation import HOLD_SECONDS
+
+    pieces = ["Here:\n", '{"function": "x", ', *(['"v": 1, '] * 40), '"w": 2}\n', *(["more text "] * 30)]
+    srv, _, _ = scripted(Script(pieces, delay=0.1))  # about 7 s to write
     with srv:
         body = {
             "model": "scripted",
@@ -299,17 +302,65 @@ def test_json_after_text_is_not_held_back_for_long():
             "tools": [SHELL],
             "stream": True,
         }
-        start, times, content = time.monotonic(), [], ""
+        start, arrivals, content = time.monotonic(), [], ""
         with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
             for line in s.iter_lines():
                 if line.startswith("data: {"):
                     text = orjson.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-                    if "{" in text or (content.count("{") and text):
-                        times.append(time.monotonic() - start)
+                    if text:
+                        arrivals.append((time.monotonic() - start, content + text))
                     content += text
         total = time.monotonic() - start
     assert content == "".join(pieces)
-    assert times and times[0] < total - 1, (times, total)
+    json_at = next(t for t, so_far in arrivals if "{" in so_far)
+    assert json_at < total - 2, (json_at, total)
+    after = [t for t, _ in arrivals if t >= json_at]
+    gaps = [b - a for a, b in zip(after, after[1:])]
+    assert len(after) > 20 and max(gaps) < HOLD_SECONDS - 1, gaps
+
+
+def test_calls_and_text_after_a_call_read_on_speculation_are_kept():
+    """A stream read on speculation has no grammar to stop the model after
+    its call: a second call (JSON text, or a list's next item) and prose
+    after the calls reach the client too (the prose as text), and
+    ``parallel_tool_calls: false`` keeps to one call."""
+    first = '{"name": "Bash", "arguments": {"command": "' + "echo hi; " * 40 + 'true"}}'
+    pieces = [first[i : i + 12] for i in range(0, len(first), 12)] + [
+        '\n{"name": "Bash", "arguments": {"command": "ls"}}',
+        "\nDone.",
+    ]
+    srv, _, _ = scripted(Script(pieces, delay=0.1))
+    with srv:
+        for parallel, expected in ((True, ["echo hi; " * 40 + "true", "ls"]), (False, ["echo hi; " * 40 + "true"])):
+            body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH],
+                    "stream": True, "parallel_tool_calls": parallel}  # fmt: skip
+            content, args = "", {}
+            with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
+                for line in s.iter_lines():
+                    if line.startswith("data: {"):
+                        delta = orjson.loads(line[6:])["choices"][0]["delta"]
+                        content += delta.get("content") or ""
+                        for c in delta.get("tool_calls") or []:
+                            args[c["index"]] = args.get(c["index"], "") + (c["function"].get("arguments") or "")
+            assert [json.loads(args[i])["command"] for i in sorted(args)] == expected, parallel
+            assert content.strip() == "Done.", content
+
+
+def test_the_speculative_reader_leaves_what_follows_its_calls():
+    from turbospark.tools.streaming import CallReader, Closed
+
+    reader = CallReader(names=("a",))
+    text = '[{"name": "a", "arguments": {"x": 1}}, {"name": "a", "arguments": {"x": 2}}]'
+    events = [e for ch in text for e in reader.feed(ch)]
+    assert [json.loads(e.call.arguments) for e in events if isinstance(e, Closed)] == [{"x": 1}, {"x": 2}]
+    # a call the reader does not take stays whole for the parsers at the end
+    reader = CallReader(names=("a",))
+    text = (
+        '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {}}'
+    )
+    [reader.feed(ch) for ch in text]
+    assert len(reader.calls) == 1 and reader.rest.endswith('{"name": "b", "arguments": {}}')
+    assert reader.rest.lstrip("}\n").startswith("</tool_call>\n<tool_call>")
 
 
 def test_real_qwen_long_bare_json_call_streams(qwen_server):
@@ -354,3 +405,32 @@ def test_real_qwen_long_bare_json_call_streams(qwen_server):
     assert content == "" and names == ["write_file"], (content[:200], names)
     assert arguments.startswith('{"path": "poem.txt", "content": "1. Alabama'), arguments[:100]
     assert first is not None and first < total - 1, (first, total)
+
+
+def test_a_re_asked_answer_is_not_doubled():
+    """A call-shaped answer naming no offered tool is re-asked; what the
+    first attempt wrote from its call on is replaced by the second answer,
+    never sent before it (Claude Code once printed the fenced JSON twice),
+    and the corrective turn quotes the first answer once."""
+    text = '```json\n{"name": "Check the status line", "arguments": {"query": "cars"}}\n```'
+    pieces = [text[i : i + 5] for i in range(0, len(text), 5)]
+    srv, model, obs = scripted(Script(pieces), Script(pieces), Script(pieces), Script(pieces))
+    with srv:
+        a_tools = [{"name": "Bash", "input_schema": BASH["function"]["parameters"]}]
+        a_body = {"model": "scripted", "max_tokens": 200, "messages": [{"role": "user", "content": "hi"}],
+                  "tools": a_tools, "stream": True}  # fmt: skip
+        out = ""
+        with httpx.stream("POST", srv.url + "/v1/messages", json=a_body, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    e = orjson.loads(line[6:])
+                    if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta":
+                        out += e["delta"]["text"]
+        rid = int(s.headers["x-request-id"])
+        assert out == text
+        assert len([e for e in obs.of(rid) if e.kind == "generated"]) == 2  # it was re-asked
+        corrective = model.calls[-1]["messages"]
+        assert sum(str(m.get("content")).count('"Check the status line"') for m in corrective) == 1
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "tools": [BASH]}
+        msg = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+        assert msg["content"] == text and not msg.get("tool_calls")

@@ -73,10 +73,46 @@ def test_the_reader_streams_the_arguments_object_however_the_text_is_cut():
     assert [json.loads(c.arguments) for c in parsed.calls] == [ARGS]
 
 
-def test_the_grammar_writes_what_the_reader_reads():
-    """The lazy grammar's shape for these tools is the shape read above."""
-    grammar = tool_call_grammar([WRITE], "xml")
-    assert "<function=write_file>" in grammar and "<parameter=content>" in grammar
+def test_the_reader_takes_raw_what_the_grammar_writes_raw():
+    """``xml_raw_parameters`` names exactly the parameters the grammar
+    writes raw (its ``P_`` regex rules), required ones left undeclared
+    included; the rest are JSON values."""
+    cmd = {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "parameters": {
+                "type": "object",
+                "properties": {"n": {"type": "integer"}, "mode": {"enum": ["a", "b"]}},
+                "required": ["cmd"],
+                "additionalProperties": {"type": "string"},
+            },
+        },
+    }
+    for tool in (WRITE, cmd):
+        grammar = tool_call_grammar([tool], "xml")
+        params = list(tool["function"]["parameters"]["properties"]) + tool["function"]["parameters"].get("required", [])
+        params = list(dict.fromkeys(params))
+        raw_in_grammar = {p for j, p in enumerate(params) if f"P_0_{j}:" in grammar}
+        assert xml_raw_parameters([tool])[tool["function"]["name"]] == raw_in_grammar
+    assert xml_raw_parameters([cmd])["run"] == {"cmd", "mode"}
+    # a raw value reads as the string it is; a JSON one as its value, never NaN
+    reader = XmlCallReader(xml_raw_parameters([cmd]))
+    text = "<tool_call>\n<function=run>\n<parameter=cmd>\ntrue\n</parameter>\n<parameter=n>\nInfinity\n</parameter>\n"
+    events = reader.feed(text + "</function>\n</tool_call>")
+    closed = [e for e in events if isinstance(e, Closed)]
+    assert json.loads(closed[0].call.arguments) == {"cmd": "true", "n": "Infinity"}
+    assert orjson.loads(closed[0].call.arguments)  # strict JSON
+
+
+def test_the_reader_ends_a_call_at_its_tool_call_close_and_opens_none_on_prose():
+    rng = random.Random(9)
+    text = "<tool_call>\n<function=ls>\n<parameter=path>\n/tmp\n</parameter>\n</tool_call>"
+    reader, events = read(text, rng, names=("ls",))
+    closed = [e for e in events if isinstance(e, Closed)]
+    assert not reader.failed and len(closed) == 1 and json.loads(closed[0].call.arguments) == {"path": "/tmp"}
+    reader, events = read("The <function=ls> tool lists files, and I will use it now." + " " * 1100, rng, ("ls",))
+    assert reader.failed and not events
 
 
 def test_on_speculation_only_offered_names_are_read():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -572,6 +573,9 @@ def _start(model: ChatModel, prepared: Prepared, config: GenerationConfig, cance
 
 Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta
 
+#: what closes the last call read (its object, a list, the closing marker)
+_CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*")
+
 
 class _Router:
     """Turns one run's raw text into reasoning, answer text and a tool-call
@@ -585,6 +589,7 @@ class _Router:
         mode = prepared.call_grammar if stream_calls and self.tools else None
         #: the calls' reader: from the start when the answer is the call,
         #: from the call marker on when the lazy grammar waits for it
+        self.request = prepared.request
         self.syntax, self.tool_list = prepared.syntax, prepared.request.tools if prepared.request else None
         self.reader: CallReader | XmlCallReader | None = self._new_reader() if mode == "forced" else None
         self.trigger = CALL_TRIGGERS.get(prepared.syntax or "") if mode == "lazy" else None
@@ -620,10 +625,16 @@ class _Router:
         return out
 
     def _new_reader(self, names: tuple[str, ...] | None = None) -> CallReader | XmlCallReader:
-        """The reader of this syntax's calls (``names``: on speculation)."""
+        """The reader of this syntax's calls. ``names``: on speculation (no
+        grammar), where the request's own limits are the reader's: the one
+        tool a named ``tool_choice`` allows, one call without parallel calls."""
+        req = self.request
+        single = names is not None and req is not None and not req.parallel_tool_calls
+        if names is not None and req is not None and req.tool_choice == "named" and req.tool_name:
+            names = (req.tool_name,)
         if self.syntax == "xml":
-            return XmlCallReader(grammars.xml_raw_parameters(self.tool_list or []), names)
-        return CallReader(names)
+            return XmlCallReader(grammars.xml_raw_parameters(self.tool_list or []), names, single)
+        return CallReader(names, single)
 
     def _held_too_long(self) -> bool:
         """What is held back has been for :data:`HOLD_SECONDS` since the
@@ -696,7 +707,7 @@ class _Router:
                         continue
                     self.hold_json = False
                 sent = "".join(self.content)
-                start = toolcalls.call_start(sent + self.pending)
+                start = toolcalls.call_start(sent + self.pending, len(sent))
                 if start is None:
                     out.append(self._content(self.pending))
                     self.pending = ""
@@ -841,27 +852,40 @@ async def _one_choice(
         if leftover.strip():
             yield router._content(leftover)
     elif router.streamed_calls:
-        # the grammar kept them valid and they are out already: no re-ask
+        # out already (the grammar kept them valid, or they were read on
+        # speculation and are validated here): no re-ask
         assert router.reader is not None
         calls = list(router.reader.calls)
-        problems = validate_calls(calls, prepared.request.tools if prepared.request else None)
+        tools = prepared.request.tools if prepared.request else None
+        problems = validate_calls(calls, tools)
         cut = router.reader.partial
         if cut is not None:  # the budget ran out inside it: closed as it is
             yield ToolCallDelta(len(calls), cut, streamed=True, cut=True)
             problems.append(f"the answer ended inside the call to {cut.name!r}")
             # a body that is not streamed keeps the unfinished call as text
             router.content.append(router.reader.partial_text)
-        elif router.reader.failed and router.reader.buffer.strip():
-            yield router._content(router.reader.buffer)
+        elif (rest := _CLOSERS.sub("", router.reader.rest, count=1)).strip():
+            # what followed the calls read (text a grammar would not have let
+            # through): more calls, sent whole, and text
+            more, more_problems, leftover = _calls_of(rest, prepared)
+            if prepared.request is not None and not prepared.request.parallel_tool_calls:
+                more = []
+            for i, call in enumerate(more, len(calls)):
+                yield ToolCallDelta(i, call)
+            calls, problems = calls + more, problems + more_problems
+            if leftover.strip():
+                yield router._content(leftover)
     elif prepared.offered:
         calls, problems, leftover = _calls_of(router.tail, prepared)
-        if leftover.strip():
-            yield router._content(leftover)
         req = prepared.request
         retry = None
         if req is not None and req.guardrails is not False and result.reason is not StopReason.CANCELLED:
             # templating and tokenising the longer prompt: off the event loop
             retry = await asyncio.to_thread(_reask, model, prepared, router, problems, calls)
+        if retry is None and leftover.strip():
+            # what the first attempt wrote from its call on is the answer's
+            # rest only when it stands: a re-ask's answer replaces it
+            yield router._content(leftover)
         if retry is not None:
             # the last attempt's answer is returned as is (its text follows
             # what was already streamed)

@@ -13,8 +13,9 @@ Routing (:meth:`ReplicaSet.pick`):
   overloaded) walks a consistent-hash ring from the key's point to the first
   replica under both bounds. That is *consistent hashing with bounded
   loads*: a replica takes no more than ``ceil(load_factor × (requests in
-  flight + 1) / replicas up)`` requests at once, or ``load_slack`` more than
-  the least loaded replica up, whichever is more, so a hot key spills over
+  flight + 1) / replicas up)`` requests at once (a key it already served:
+  or ``load_slack`` more than the least loaded replica up, whichever is
+  more), so a hot key spills over
   instead of piling onto one replica while a small imbalance never moves a
   conversation (a move costs its whole history's prefill, far more than a
   wait behind a few requests; vLLM's and SGLang's cache-aware routers leave
@@ -169,12 +170,12 @@ class ReplicaSet:
             tied = [r for r in up if r.in_flight == least]
             self._turn += 1
             return tied[self._turn % len(tied)]
-        bound = max(
-            math.ceil(self.load_factor * (sum(r.in_flight for r in up) + 1) / len(up)),
-            min(r.in_flight for r in up) + self.load_slack,
-        )
+        bound = math.ceil(self.load_factor * (sum(r.in_flight for r in up) + 1) / len(up))
+        # a key already placed stays through a small imbalance; a new one
+        # (or one moving) goes where the bound alone allows
+        stay = max(bound, min(r.in_flight for r in up) + self.load_slack)
         last = self._affinity.get(key)
-        chosen = next((r for r in up if r.name == last and r.in_flight < bound), None)
+        chosen = next((r for r in up if r.name == last and r.in_flight < stay), None)
         if chosen is None:
             active = {id(r): r.active_keys(now) - (key in r.keys) for r in up}
             share = math.ceil((sum(active.values()) + 1) / len(up))

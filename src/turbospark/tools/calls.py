@@ -527,25 +527,27 @@ def _plausible_line(text: str, p: int) -> bool:
     return r[:1] in ("{", "[") and _plausible_json(r)
 
 
-def call_start(text: str) -> int | None:
+def call_start(text: str, since: int = 0) -> int | None:
     """Where a tool call begins in a partial streamed text (the whole text
-    so far): a complete marker, a marker cut off at the end, or a ``{`` /
-    ``[`` / ```json fence at the start of a line that may open a call
-    object. A streamer emits ``text[:i]`` and holds the rest; a later call
-    may return None again once the held text turns out to be prose."""
+    so far), at ``since`` or later (what is before it has been sent): a
+    complete marker, a marker cut off at the end, or a ``{`` / ``[`` /
+    ```json fence at the start of a line that may open a call object. A
+    streamer emits ``text[:i]`` and holds the rest; a later call may return
+    None again once the held text turns out to be prose."""
     best: int | None = None
     for marker in MARKERS:
-        i = text.find(marker)
+        i = text.find(marker, since)
         if i >= 0 and (best is None or i < best):
             best = i
         for k in range(len(marker) - 1, 0, -1):  # longest partial first
-            if text.endswith(marker[:k]):
+            if text.endswith(marker[:k]) and len(text) - k >= since:
                 i = len(text) - k
                 if best is None or i < best:
                     best = i
                 break
-    for m in _LINE_START.finditer(text, 0, len(text) if best is None else best):
-        if _plausible_line(text, m.end()):
+    line = text.rfind("\n", 0, since) + 1  # a line's indent may have been sent
+    for m in _LINE_START.finditer(text, line, len(text) if best is None else best):
+        if m.end() >= since and _plausible_line(text, m.end()):
             return m.end()
     return best
 

@@ -317,10 +317,8 @@ def _xml_call(rules: list[str], i: int, fname: str, params: Any, mark: Any, leni
     if params.get("type", "object") not in ("object", ["object"]):
         raise UnsupportedSchema("the xml tool syntax needs a plain object parameters schema")
     defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
-    props = dict(params.get("properties") or {})
+    props = _xml_properties(params)
     required = list(params.get("required") or ())
-    for pname in required:
-        props.setdefault(pname, params.get("additionalProperties", True))
     parts = []
     for j, (pname, ps) in enumerate(props.items()):
         path = f"#/properties/{pname}"
@@ -336,6 +334,16 @@ def _xml_call(rules: list[str], i: int, fname: str, params: Any, mark: Any, leni
         parts.append(rule if pname in required else f"{rule}?")
     head = f"{mark(HERMES_OPEN)} {_lit(f'{chr(10)}<function={fname}>{chr(10)}')}"
     return " ".join([head, *parts, _lit("</function>\n"), mark(HERMES_CLOSE)])
+
+
+def _xml_properties(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters an xml call may write, each with its schema: the
+    declared ones, and required ones left undeclared (under
+    ``additionalProperties``)."""
+    props = dict(params.get("properties") or {})
+    for pname in params.get("required") or ():
+        props.setdefault(pname, params.get("additionalProperties", True))
+    return props
 
 
 def _raw_string(ps: Any, path: str) -> str | None:
@@ -369,9 +377,10 @@ def xml_raw_parameters(tools: list[dict[str, Any]]) -> dict[str, frozenset[str]]
             name, params = _tool_spec(tool)
         except ValueError:
             continue
-        props = params.get("properties") if isinstance(params, dict) else None
+        if not isinstance(params, dict) or not isinstance(params.get("properties") or {}, dict):
+            continue
         raw = set()
-        for pname, ps in (props or {}).items() if isinstance(props, dict) else ():
+        for pname, ps in _xml_properties(params).items():
             try:
                 if _raw_string(ps, "") is not None:
                     raw.add(pname)

@@ -28,7 +28,7 @@ from .calls import ToolCall, new_call_id
 #: the head of one call, up to where its arguments begin: what closed the
 #: call before it (braces, brackets, the closing marker), an optional call
 #: marker (and mistral's list bracket), the name, the arguments key
-_LEAD = r'[\s}\]]*(?:</tool_call>)?\s*(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:\s*'
+_LEAD = r'[\s,}\]]*(?:</tool_call>)?\s*(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:\s*'
 _NAME = r'"((?:[^"\\]|\\.)*)"\s*,\s*'
 _HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*')
 #: the heads of a call written without a grammar (read on speculation, see
@@ -126,11 +126,13 @@ class CallReader:
     left to the parsers and the rescue, whole, at the end.
     """
 
-    def __init__(self, names: tuple[str, ...] | None = None) -> None:
+    def __init__(self, names: tuple[str, ...] | None = None, single: bool = False) -> None:
         self.calls: list[ToolCall] = []
         self.buffer = ""  # text not yet placed (before a head is complete)
         self.failed = False  # no head where one had to be: not a call text
         self.names = names
+        self.single = single  # one call at most: what follows it is left as text
+        self._rest = ""  # the text after the last closed call
         self._open: tuple[str, str] | None = None  # (id, name) of the call being read
         self._args: list[str] = []
         self._head_text = ""  # the open call's text before its arguments
@@ -157,13 +159,24 @@ class CallReader:
         args = "".join(self._args)
         return self._head_text + (args[1:] if self._beside else args)
 
+    @property
+    def rest(self) -> str:
+        """The text after the last closed call, as written: what a stream
+        read on speculation leaves to the parsers at the end."""
+        return self._rest
+
     def feed(self, text: str) -> list[Event]:
         out: list[Event] = []
+        self._rest += text
         while text and not self.failed:
             if self._open is None:
+                if self.single and self.calls:
+                    break
                 text = self._head(self.buffer + text, out)
             else:
                 text = self._arguments(text, out)
+                if self._open is None:
+                    self._rest = text  # what follows the call just closed
         return out
 
     def _head(self, text: str, out: list[Event]) -> str:
@@ -175,21 +188,20 @@ class CallReader:
             if m is None and (m := _BESIDE.match(text)) is not None:
                 beside = True
             elif m is None and (h := _HEAD.match(text)) is not None and h.end() < len(text):
-                self.failed = True  # arguments that are not an object: the rescue's
+                self.buffer, self.failed = text, True  # arguments that are not an object: the rescue's
                 return ""
         if m is None:
             self.buffer = text
             self.failed = len(text.lstrip()) > _HEAD_LIMIT
             return ""
-        self.buffer = ""
         try:
             name = json.loads(f'"{m.group(1)}"')
         except ValueError:
-            self.failed = True
+            name = None
+        if name is None or (self.names is not None and name not in self.names):
+            self.buffer, self.failed = text, True
             return ""
-        if self.names is not None and name not in self.names:
-            self.failed = True
-            return ""
+        self.buffer = ""
         self._open = (new_call_id(), name)
         self._head_text = m.group(0).lstrip("}] \t\r\n").removeprefix("</tool_call>").lstrip()
         self._args, self._value, self._beside = [], _Value(), beside
@@ -228,12 +240,14 @@ class CallReader:
 
 #: an xml call's head: what closed the call before it, the optional
 #: ``<tool_call>`` wrapper, ``<function=NAME>`` and the one newline after it
-#: (known once the next character is there)
+#: (known once the next character is there; a tag, not prose, follows)
 _XML_HEAD = re.compile(
-    r"\s*(?:</function>\s*)?(?:</tool_call>\s*)?(?:<tool_call>\s*)?<function=([^>\n]*)>(?:\n|(?=.))", re.S
+    r"\s*(?:</function>\s*)?(?:</tool_call>\s*)?(?:<tool_call>\s*)?<function=([^>\n]*)>(?:\n|(?=[ \t]*<))", re.S
 )
 _XML_PARAM = re.compile(r"\s*<parameter=([^>\n]*)>(?:\n|(?=.))", re.S)
-_XML_END = re.compile(r"\s*</function>")
+#: a call's end: its ``</function>``, or a ``</tool_call>`` that closes it without one
+_XML_END = re.compile(r"\s*</function>|\s*(?=</tool_call>)")
+_XML_TAGS = ("<parameter=", "</function>", "</tool_call>")
 _PARAM_CLOSE = "</parameter>"
 
 
@@ -246,11 +260,15 @@ class XmlCallReader:
     text, handed on whole when their block closes. ``names``: read on
     speculation (no grammar behind the text), only calls to these names."""
 
-    def __init__(self, raw: dict[str, frozenset[str]], names: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self, raw: dict[str, frozenset[str]], names: tuple[str, ...] | None = None, single: bool = False
+    ) -> None:
         self.calls: list[ToolCall] = []
         self.buffer = ""
         self.failed = False
         self.names = names
+        self.single = single
+        self._rest = ""
         self._raw = raw
         self._open: tuple[str, str] | None = None
         self._args: list[str] = []
@@ -272,12 +290,20 @@ class XmlCallReader:
     def partial_text(self) -> str:
         return "".join(self._text) + self.buffer if self._open is not None else ""
 
+    @property
+    def rest(self) -> str:
+        """The text after the last closed call, as written."""
+        return self._rest
+
     def feed(self, text: str) -> list[Event]:
         out: list[Event] = []
         self.buffer += text
+        self._rest += text
         while not self.failed:
             before = self.buffer
             if self._open is None:
+                if self.single and self.calls:
+                    break
                 self._head(out)
             elif self._param is None:
                 self._next(out)
@@ -329,10 +355,9 @@ class XmlCallReader:
             call = ToolCall(self._open[0], self._open[1], "".join(self._args))
             self.calls.append(call)
             self._open = None
+            self._rest = self.buffer
             out.append(Closed(len(self.calls) - 1, call))
-        elif self.buffer.strip() and not any(
-            tag.startswith(self.buffer.lstrip()[: len(tag)]) for tag in ("<parameter=", "</function>")
-        ):
+        elif self.buffer.strip() and not any(tag.startswith(self.buffer.lstrip()[: len(tag)]) for tag in _XML_TAGS):
             self.failed = True  # neither a parameter nor the end: not a call the reader knows
 
     def _value(self, out: list[Event]) -> None:
@@ -367,8 +392,16 @@ def _close_start(text: str) -> int:
 
 
 def _xml_value(raw: str) -> object:
-    """A non-raw parameter's JSON value (a string when it is not JSON)."""
+    """A non-raw parameter's JSON value (a string when it is not JSON, or
+    when it is one of Python's extra constants, NaN and Infinity)."""
     try:
-        return json.loads(raw.strip())
+        return _JSON.decode(raw.strip())
     except ValueError:
         return raw
+
+
+def _no_constants(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+_JSON = json.JSONDecoder(parse_constant=_no_constants)
