@@ -604,6 +604,7 @@ class _Router:
         #: on speculation (its bytes stream; it is validated, not re-asked,
         #: at the end).
         self.speculate = live and stream_calls and self.tools
+        self.guessing = False  # the reader reads on speculation
         self.offered = prepared.offered
         self.pending = ""  # answer text not yet known to be free of a call start
         self.tail = ""  # from the first call start on
@@ -682,9 +683,24 @@ class _Router:
         if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
             self.reader = self._new_reader()
         elif self.reader is None and self.speculate and self._held_too_long():
-            self.reader = self._new_reader(self.offered)
-            return self._read_calls(self.tail)
-        return self._read_calls(text) if self.reader is not None else []
+            self.reader, self.guessing = self._new_reader(self.offered), True
+            return self._read_calls(self.tail) + self._give_up()
+        out = self._read_calls(text) if self.reader is not None else []
+        return out + self._give_up() if self.guessing else out
+
+    def _give_up(self) -> list[Routed]:
+        """A bare JSON call read on speculation that the reader cannot take
+        (positional arguments, an unknown name, its name after its
+        arguments): held for HOLD_SECONDS already, it goes out as the text
+        it is, and so does what follows (a text call marker keeps it for
+        the parsers: the model plainly wrote a call)."""
+        reader = self.reader
+        if reader is None or not reader.failed or reader.calls or reader.reading:
+            return []
+        if any(m in self.tail for m in toolcalls.MARKERS):
+            return []
+        text, self.tail, self.reader, self.guessing, self.speculate = self.tail, "", None, False, False
+        return [self._content(text)]
 
     def _route(self, parts: list[tuple[str, str]]) -> list[Routed]:
         out: list[Routed] = []
