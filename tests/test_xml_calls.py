@@ -111,8 +111,10 @@ def test_the_reader_ends_a_call_at_its_tool_call_close_and_opens_none_on_prose()
     reader, events = read(text, rng, names=("ls",))
     closed = [e for e in events if isinstance(e, Closed)]
     assert not reader.failed and len(closed) == 1 and json.loads(closed[0].call.arguments) == {"path": "/tmp"}
-    reader, events = read("The <function=ls> tool lists files, and I will use it now." + " " * 1100, rng, ("ls",))
-    assert reader.failed and not events
+    # prose that mentions the tag is no call (a tail starts at the tag)
+    reader = XmlCallReader(xml_raw_parameters([LS]), ("ls",))
+    events = [e for ch in "<function=ls> tool lists files, and I will use it now." for e in reader.feed(ch)]
+    assert not events and not reader.reading
 
 
 def test_on_speculation_only_offered_names_are_read():

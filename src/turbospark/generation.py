@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -575,6 +576,23 @@ Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallD
 
 #: what closes the last call read (its object, a list, the closing marker)
 _CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*")
+_OTHER_KEY = re.compile(r'\s*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
+
+
+def _after_call(rest: str) -> str:
+    """What follows a call read on speculation, less what still belongs to
+    it: keys after its arguments (``"id": …``), its closing brace, a list's
+    bracket, the closing marker."""
+    i = 0
+    while (m := _OTHER_KEY.match(rest, i)) is not None:
+        try:
+            _, i = _JSON_DECODER.raw_decode(rest, m.end())
+        except ValueError:
+            break
+    return _CLOSERS.sub("", rest[i:], count=1)
+
+
+_JSON_DECODER = json.JSONDecoder()
 
 
 class _Router:
@@ -604,7 +622,6 @@ class _Router:
         #: on speculation (its bytes stream; it is validated, not re-asked,
         #: at the end).
         self.speculate = live and stream_calls and self.tools
-        self.guessing = False  # the reader reads on speculation
         self.offered = prepared.offered
         self.pending = ""  # answer text not yet known to be free of a call start
         self.tail = ""  # from the first call start on
@@ -683,24 +700,9 @@ class _Router:
         if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
             self.reader = self._new_reader()
         elif self.reader is None and self.speculate and self._held_too_long():
-            self.reader, self.guessing = self._new_reader(self.offered), True
-            return self._read_calls(self.tail) + self._give_up()
-        out = self._read_calls(text) if self.reader is not None else []
-        return out + self._give_up() if self.guessing else out
-
-    def _give_up(self) -> list[Routed]:
-        """A bare JSON call read on speculation that the reader cannot take
-        (positional arguments, an unknown name, its name after its
-        arguments): held for HOLD_SECONDS already, it goes out as the text
-        it is, and so does what follows (a text call marker keeps it for
-        the parsers: the model plainly wrote a call)."""
-        reader = self.reader
-        if reader is None or not reader.failed or reader.calls or reader.reading:
-            return []
-        if any(m in self.tail for m in toolcalls.MARKERS):
-            return []
-        text, self.tail, self.reader, self.guessing, self.speculate = self.tail, "", None, False, False
-        return [self._content(text)]
+            self.reader = self._new_reader(self.offered)
+            return self._read_calls(self.tail)
+        return self._read_calls(text) if self.reader is not None else []
 
     def _route(self, parts: list[tuple[str, str]]) -> list[Routed]:
         out: list[Routed] = []
@@ -880,7 +882,7 @@ async def _one_choice(
             problems.append(f"the answer ended inside the call to {cut.name!r}")
             # a body that is not streamed keeps the unfinished call as text
             router.content.append(router.reader.partial_text)
-        elif (rest := _CLOSERS.sub("", router.reader.rest, count=1)).strip():
+        elif (rest := _after_call(router.reader.rest)).strip():
             # what followed the calls read (text a grammar would not have let
             # through): more calls, sent whole, and text
             more, more_problems, leftover = _calls_of(rest, prepared)

@@ -203,7 +203,7 @@ class CallReader:
             return ""
         self.buffer = ""
         self._open = (new_call_id(), name)
-        self._head_text = m.group(0).lstrip("}] \t\r\n").removeprefix("</tool_call>").lstrip()
+        self._head_text = m.group(0).lstrip(",}] \t\r\n").removeprefix("</tool_call>").lstrip()
         self._args, self._value, self._beside = [], _Value(), beside
         out.append(Opened(len(self.calls), self._open[0], name))
         if beside:  # the call's own object, less its name, is the arguments
@@ -300,7 +300,7 @@ class XmlCallReader:
         self.buffer += text
         self._rest += text
         while not self.failed:
-            before = self.buffer
+            before = (self.buffer, self._open, self._param)
             if self._open is None:
                 if self.single and self.calls:
                     break
@@ -309,7 +309,7 @@ class XmlCallReader:
                 self._next(out)
             else:
                 self._value(out)
-            if self.buffer == before:
+            if (self.buffer, self._open, self._param) == before:  # nothing more to read yet
                 break
         return out
 
