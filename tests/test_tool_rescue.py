@@ -437,3 +437,50 @@ def test_a_re_asked_answer_is_not_doubled():
         body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "tools": [BASH]}
         msg = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
         assert msg["content"] == text and not msg.get("tool_calls")
+
+
+def test_the_speculative_reader_takes_fenced_calls_and_quoted_arguments():
+    """Two shapes small models write: a call in a ```json fence, and
+    arguments written as a JSON string of the object (decoded as they
+    stream, so the pieces join into the object's text)."""
+    from turbospark.tools.streaming import CallReader, Closed, Opened, Piece
+
+    cases = [
+        ('```json\n{"name": "Bash", "arguments": {"command": "ls"}}\n```', {"command": "ls"}),
+        (
+            '{"name": "Bash", "arguments": "{\\"command\\": \\"echo \\\\\\"hi\\\\\\" \\\\u00e9\\\\ud83d\\\\ude00\\"}"}',
+            {"command": 'echo "hi" \u00e9\U0001f600'},
+        ),
+        (
+            '{"name": "Bash", "arguments": "{\\"command\\": \\"caf\\u00e9 \\ud83d\\ude00\\"}"}',
+            {"command": "caf\u00e9 \U0001f600"},
+        ),
+    ]
+    for text, args in cases:
+        reader = CallReader(names=("Bash",))
+        events = [e for ch in text for e in reader.feed(ch)]
+        assert not reader.failed and [e.name for e in events if isinstance(e, Opened)] == ["Bash"], text
+        streamed = "".join(e.text for e in events if isinstance(e, Piece))
+        closed = [e for e in events if isinstance(e, Closed)]
+        assert len(closed) == 1 and closed[0].call.arguments == streamed and json.loads(streamed) == args, text
+        assert len([e for e in events if isinstance(e, Piece)]) > 5  # as it comes, not at the end
+
+
+def test_a_long_call_with_quoted_arguments_streams_after_the_hold():
+    args = {"command": "echo hi; " * 60 + "true"}
+    text = '{"name": "Bash", "arguments": ' + json.dumps(json.dumps(args)) + "}"
+    srv, _, _ = scripted(Script([text[i : i + 10] for i in range(0, len(text), 10)], delay=0.1))
+    with srv:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH], "stream": True}
+        start, first, arguments, content = time.monotonic(), None, "", ""
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    delta = orjson.loads(line[6:])["choices"][0]["delta"]
+                    content += delta.get("content") or ""
+                    for c in delta.get("tool_calls") or []:
+                        first = first or time.monotonic() - start
+                        arguments += c["function"].get("arguments") or ""
+        total = time.monotonic() - start
+    assert content == "" and json.loads(arguments) == args
+    assert first is not None and first < total - 1, (first, total)

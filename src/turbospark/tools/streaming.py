@@ -26,16 +26,19 @@ from dataclasses import dataclass
 from .calls import ToolCall, new_call_id
 
 #: the head of one call, up to where its arguments begin: what closed the
-#: call before it (braces, brackets, the closing marker), an optional call
-#: marker (and mistral's list bracket), the name, the arguments key
-_LEAD = r'[\s,}\]]*(?:</tool_call>)?\s*(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:\s*'
+#: call before it (braces, brackets, the closing marker), a ```json fence, an
+#: optional call marker (and mistral's list bracket), the name, the arguments key
+_LEAD = (
+    r"[\s,}\]]*(?:</tool_call>)?\s*(?:```(?:json)?\s*)?"
+    r'(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:\s*'
+)
 _NAME = r'"((?:[^"\\]|\\.)*)"\s*,\s*'
 _HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*')
 #: the heads of a call written without a grammar (read on speculation, see
 #: :class:`CallReader`): arguments that are an object, under their key, or
 #: the object's other keys beside the name (``{"name": "N", "command": ...}``,
 #: a small model's shape; the next key is whole before it is told apart)
-_FREE_HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_FREE_HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*(?=[{"])')
 _BESIDE = re.compile(_LEAD + _NAME + r'(?="(?!(?:arguments|parameters)")(?:[^"\\]|\\.)*"\s*:)')
 #: a head not found in this much text is not coming (the reader gives up)
 _HEAD_LIMIT = 1024
@@ -138,6 +141,10 @@ class CallReader:
         self._head_text = ""  # the open call's text before its arguments
         self._beside = False  # the arguments are the keys beside the name
         self._value = _Value()
+        #: the arguments are written as a JSON string (of the object's text):
+        #: its content is what streams, decoded
+        self._quoted: _Unquote | None = None
+        self._raw: list[str] = []  # the quoted arguments as written
 
     @property
     def reading(self) -> bool:
@@ -156,6 +163,8 @@ class CallReader:
         """The open call's text as the model wrote it so far."""
         if self._open is None:
             return ""
+        if self._quoted is not None:
+            return self._head_text + "".join(self._raw)
         args = "".join(self._args)
         return self._head_text + (args[1:] if self._beside else args)
 
@@ -205,6 +214,9 @@ class CallReader:
         self._open = (new_call_id(), name)
         self._head_text = m.group(0).lstrip(",}] \t\r\n").removeprefix("</tool_call>").lstrip()
         self._args, self._value, self._beside = [], _Value(), beside
+        quoted = self.names is not None and not beside and text[m.end() : m.end() + 1] == '"'
+        self._quoted = _Unquote() if quoted else None
+        self._raw = []
         out.append(Opened(len(self.calls), self._open[0], name))
         if beside:  # the call's own object, less its name, is the arguments
             self._value.step("{")
@@ -213,6 +225,8 @@ class CallReader:
         return text[m.end() :]
 
     def _arguments(self, text: str, out: list[Event]) -> str:
+        if self._quoted is not None:
+            return self._unquote(text, out)
         value = self._value
         if not value.started:
             text = text.lstrip()  # the space after the key, when it came late
@@ -236,6 +250,81 @@ class CallReader:
             out.append(Closed(len(self.calls) - 1, call))
             return text[end:]
         return ""
+
+    def _unquote(self, text: str, out: list[Event]) -> str:
+        """Arguments written as a JSON string: its decoded content streams."""
+        quoted = self._quoted
+        assert quoted is not None and self._open is not None
+        end, decoded = len(text), []
+        for i, ch in enumerate(text):
+            piece = quoted.step(ch)
+            if piece is None:
+                end = i
+                break
+            decoded.append(piece)
+            if quoted.done:
+                end = i + 1
+                break
+        self._raw.append(text[:end])
+        if piece := "".join(decoded):
+            self._args.append(piece)
+            out.append(Piece(len(self.calls), piece))
+        if quoted.done:
+            call = ToolCall(self._open[0], self._open[1], "".join(self._args))
+            self.calls.append(call)
+            self._open, self._quoted = None, None
+            out.append(Closed(len(self.calls) - 1, call))
+            return text[end:]
+        return ""
+
+
+class _Unquote:
+    """A JSON string's content, decoded a character at a time."""
+
+    _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
+
+    def __init__(self) -> None:
+        self.started = self.done = self.escape = False
+        self.hex: str | None = None
+        self.high = ""  # a surrogate waiting for its pair
+
+    def step(self, ch: str) -> str | None:
+        """The text ``ch`` adds ("" for syntax), None when ``ch`` is past the string."""
+        if self.done:
+            return None
+        if not self.started:
+            self.started = True
+            return ""
+        if self.hex is not None:
+            self.hex += ch
+            return self._code() if len(self.hex) == 4 else ""
+        if self.escape:
+            self.escape = False
+            if ch == "u":
+                self.hex = ""
+                return ""
+            return self._ESCAPES.get(ch, ch)
+        if ch == "\\":
+            self.escape = True
+            return ""
+        if ch == '"':
+            self.done = True
+            return ""
+        return ch
+
+    def _code(self) -> str:
+        digits, self.hex = self.hex or "", None
+        try:
+            code = int(digits, 16)
+        except ValueError:
+            return ""
+        if 0xD800 <= code < 0xDC00:
+            self.high = chr(code)
+            return ""
+        if 0xDC00 <= code < 0xE000 and self.high:
+            pair, self.high = (self.high + chr(code)).encode("utf-16", "surrogatepass").decode("utf-16"), ""
+            return pair
+        return chr(code)
 
 
 #: an xml call's head: what closed the call before it, the optional
