@@ -484,3 +484,18 @@ def test_a_long_call_with_quoted_arguments_streams_after_the_hold():
         total = time.monotonic() - start
     assert content == "" and json.loads(arguments) == args
     assert first is not None and first < total - 1, (first, total)
+
+
+def test_quoted_arguments_that_are_no_object_are_left_to_the_parsers():
+    """Only a string that holds an object streams as arguments; a lone
+    surrogate escape in one becomes U+FFFD (JSON any encoder takes), a
+    broken escape is dropped."""
+    from turbospark.tools.streaming import CallReader, Closed
+
+    for text in ('{"name": "Bash", "arguments": "ls -la"}', '{"name": "Bash", "arguments": ""}'):
+        reader = CallReader(names=("Bash",))
+        assert not [e for ch in text for e in reader.feed(ch)] and reader.failed, text
+    text = '{"name": "Bash", "arguments": "{\\"command\\": \\"a\\ud83d b\\udc00 c\\u00zz\\"}"}'
+    reader = CallReader(names=("Bash",))
+    closed = [e for ch in text for e in reader.feed(ch) if isinstance(e, Closed)]
+    assert len(closed) == 1 and orjson.loads(closed[0].call.arguments) == {"command": "a\ufffd b\ufffd czz"}

@@ -575,7 +575,7 @@ def _start(model: ChatModel, prepared: Prepared, config: GenerationConfig, cance
 Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta
 
 #: what closes the last call read (its object, a list, the closing marker)
-_CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*(?:```)?\s*")
+_CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*(?:```(?!\S))?\s*")
 _OTHER_KEY = re.compile(r'\s*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
 
 

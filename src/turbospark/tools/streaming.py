@@ -29,7 +29,7 @@ from .calls import ToolCall, new_call_id
 #: call before it (braces, brackets, the closing marker), a ```json fence, an
 #: optional call marker (and mistral's list bracket), the name, the arguments key
 _LEAD = (
-    r"[\s,}\]]*(?:</tool_call>)?\s*(?:```(?:json)?\s*)?"
+    r"[\s,}\]]*(?:</tool_call>)?\s*(?:```\s*)?(?:```(?:json)?\s*)?"
     r'(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:\s*'
 )
 _NAME = r'"((?:[^"\\]|\\.)*)"\s*,\s*'
@@ -38,7 +38,7 @@ _HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*')
 #: :class:`CallReader`): arguments that are an object, under their key, or
 #: the object's other keys beside the name (``{"name": "N", "command": ...}``,
 #: a small model's shape; the next key is whole before it is told apart)
-_FREE_HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*(?=[{"])')
+_FREE_HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*(?=\{|"\s*\{)')
 _BESIDE = re.compile(_LEAD + _NAME + r'(?="(?!(?:arguments|parameters)")(?:[^"\\]|\\.)*"\s*:)')
 #: a head not found in this much text is not coming (the reader gives up)
 _HEAD_LIMIT = 1024
@@ -196,7 +196,7 @@ class CallReader:
             m = _FREE_HEAD.match(text)
             if m is None and (m := _BESIDE.match(text)) is not None:
                 beside = True
-            elif m is None and (h := _HEAD.match(text)) is not None and h.end() < len(text):
+            elif m is None and (h := _HEAD.match(text)) is not None and not _undecided(text[h.end() :]):
                 self.buffer, self.failed = text, True  # arguments that are not an object: the rescue's
                 return ""
         if m is None:
@@ -278,15 +278,25 @@ class CallReader:
         return ""
 
 
+def _undecided(value: str) -> bool:
+    """An arguments value begun like this may still be an object (or a
+    string holding one)."""
+    return value == "" or (value[0] == '"' and not value[1:].strip())
+
+
 class _Unquote:
-    """A JSON string's content, decoded a character at a time."""
+    """A JSON string's content, decoded a character at a time. A surrogate
+    escape without its pair becomes U+FFFD (what goes out is always text
+    any JSON encoder takes); a broken ``\\u`` escape is dropped."""
 
     _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
+    _HEX = frozenset("0123456789abcdefABCDEF")
 
     def __init__(self) -> None:
         self.started = self.done = self.escape = False
         self.hex: str | None = None
-        self.high = ""  # a surrogate waiting for its pair
+        self.high = False  # a high surrogate waiting for its pair
+        self._high = 0
 
     def step(self, ch: str) -> str | None:
         """The text ``ch`` adds ("" for syntax), None when ``ch`` is past the string."""
@@ -296,6 +306,9 @@ class _Unquote:
             self.started = True
             return ""
         if self.hex is not None:
+            if ch not in self._HEX:  # a broken escape: dropped, ``ch`` read as itself
+                self.hex = None
+                return self.step(ch)
             self.hex += ch
             return self._code() if len(self.hex) == 4 else ""
         if self.escape:
@@ -303,28 +316,34 @@ class _Unquote:
             if ch == "u":
                 self.hex = ""
                 return ""
-            return self._ESCAPES.get(ch, ch)
+            return self._lone() + self._ESCAPES.get(ch, ch)
         if ch == "\\":
             self.escape = True
             return ""
         if ch == '"':
             self.done = True
+            return self._lone()
+        return self._lone() + ch
+
+    def _lone(self) -> str:
+        """A high surrogate left without its pair."""
+        if not self.high:
             return ""
-        return ch
+        self.high = False
+        return "\ufffd"
 
     def _code(self) -> str:
-        digits, self.hex = self.hex or "", None
-        try:
-            code = int(digits, 16)
-        except ValueError:
-            return ""
+        code, self.hex = int(self.hex or "0", 16), None
         if 0xD800 <= code < 0xDC00:
-            self.high = chr(code)
-            return ""
-        if 0xDC00 <= code < 0xE000 and self.high:
-            pair, self.high = (self.high + chr(code)).encode("utf-16", "surrogatepass").decode("utf-16"), ""
-            return pair
-        return chr(code)
+            lone = self._lone()
+            self.high, self._high = True, code
+            return lone
+        if 0xDC00 <= code < 0xE000:
+            if not self.high:
+                return "\ufffd"
+            self.high = False
+            return chr(0x10000 + ((self._high - 0xD800) << 10) + (code - 0xDC00))
+        return self._lone() + chr(code)
 
 
 #: an xml call's head: what closed the call before it, the optional
