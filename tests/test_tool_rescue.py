@@ -17,6 +17,17 @@ import pytest
 from tests.support import Script, scripted
 from turbospark.tools.rescue import may_become_call, rescue_call
 
+
+@pytest.fixture
+def short_hold(monkeypatch: pytest.MonkeyPatch) -> float:
+    """HOLD_SECONDS at 1 s for the scripted streams (the server runs in this
+    process), so the slow calls that outlast it take seconds, not tens."""
+    import turbospark.generation as generation
+
+    monkeypatch.setattr(generation, "HOLD_SECONDS", 1.0)
+    return 1.0
+
+
 SHELL = {
     "type": "function",
     "function": {
@@ -121,15 +132,13 @@ def test_a_json_answer_that_fits_no_tool_stays_the_answer_in_the_stream():
         assert content == '{"colour": "red"}'
 
 
-def test_a_long_json_answer_is_not_held_back_for_more_than_a_few_seconds():
+def test_a_long_json_answer_is_not_held_back_for_more_than_a_few_seconds(short_hold: float):
     """An answer that begins as a JSON object is held while it may be
     rescued as a call, but never longer than HOLD_SECONDS: one that takes
     longer to write streams as the text it is (the stream is never silent
     for long while tokens come)."""
-    from turbospark.generation import HOLD_SECONDS
-
     pieces = ['{"colour": "', *(["red, "] * 60), 'blue"}']
-    srv, _, _ = scripted(Script(pieces, delay=0.1))  # about 6 s to write
+    srv, _, _ = scripted(Script(pieces, delay=0.07))  # about 4.3 s to write
     with srv:
         body = {
             "model": "scripted",
@@ -149,7 +158,7 @@ def test_a_long_json_answer_is_not_held_back_for_more_than_a_few_seconds():
                     content += delta.get("content") or ""
         total = time.monotonic() - start
     assert content == "".join(pieces)  # nothing lost, nothing doubled
-    assert first is not None and HOLD_SECONDS <= first < HOLD_SECONDS + 1.5 < total - 1, (first, total)
+    assert first is not None and short_hold <= first < short_hold + 1.5 < total - 1, (first, total)
 
 
 def test_the_name_beside_bad_arguments_is_re_asked():
@@ -229,16 +238,15 @@ def _slow_bash_call() -> tuple[list[str], dict]:
     return pieces, {"command": "echo hi; " * 60 + "true", "timeout": 5}
 
 
-def test_a_long_call_no_grammar_holds_streams_after_the_hold():
+def test_a_long_call_no_grammar_holds_streams_after_the_hold(short_hold: float):
     """A call in a shape no grammar holds (here the name beside its
     arguments) is held back while it may be mended whole, but once it has
     been written for HOLD_SECONDS it is read as it comes: its name and
     argument bytes stream in OpenAI's and Anthropic's shapes before it ends,
     and the call is the same as the one a non-streamed request gets."""
-    from turbospark.generation import HOLD_SECONDS
-
+    hold = short_hold
     pieces, args = _slow_bash_call()
-    srv, _, _ = scripted(Script(pieces, delay=0.1))
+    srv, _, _ = scripted(Script(pieces, delay=0.07))  # about 4.4 s
     with srv:
         body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH]}
         start = time.monotonic()
@@ -257,7 +265,7 @@ def test_a_long_call_no_grammar_holds_streams_after_the_hold():
         total = time.monotonic() - start
         assert content == "" and names == ["Bash"] and finish == "tool_calls"
         assert json.loads(arguments) == args
-        assert first is not None and HOLD_SECONDS <= first < HOLD_SECONDS + 1.5 < total - 1, (first, total)
+        assert first is not None and hold <= first < hold + 1.5 < total - 1, (first, total)
 
         a_tools = [{"name": "Bash", "input_schema": BASH["function"]["parameters"]}]
         a_body = {
@@ -319,7 +327,7 @@ def test_json_after_text_is_not_held_back_for_long():
     assert len(after) > 20 and max(gaps) < HOLD_SECONDS - 1, gaps
 
 
-def test_calls_and_text_after_a_call_read_on_speculation_are_kept():
+def test_calls_and_text_after_a_call_read_on_speculation_are_kept(short_hold: float):
     """A stream read on speculation has no grammar to stop the model after
     its call: a second call (JSON text, or a list's next item) and prose
     after the calls reach the client too (the prose as text), and
@@ -329,7 +337,7 @@ def test_calls_and_text_after_a_call_read_on_speculation_are_kept():
         '\n{"name": "Bash", "arguments": {"command": "ls"}}',
         "\nDone.",
     ]
-    srv, _, _ = scripted(Script(pieces, delay=0.1))
+    srv, _, _ = scripted(Script(pieces, delay=0.05))  # about 3.3 s
     with srv:
         for parallel, expected in ((True, ["echo hi; " * 80 + "true", "ls"]), (False, ["echo hi; " * 80 + "true"])):
             body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH],
@@ -366,7 +374,7 @@ def test_the_speculative_reader_leaves_what_follows_its_calls():
     assert reader.rest.lstrip("}\n").startswith("</tool_call>\n<tool_call>")
 
 
-def test_real_qwen_long_bare_json_call_streams(qwen_server):
+def test_real_qwen_long_bare_json_call_streams(qwen_server, short_hold: float):
     """Asked for a long file as a bare JSON call (no ``<tool_call>`` tags, so
     the lazy grammar is never woken), Qwen2.5-Coder-0.5B writes
     ``{"name": "write_file", "arguments": {...`` for a few hundred tokens.
@@ -392,7 +400,7 @@ def test_real_qwen_long_bare_json_call_streams(qwen_server):
         "no tool_call tags."
     )
     body = {"model": "qwen", "messages": [{"role": "user", "content": ask}], "tools": [write],
-            "temperature": 0, "max_tokens": 250, "stream": True}  # fmt: skip
+            "temperature": 0, "max_tokens": 160, "stream": True}  # fmt: skip
     start, first, content, arguments, names = time.monotonic(), None, "", "", []
     with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=300) as s:
         for line in s.iter_lines():
@@ -466,10 +474,10 @@ def test_the_speculative_reader_takes_fenced_calls_and_quoted_arguments():
         assert len([e for e in events if isinstance(e, Piece)]) > 5  # as it comes, not at the end
 
 
-def test_a_long_call_with_quoted_arguments_streams_after_the_hold():
+def test_a_long_call_with_quoted_arguments_streams_after_the_hold(short_hold: float):
     args = {"command": "echo hi; " * 60 + "true"}
     text = '{"name": "Bash", "arguments": ' + json.dumps(json.dumps(args)) + "}"
-    srv, _, _ = scripted(Script([text[i : i + 10] for i in range(0, len(text), 10)], delay=0.1))
+    srv, _, _ = scripted(Script([text[i : i + 10] for i in range(0, len(text), 10)], delay=0.05))  # about 3.5 s
     with srv:
         body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH], "stream": True}
         start, first, arguments, content = time.monotonic(), None, "", ""
