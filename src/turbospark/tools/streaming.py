@@ -118,33 +118,19 @@ class _Value:
         return self.started and self.depth == 0 and not self.string and not self.scalar
 
 
-class CallReader:
-    """Reads calls of the grammar's shape from text fed in pieces.
+class _Reader:
+    """What both readers share: the calls closed so far, the one being read,
+    the text after the last call, and how a piece or a call goes out."""
 
-    ``names``: read on speculation, with no grammar behind the text (a call
-    that has been held back long enough, ``generation._Router``). Then a call
-    opens only for one of these names and only when its arguments are an
-    object (under their key, or as the keys beside the name, which become
-    the arguments object); anything else fails the reader, and the text is
-    left to the parsers and the rescue, whole, at the end.
-    """
-
-    def __init__(self, names: tuple[str, ...] | None = None, single: bool = False) -> None:
+    def __init__(self, names: tuple[str, ...] | None, single: bool) -> None:
         self.calls: list[ToolCall] = []
-        self.buffer = ""  # text not yet placed (before a head is complete)
-        self.failed = False  # no head where one had to be: not a call text
-        self.names = names
+        self.buffer = ""  # text not yet placed
+        self.failed = False  # no call where one had to be: not a call text
+        self.names = names  # read on speculation: only calls to these
         self.single = single  # one call at most: what follows it is left as text
         self._rest = ""  # the text after the last closed call
         self._open: tuple[str, str] | None = None  # (id, name) of the call being read
         self._args: list[str] = []
-        self._head_text = ""  # the open call's text before its arguments
-        self._beside = False  # the arguments are the keys beside the name
-        self._value = _Value()
-        #: the arguments are written as a JSON string (of the object's text):
-        #: its content is what streams, decoded
-        self._quoted: _Unquote | None = None
-        self._raw: list[str] = []  # the quoted arguments as written
 
     @property
     def reading(self) -> bool:
@@ -159,6 +145,46 @@ class CallReader:
         return ToolCall(self._open[0], self._open[1], "".join(self._args))
 
     @property
+    def rest(self) -> str:
+        """The text after the last closed call, as written: what a stream
+        read on speculation leaves to the parsers at the end."""
+        return self._rest
+
+    def _emit(self, out: list[Event], piece: str) -> None:
+        self._args.append(piece)
+        out.append(Piece(len(self.calls), piece))
+
+    def _close(self, out: list[Event], rest: str) -> None:
+        """The open call is complete; ``rest`` is what follows it so far."""
+        assert self._open is not None
+        call = ToolCall(self._open[0], self._open[1], "".join(self._args))
+        self.calls.append(call)
+        self._open, self._rest = None, rest
+        out.append(Closed(len(self.calls) - 1, call))
+
+
+class CallReader(_Reader):
+    """Reads calls of the grammar's shape from text fed in pieces.
+
+    ``names``: read on speculation, with no grammar behind the text (a call
+    that has been held back long enough, ``generation._Router``). Then a call
+    opens only for one of these names and only when its arguments are an
+    object (under their key, or as the keys beside the name, which become
+    the arguments object); anything else fails the reader, and the text is
+    left to the parsers and the rescue, whole, at the end.
+    """
+
+    def __init__(self, names: tuple[str, ...] | None = None, single: bool = False) -> None:
+        super().__init__(names, single)
+        self._head_text = ""  # the open call's text before its arguments
+        self._beside = False  # the arguments are the keys beside the name
+        self._value = _Value()
+        #: the arguments are written as a JSON string (of the object's text):
+        #: its content is what streams, decoded
+        self._quoted: _Unquote | None = None
+        self._raw: list[str] = []  # the quoted arguments as written
+
+    @property
     def partial_text(self) -> str:
         """The open call's text as the model wrote it so far."""
         if self._open is None:
@@ -167,12 +193,6 @@ class CallReader:
             return self._head_text + "".join(self._raw)
         args = "".join(self._args)
         return self._head_text + (args[1:] if self._beside else args)
-
-    @property
-    def rest(self) -> str:
-        """The text after the last closed call, as written: what a stream
-        read on speculation leaves to the parsers at the end."""
-        return self._rest
 
     def feed(self, text: str) -> list[Event]:
         out: list[Event] = []
@@ -184,8 +204,6 @@ class CallReader:
                 text = self._head(self.buffer + text, out)
             else:
                 text = self._arguments(text, out)
-                if self._open is None:
-                    self._rest = text  # what follows the call just closed
         return out
 
     def _head(self, text: str, out: list[Event]) -> str:
@@ -220,8 +238,7 @@ class CallReader:
         out.append(Opened(len(self.calls), self._open[0], name))
         if beside:  # the call's own object, less its name, is the arguments
             self._value.step("{")
-            self._args.append("{")
-            out.append(Piece(len(self.calls), "{"))
+            self._emit(out, "{")
         return text[m.end() :]
 
     def _arguments(self, text: str, out: list[Event]) -> str:
@@ -238,16 +255,10 @@ class CallReader:
             if value.done:
                 end = i + 1
                 break
-        piece = text[:end]
-        if piece:
-            self._args.append(piece)
-            out.append(Piece(len(self.calls), piece))
+        if text[:end]:
+            self._emit(out, text[:end])
         if value.done or end < len(text):
-            assert self._open is not None
-            call = ToolCall(self._open[0], self._open[1], "".join(self._args))
-            self.calls.append(call)
-            self._open = None
-            out.append(Closed(len(self.calls) - 1, call))
+            self._close(out, text[end:])
             return text[end:]
         return ""
 
@@ -267,13 +278,10 @@ class CallReader:
                 break
         self._raw.append(text[:end])
         if piece := "".join(decoded):
-            self._args.append(piece)
-            out.append(Piece(len(self.calls), piece))
+            self._emit(out, piece)
         if quoted.done:
-            call = ToolCall(self._open[0], self._open[1], "".join(self._args))
-            self.calls.append(call)
-            self._open, self._quoted = None, None
-            out.append(Closed(len(self.calls) - 1, call))
+            self._quoted = None
+            self._close(out, text[end:])
             return text[end:]
         return ""
 
@@ -359,7 +367,7 @@ _XML_TAGS = ("<parameter=", "</function>", "</tool_call>")
 _PARAM_CLOSE = "</parameter>"
 
 
-class XmlCallReader:
+class XmlCallReader(_Reader):
     """Reads calls of the xml syntax (Qwen3-Coder's ``<function=N>``
     ``<parameter=K>`` blocks) as they are written, turning each into the
     same events as :class:`CallReader`: its arguments stream as the JSON
@@ -371,37 +379,15 @@ class XmlCallReader:
     def __init__(
         self, raw: dict[str, frozenset[str]], names: tuple[str, ...] | None = None, single: bool = False
     ) -> None:
-        self.calls: list[ToolCall] = []
-        self.buffer = ""
-        self.failed = False
-        self.names = names
-        self.single = single
-        self._rest = ""
+        super().__init__(names, single)
         self._raw = raw
-        self._open: tuple[str, str] | None = None
-        self._args: list[str] = []
         self._text: list[str] = []  # the open call's text as written
         self._param: str | None = None  # the parameter being read
         self._params = 0  # parameters of the open call so far
 
     @property
-    def reading(self) -> bool:
-        return self._open is not None
-
-    @property
-    def partial(self) -> ToolCall | None:
-        if self._open is None:
-            return None
-        return ToolCall(self._open[0], self._open[1], "".join(self._args))
-
-    @property
     def partial_text(self) -> str:
         return "".join(self._text) + self.buffer if self._open is not None else ""
-
-    @property
-    def rest(self) -> str:
-        """The text after the last closed call, as written."""
-        return self._rest
 
     def feed(self, text: str) -> list[Event]:
         out: list[Event] = []
@@ -420,10 +406,6 @@ class XmlCallReader:
             if (self.buffer, self._open, self._param) == before:  # nothing more to read yet
                 break
         return out
-
-    def _emit(self, out: list[Event], piece: str) -> None:
-        self._args.append(piece)
-        out.append(Piece(len(self.calls), piece))
 
     def _take(self, n: int) -> str:
         taken, self.buffer = self.buffer[:n], self.buffer[n:]
@@ -460,11 +442,7 @@ class XmlCallReader:
         elif (m := _XML_END.match(self.buffer)) is not None:
             self._take(m.end())
             self._emit(out, "}")
-            call = ToolCall(self._open[0], self._open[1], "".join(self._args))
-            self.calls.append(call)
-            self._open = None
-            self._rest = self.buffer
-            out.append(Closed(len(self.calls) - 1, call))
+            self._close(out, self.buffer)
         elif self.buffer.strip() and not any(tag.startswith(self.buffer.lstrip()[: len(tag)]) for tag in _XML_TAGS):
             self.failed = True  # neither a parameter nor the end: not a call the reader knows
 
