@@ -7,10 +7,12 @@ from __future__ import annotations
 import copy
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import openai
+import orjson
 
 from turbospark import ListObserver, Server
 
@@ -129,6 +131,45 @@ MALFORMED_BODIES = [
     (b"", None, "empty"),
     (b"[1, 2]", None, "JSON object"),
 ]
+
+
+@dataclass
+class ChatStream:
+    """What a streamed OpenAI chat answer brought, and when its first call
+    delta came (seconds from the request; ``total``: to the stream's end)."""
+
+    content: str = ""
+    calls: dict[int, str] = field(default_factory=dict)  # arguments text by call index
+    names: list[str] = field(default_factory=list)
+    finish: str | None = None
+    first_call_at: float | None = None
+    total: float = 0.0
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.calls[i] for i in sorted(self.calls))
+
+
+def stream_chat(url: str, body: dict[str, Any], timeout: float = 300) -> ChatStream:
+    """POST ``body`` to ``/v1/chat/completions`` streamed, and read it all."""
+    out, start = ChatStream(), time.monotonic()
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=timeout) as s:
+        for line in s.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choices = orjson.loads(line[6:])["choices"]
+            if not choices:
+                continue
+            delta = choices[0]["delta"]
+            out.content += delta.get("content") or ""
+            out.finish = choices[0].get("finish_reason") or out.finish
+            for c in delta.get("tool_calls") or []:
+                if out.first_call_at is None:
+                    out.first_call_at = time.monotonic() - start
+                out.names += [c["function"]["name"]] if c["function"].get("name") else []
+                out.calls[c["index"]] = out.calls.get(c["index"], "") + (c["function"].get("arguments") or "")
+    out.total = time.monotonic() - start
+    return out
 
 
 def assert_openai_error(r: httpx.Response, status: int, param: str | None = None, contains: str = "") -> dict:

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.support import Script, scripted
+from tests.support import Script, scripted, stream_chat
 from turbospark.tools.rescue import may_become_call, rescue_call
 
 
@@ -249,22 +249,10 @@ def test_a_long_call_no_grammar_holds_streams_after_the_hold(short_hold: float):
     srv, _, _ = scripted(Script(pieces, delay=0.07))  # about 4.4 s
     with srv:
         body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH]}
-        start = time.monotonic()
-        first = None
-        content, arguments, names, finish = "", "", [], None
-        with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as s:
-            for line in s.iter_lines():
-                if line.startswith("data: {"):
-                    choice = orjson.loads(line[6:])["choices"][0]
-                    content += choice["delta"].get("content") or ""
-                    finish = choice.get("finish_reason") or finish
-                    for c in choice["delta"].get("tool_calls") or []:
-                        first = time.monotonic() - start if first is None else first
-                        names += [c["function"]["name"]] if c["function"].get("name") else []
-                        arguments += c["function"].get("arguments") or ""
-        total = time.monotonic() - start
-        assert content == "" and names == ["Bash"] and finish == "tool_calls"
-        assert json.loads(arguments) == args
+        got = stream_chat(srv.url, body, timeout=60)
+        first, total = got.first_call_at, got.total
+        assert got.content == "" and got.names == ["Bash"] and got.finish == "tool_calls"
+        assert json.loads(got.arguments) == args
         assert first is not None and hold <= first < hold + 1.5 < total - 1, (first, total)
 
         a_tools = [{"name": "Bash", "input_schema": BASH["function"]["parameters"]}]
@@ -342,19 +330,11 @@ def test_calls_and_text_after_a_call_read_on_speculation_are_kept(short_hold: fl
         for parallel, expected in ((True, ["echo hi; " * 80 + "true", "ls"]), (False, ["echo hi; " * 80 + "true"])):
             body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH],
                     "stream": True, "parallel_tool_calls": parallel}  # fmt: skip
-            content, args, start, streamed_at = "", {}, time.monotonic(), None
-            with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
-                for line in s.iter_lines():
-                    if line.startswith("data: {"):
-                        delta = orjson.loads(line[6:])["choices"][0]["delta"]
-                        content += delta.get("content") or ""
-                        for c in delta.get("tool_calls") or []:
-                            args[c["index"]] = args.get(c["index"], "") + (c["function"].get("arguments") or "")
-                            streamed_at = streamed_at or time.monotonic() - start
-            total = time.monotonic() - start
-            assert [json.loads(args[i])["command"] for i in sorted(args)] == expected, parallel
-            assert content.strip() == "Done.", content  # the key after the arguments is no text
-            assert streamed_at is not None and streamed_at < total - 1  # the first call streamed
+            got = stream_chat(srv.url, body, timeout=60)
+            assert [json.loads(got.calls[i])["command"] for i in sorted(got.calls)] == expected, parallel
+            assert got.content.strip() == "Done.", got.content  # the key after the arguments is no text
+            first = got.first_call_at
+            assert first is not None and first < got.total - 1  # the first call streamed
 
 
 def test_the_speculative_reader_leaves_what_follows_its_calls():
@@ -401,20 +381,10 @@ def test_real_qwen_long_bare_json_call_streams(qwen_server, short_hold: float):
     )
     body = {"model": "qwen", "messages": [{"role": "user", "content": ask}], "tools": [write],
             "temperature": 0, "max_tokens": 160, "stream": True}  # fmt: skip
-    start, first, content, arguments, names = time.monotonic(), None, "", "", []
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=300) as s:
-        for line in s.iter_lines():
-            if line.startswith("data: {"):
-                choices = orjson.loads(line[6:])["choices"]
-                delta = choices[0]["delta"] if choices else {}
-                content += delta.get("content") or ""
-                for c in delta.get("tool_calls") or []:
-                    first = time.monotonic() - start if first is None else first
-                    names += [c["function"]["name"]] if c["function"].get("name") else []
-                    arguments += c["function"].get("arguments") or ""
-    total = time.monotonic() - start
-    assert content == "" and names == ["write_file"], (content[:200], names)
-    assert arguments.startswith('{"path": "poem.txt", "content": "1. Alabama'), arguments[:100]
+    got = stream_chat(srv.url, body)
+    first, total = got.first_call_at, got.total
+    assert got.content == "" and got.names == ["write_file"], (got.content[:200], got.names)
+    assert got.arguments.startswith('{"path": "poem.txt", "content": "1. Alabama'), got.arguments[:100]
     assert first is not None and first < total - 1, (first, total)
 
 
@@ -480,18 +450,9 @@ def test_a_long_call_with_quoted_arguments_streams_after_the_hold(short_hold: fl
     srv, _, _ = scripted(Script([text[i : i + 10] for i in range(0, len(text), 10)], delay=0.05))  # about 3.5 s
     with srv:
         body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH], "stream": True}
-        start, first, arguments, content = time.monotonic(), None, "", ""
-        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
-            for line in s.iter_lines():
-                if line.startswith("data: {"):
-                    delta = orjson.loads(line[6:])["choices"][0]["delta"]
-                    content += delta.get("content") or ""
-                    for c in delta.get("tool_calls") or []:
-                        first = first or time.monotonic() - start
-                        arguments += c["function"].get("arguments") or ""
-        total = time.monotonic() - start
-    assert content == "" and json.loads(arguments) == args
-    assert first is not None and first < total - 1, (first, total)
+        got = stream_chat(srv.url, body, timeout=60)
+    assert got.content == "" and json.loads(got.arguments) == args
+    assert got.first_call_at is not None and got.first_call_at < got.total - 1, (got.first_call_at, got.total)
 
 
 def test_quoted_arguments_that_are_no_object_are_left_to_the_parsers():

@@ -22,6 +22,7 @@ from turbospark.tools.grammar import tool_call_grammar, xml_raw_parameters
 from turbospark.tools.streaming import Closed, Opened, Piece, XmlCallReader
 
 from .fakes import Script, ScriptedModel
+from .support import ChatStream, stream_chat
 
 WRITE = {
     "type": "function",
@@ -140,20 +141,10 @@ def slow(text: str) -> list[str]:
     return [text[i : i + 24] for i in range(0, len(text), 24)]
 
 
-def stream_openai(url: str, tools: list) -> tuple[float | None, float, str, list[str], str | None]:
-    body = {"model": "scripted", "messages": [{"role": "user", "content": "write"}], "tools": tools, "stream": True}
-    start, first, args, names, finish = time.monotonic(), None, "", [], None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as s:
-        for line in s.iter_lines():
-            if line.startswith("data: {"):
-                choice = orjson.loads(line[6:])["choices"][0]
-                assert not choice["delta"].get("content")
-                finish = choice.get("finish_reason") or finish
-                for c in choice["delta"].get("tool_calls") or []:
-                    first = time.monotonic() - start if first is None else first
-                    names += [c["function"]["name"]] if c["function"].get("name") else []
-                    args += c["function"].get("arguments") or ""
-    return first, time.monotonic() - start, args, names, finish
+def stream_openai(url: str, tools: list) -> ChatStream:
+    got = stream_chat(url, {"model": "scripted", "messages": [{"role": "user", "content": "write"}], "tools": tools})
+    assert got.content == ""
+    return got
 
 
 def test_a_grammar_held_xml_call_streams_from_its_start():
@@ -162,9 +153,9 @@ def test_a_grammar_held_xml_call_streams_from_its_start():
     OpenAI's and Anthropic's frames; a non-streamed answer has the same call."""
     srv, _ = xml_server(slow(CALL), grammar=True)
     with srv:
-        first, total, args, names, finish = stream_openai(srv.url, [WRITE])
-        assert names == ["write_file"] and json.loads(args) == ARGS and finish == "tool_calls"
-        assert first is not None and first < total / 4, (first, total)
+        got = stream_openai(srv.url, [WRITE])
+        assert got.names == ["write_file"] and json.loads(got.arguments) == ARGS and got.finish == "tool_calls"
+        assert got.first_call_at is not None and got.first_call_at < got.total / 4, (got.first_call_at, got.total)
 
         a_tool = {"name": "write_file", "input_schema": WRITE["function"]["parameters"]}
         body = {"model": "scripted", "max_tokens": 900, "messages": [{"role": "user", "content": "write"}],
@@ -197,6 +188,6 @@ def test_an_xml_call_no_grammar_holds_streams_after_the_hold(monkeypatch):
     monkeypatch.setattr(generation, "HOLD_SECONDS", 1.0)  # the server runs in this process
     srv, _ = xml_server(slow(CALL), grammar=False)
     with srv:
-        first, total, args, names, finish = stream_openai(srv.url, [WRITE])
-    assert names == ["write_file"] and json.loads(args) == ARGS and finish == "tool_calls"
-    assert first is not None and 1.0 <= first < total - 1, (first, total)
+        got = stream_openai(srv.url, [WRITE])
+    assert got.names == ["write_file"] and json.loads(got.arguments) == ARGS and got.finish == "tool_calls"
+    assert got.first_call_at is not None and 1.0 <= got.first_call_at < got.total - 1, (got.first_call_at, got.total)

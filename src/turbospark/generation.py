@@ -605,10 +605,9 @@ class _Router:
         self.splitter = ReasoningSplitter(start_in_reasoning=prepared.think_open) if prepared.think else None
         self.tools = bool(prepared.offered)
         mode = prepared.call_grammar if stream_calls and self.tools else None
+        self.prepared = prepared
         #: the calls' reader: from the start when the answer is the call,
         #: from the call marker on when the lazy grammar waits for it
-        self.request = prepared.request
-        self.syntax, self.tool_list = prepared.syntax, prepared.request.tools if prepared.request else None
         self.reader: CallReader | XmlCallReader | None = self._new_reader() if mode == "forced" else None
         self.trigger = CALL_TRIGGERS.get(prepared.syntax or "") if mode == "lazy" else None
         #: an answer that begins as a JSON object is held back while it may
@@ -622,7 +621,6 @@ class _Router:
         #: on speculation (its bytes stream; it is validated, not re-asked,
         #: at the end).
         self.speculate = live and stream_calls and self.tools
-        self.offered = prepared.offered
         self.pending = ""  # answer text not yet known to be free of a call start
         self.tail = ""  # from the first call start on
         self.reasoning: list[str] = []
@@ -646,12 +644,12 @@ class _Router:
         """The reader of this syntax's calls. ``names``: on speculation (no
         grammar), where the request's own limits are the reader's: the one
         tool a named ``tool_choice`` allows, one call without parallel calls."""
-        req = self.request
+        req = self.prepared.request
         single = names is not None and req is not None and not req.parallel_tool_calls
         if names is not None and req is not None and req.tool_choice == "named" and req.tool_name:
             names = (req.tool_name,)
-        if self.syntax == "xml":
-            return XmlCallReader(grammars.xml_raw_parameters(self.tool_list or []), names, single)
+        if self.prepared.syntax == "xml":
+            return XmlCallReader(grammars.xml_raw_parameters((req.tools if req else None) or []), names, single)
         return CallReader(names, single)
 
     def _held_too_long(self) -> bool:
@@ -700,7 +698,7 @@ class _Router:
         if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
             self.reader = self._new_reader()
         elif self.reader is None and self.speculate and self._held_too_long():
-            self.reader = self._new_reader(self.offered)
+            self.reader = self._new_reader(self.prepared.offered)
             return self._read_calls(self.tail)
         return self._read_calls(text) if self.reader is not None else []
 
