@@ -6,8 +6,9 @@ alternated over rounds:
   (a) free;
   (b) held to valid JSON (``json_object``'s grammar, what structured output
       and a forced tool call pay per token);
-  (c) with the lazy tool-call grammar every ``tool_choice: auto`` request
-      carries, not triggered (it only watches the output for ``<tool_call>``).
+  (c) with the lazy tool-call grammars every ``tool_choice: auto`` request
+      carries, not triggered (they only watch the output: for ``<tool_call>``,
+      and its start for a bare JSON call naming an offered tool).
 
 Prints each one's decode tok/s (engine figures: first to last token) and the
 ratios (b)/(a) and (c)/(a), medians over rounds (target >= 0.95 for both).
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from turbospark.catalog import resolve_model  # noqa: E402
 from turbospark.engine.model import LlamaChatModel, ModelOptions  # noqa: E402
 from turbospark.engine.types import CancelFlag, GenerationConfig  # noqa: E402
-from turbospark.tools.grammar import json_object_grammar, tool_call_grammar  # noqa: E402
+from turbospark.tools.grammar import json_object_grammar, opening_call_grammar, tool_call_grammar  # noqa: E402
 
 PROMPT = "Write a JSON array of 30 fictional people, each an object with name, age, city and job."
 TOOL = {
@@ -58,10 +59,17 @@ def main() -> int:
         json_grammar = json_object_grammar()
         specials = {m: t for m, t in model.marked_tokens.items() if m in ("<tool_call>", "</tool_call>")}
         lazy = tool_call_grammar([TOOL], "hermes", many=True, specials=specials)
+        # served beside it with tool_choice auto: the bare-JSON opening grammar
+        opening, opening_trigger = opening_call_grammar([TOOL], many=True)
         cases = {
             "free": {},
             "json grammar": {"grammar": json_grammar},
-            "lazy tool grammar": {"grammar": lazy, "grammar_trigger": "<tool_call>"},
+            "lazy tool grammar": {
+                "grammar": lazy,
+                "grammar_trigger": "<tool_call>",
+                "opening_grammar": opening,
+                "opening_trigger": opening_trigger,
+            },  # fmt: skip
         }
         rates: dict[str, list[float]] = {k: [] for k in cases}
         rate(model, ids, 16)  # warm-up

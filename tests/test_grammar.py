@@ -29,6 +29,7 @@ from turbospark.tools.grammar import (
     check_schema,
     json_object_grammar,
     json_schema_grammar,
+    opening_call_grammar,
     tool_call_grammar,
 )
 
@@ -748,6 +749,49 @@ def test_tool_call_syntaxes(matcher, syntax):
     assert not matcher.accepts(g, "")
     only_time = tool_call_grammar([WEATHER, TIME], syntax, name="get_time")
     assert not matcher.accepts(only_time, CALL_TEXTS[syntax])
+
+
+OPENINGS = [
+    f'{{"name": "get_weather", "arguments": {ARGS}}}',
+    f'{{"name": "get_weather", "parameters": {ARGS}}}',  # Llama 3's key
+    f'\n  {{\n  "name":"get_weather",\n  "arguments" :  {ARGS} }}',  # any spacing around the head
+    f'```json\n{{"name": "get_weather", "arguments": {ARGS}}}\n```',
+    '```\n{"name": "get_time", "arguments": {"timezone": "UTC"}}```',
+]
+
+
+@pytest.mark.parametrize("text", OPENINGS)
+def test_opening_call_grammar_takes_bare_json_calls(matcher, text):
+    """The grammar of an answer that opens as a bare JSON call (tool_choice
+    auto, every syntax) takes the shapes small models write, and its trigger
+    matches each of them at its name; every prefix the trigger matches, the
+    grammar can go on from (the engine feeds it exactly those tokens)."""
+    g, trigger = opening_call_grammar([WEATHER, TIME])
+    assert matcher.accepts(g, text)
+    m = re.match(trigger, text)
+    assert m is not None and m.group(0).endswith(('"get_weather"', '"get_time"'))
+    prefix = matcher.matcher(g)
+    ids = matcher.f.tokenize(m.group(0), False, False)
+    assert prefix.consume_tokens(ids) and not prefix.is_stopped()
+
+
+def test_opening_call_grammar_holds_the_call_to_its_tool(matcher):
+    g, trigger = opening_call_grammar([WEATHER, TIME], many=True)
+    assert not matcher.accepts(g, OPENINGS[0].replace("celsius", "kelvin"))
+    # a small model's arguments beside the name are not a call of this grammar:
+    # once the name is out, the engine holds the model to "arguments"
+    assert not matcher.accepts(g, '{"name": "get_weather", "location": "Paris"}')
+    assert not matcher.accepts(g, OPENINGS[0] + " Done.")  # nothing after the call
+    assert matcher.accepts(g, OPENINGS[0] + "\n" + OPENINGS[0])  # parallel calls
+    single, _ = opening_call_grammar([WEATHER, TIME])
+    assert not matcher.accepts(single, OPENINGS[0] + "\n" + OPENINGS[0])
+    # only an offered name wakes it: a JSON answer of the user's own stays free
+    for free in ['{"name": "Alice", "age": 30}', '{"name": "get_weathers"', 'Sure: {"name": "get_weather"',
+                 '{"city": "Paris"}', '{"arguments": {}, "name": "get_weather"}']:  # fmt: skip
+        assert re.match(trigger, free) is None, free
+    assert re.match(trigger, '{"name": "get_weather"') is not None
+    with pytest.raises(ValueError):
+        opening_call_grammar([WEATHER, WEATHER])
 
 
 def test_tool_call_required_arguments_and_no_parameters(matcher):

@@ -114,3 +114,45 @@ def test_a_trigger_written_over_several_tokens_and_after_other_text():
         assert held.text == ' <tool_call>\n{"name": "ping"}\n</tool_call>'
     finally:
         model.close()
+
+
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "Bash",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+            "required": ["command"],
+        },
+    },
+}
+
+
+def test_an_answer_that_opens_as_a_bare_call_is_held_from_its_name(qwen):
+    """The opening grammar (tools/grammar.opening_call_grammar): Qwen told to
+    answer with Claude Code's botched shape, the arguments beside the name,
+    writes exactly that without it; with it, the name wakes the grammar and
+    the same answer comes out as a valid call. A JSON answer that names no
+    offered tool, and plain text, stay free; the ``<tool_call>`` marker's
+    own lazy grammar still takes a call that opens with the marker."""
+    from turbospark.tools.grammar import opening_call_grammar, tool_call_grammar
+
+    opening, trigger = opening_call_grammar([BASH])
+    marker = tool_call_grammar([BASH], "hermes", specials={"<tool_call>": 151657, "</tool_call>": 151658})
+    both = {"opening_grammar": opening, "opening_trigger": trigger, "grammar": marker, "grammar_trigger": "<tool_call>"}
+
+    def answer(ask, **cfg):
+        return run(qwen, qwen.render_chat([{"role": "user", "content": ask}]), max_new_tokens=60, **cfg)
+
+    ask = 'Run echo hi. Answer with only the JSON object {"name": "Bash", "command": "echo hi", "timeout": 120000}.'
+    loose = answer(ask)
+    assert loose.text == '{"name": "Bash", "command": "echo hi", "timeout": 120000}'
+    held = answer(ask, **both)
+    assert held.text == '{"name": "Bash", "arguments": {"command": "echo hi", "timeout": 120000}}'
+    assert held.reason.value == "endOfTurn"
+    for free in ("Give me a JSON object describing a person named Alice, aged 30.", "Say hello."):
+        assert answer(free, **both).text == answer(free).text
+    tok = qwen.tokenize("<tool_call>", False, True)
+    marked = answer("Say hello.", logit_bias={tok[0]: 100.0}, **both)
+    assert marked.text.startswith('<tool_call>\n{"name": "Bash", "arguments": {"command": "')

@@ -354,13 +354,23 @@ def test_the_speculative_reader_leaves_what_follows_its_calls():
     assert reader.rest.lstrip("}\n").startswith("</tool_call>\n<tool_call>")
 
 
-def test_real_qwen_long_bare_json_call_streams(qwen_server, short_hold: float):
-    """Asked for a long file as a bare JSON call (no ``<tool_call>`` tags, so
-    the lazy grammar is never woken), Qwen2.5-Coder-0.5B writes
-    ``{"name": "write_file", "arguments": {...`` for a few hundred tokens.
-    Without the speculative reader the stream sent nothing until the budget
-    ran out (then the cut JSON as text); now the call's name and argument
-    bytes stream once it has been held for HOLD_SECONDS."""
+@pytest.fixture
+def no_speculation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOLD_SECONDS beyond any test: nothing is read on speculation, so what
+    streams is what a grammar holds."""
+    import turbospark.generation as generation
+
+    monkeypatch.setattr(generation, "HOLD_SECONDS", 10_000.0)
+
+
+def test_real_qwen_long_bare_json_call_streams(qwen_server, no_speculation: None):
+    """Asked for a long file as a bare JSON call (no ``<tool_call>`` tags),
+    Qwen2.5-Coder-0.5B writes ``{"name": "write_file", "arguments": {...``
+    for a few hundred tokens. Before the opening grammar the stream sent
+    nothing until the budget ran out (then the cut JSON as text); later the
+    speculative reader sent it after HOLD_SECONDS. Now the offered name
+    wakes the opening grammar and the reader takes the call from its first
+    bytes: it streams with speculation out of reach."""
     srv, _ = qwen_server
     write = {
         "type": "function",
@@ -386,6 +396,76 @@ def test_real_qwen_long_bare_json_call_streams(qwen_server, short_hold: float):
     assert got.content == "" and got.names == ["write_file"], (got.content[:200], got.names)
     assert got.arguments.startswith('{"path": "poem.txt", "content": "1. Alabama'), got.arguments[:100]
     assert first is not None and first < total - 1, (first, total)
+
+
+def test_real_qwen_arguments_beside_the_name_come_out_a_streamed_call(qwen_server, no_speculation: None):
+    """Claude Code's run: Qwen answered ``{"name": "Bash", "command": …}``,
+    the arguments beside the name. Told to write exactly that, with the
+    timeout quoted (a string where the schema wants an integer: no rescue
+    takes that, so without a grammar it is re-asked), through the Anthropic
+    SDK: the opening grammar holds it to ``"arguments"`` once the name is
+    out and to an integer after ``"timeout":``, so the call is valid at the
+    first attempt (one ``generated``, no re-ask) and its input streams."""
+    import anthropic
+
+    srv, events = qwen_server
+    client = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=300)
+    tool = {"name": "Bash", "description": "Run a shell command",
+            "input_schema": {"type": "object", "properties": {"command": {"type": "string"},
+                                                              "timeout": {"type": "integer"}},
+                             "required": ["command"]}}  # fmt: skip
+    ask = 'Run echo hi. Answer with only the JSON object {"name": "Bash", "command": "echo hi", "timeout": "120000"}.'
+    deltas = 0
+    with client.messages.stream(
+        model="qwen", max_tokens=80, tools=[tool], messages=[{"role": "user", "content": ask}],
+        extra_body={"temperature": 0},
+    ) as s:  # fmt: skip
+        for e in s:
+            if e.type == "content_block_delta" and e.delta.type == "input_json_delta":
+                deltas += 1
+        msg = s.get_final_message()
+        rid = s.response.headers["x-request-id"]
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert msg.stop_reason == "tool_use" and [u.name for u in uses] == ["Bash"], msg
+    assert uses[0].input == {"command": "echo hi", "timeout": 120000}
+    assert deltas >= 2, deltas
+    assert len([e for e in events.of(int(rid)) if e.kind == "generated"]) == 1
+
+
+#: a ChatML template that teaches Llama 3's tool syntax (it names
+#: ``<|python_tag|>``), so Qwen is served with the ``llama3`` syntax: no call
+#: marker, only a bare ``{"name": …, "parameters": …}`` answer
+LLAMA3_STYLE = (
+    "{%- if tools %}<|im_start|>system\nTo call a function, answer with only the JSON object "
+    '{"name": function name, "parameters": its arguments}. Functions: {{ tools | tojson }}<|im_end|>\n'
+    "{% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{#- Llama 3 calls built-in tools after <|python_tag|> (role ipython) #}"
+)
+
+
+def test_real_qwen_llama3_syntax_calls_stream(no_speculation: None):
+    """A model whose template teaches the Llama 3 syntax has no call marker
+    for a lazy grammar to wait for: its calls are the whole answer. The
+    opening grammar is its trigger (anchored at the answer's start), so a
+    long call streams from its name on, with speculation out of reach."""
+    from tests.support import Server
+    from turbospark.catalog import resolve_model
+    from turbospark.engine.model import ModelOptions
+
+    options = ModelOptions(path=resolve_model("qwen2.5-coder-0.5b")[0], id="qwen-l3", ctx=2048, parallel=1,
+                           chat_template=LLAMA3_STYLE)  # fmt: skip
+    with Server(models=[options]) as srv:
+        write = {"type": "function", "function": {"name": "write_file", "description": "Write a text file",
+                 "parameters": {"type": "object", "properties": {"path": {"type": "string"},
+                                "content": {"type": "string"}}, "required": ["path", "content"]}}}  # fmt: skip
+        ask = "Save a file named poem.txt whose content is a numbered list of the first 40 US states, one per line."
+        body = {"model": "qwen-l3", "messages": [{"role": "user", "content": ask}], "tools": [write],
+                "temperature": 0, "max_tokens": 160}  # fmt: skip
+        got = stream_chat(srv.url, body)
+    assert got.content == "" and got.names == ["write_file"], (got.content[:200], got.names)
+    assert got.arguments.startswith('{"path": "poem.txt", "content": "1. Ala'), got.arguments[:100]
+    assert got.first_call_at is not None and got.first_call_at < got.total - 1, (got.first_call_at, got.total)
 
 
 def test_a_re_asked_answer_is_not_doubled():

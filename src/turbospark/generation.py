@@ -42,6 +42,7 @@ import orjson
 from .engine.channel import Run
 from .engine.interface import ChatModel
 from .engine.types import (
+    OPENING_SLACK,
     AdmissionError,
     CancelFlag,
     ContextOverflow,
@@ -140,6 +141,11 @@ class Prepared:
     #: calls stream as they are written: "forced" (the whole answer is the
     #: call: tool_choice required/named), "lazy" (from the call marker on)
     call_grammar: str | None = None
+    #: with the lazy mode: the trigger (a regex matched at the answer's
+    #: start) of the grammar of an answer that opens as a bare JSON call
+    #: (``grammars.opening_call_grammar``); the calls are read from the start
+    #: once the answer matches it
+    opening: str | None = None
     #: for a model that takes requests rather than token ids (a remote
     #: engine, ``takes_messages``): what is sent, less the sampling fields
     body: dict[str, Any] | None = None
@@ -396,6 +402,20 @@ def _lazy_call_grammar(req: ChatRequest, syntax: str | None, specials: dict[str,
     return grammar, CALL_TRIGGERS[syntax]
 
 
+def _opening_call(req: ChatRequest, syntax: str | None) -> tuple[str, str] | None:
+    """With tools offered and ``tool_choice`` auto, in every syntax: the
+    grammar of an answer that opens as a bare JSON call and its trigger
+    (``grammars.opening_call_grammar``); None when the schemas are beyond it."""
+    if not req.tools or req.tool_choice != "auto" or syntax is None:
+        return None
+    if req.json_schema is not None or req.json_object:
+        return None
+    try:
+        return grammars.opening_call_grammar(req.tools, many=req.parallel_tool_calls)
+    except (grammars.UnsupportedSchema, ValueError, RecursionError):
+        return None
+
+
 def _streamed_calls(model: ChatModel, req: ChatRequest, syntax: str | None, forced: bool, lazy: bool) -> str | None:
     """Whether the calls stream as they are written (``Prepared.call_grammar``):
     only when the engine enforces grammars and a syntax is known."""
@@ -462,27 +482,39 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     specials = _specials(model)
     grammar = _grammar(req, syntax, specials)
     lazy = _lazy_call_grammar(req, syntax, specials) if grammar is None else None
+    # an answer that opens as a bare JSON call (not for a model that may
+    # reason first: the engine could not tell where its answer opens)
+    reasons = think and "<think>" in _template_source(model)
+    opening = _opening_call(req, syntax) if grammar is None and not reasons else None
     if grammar is not None:
         config.grammar = grammar
     elif lazy is not None:
         config.grammar, config.grammar_trigger = lazy
+    if opening is not None:
+        config.opening_grammar, config.opening_trigger = opening
     compile_grammar = getattr(model, "compile_grammar", None)
-    if config.grammar and compile_grammar is not None:
-        compile_grammar(config.grammar, config.grammar_trigger)
-    call_grammar = _streamed_calls(model, req, syntax, grammar is not None, lazy is not None)
+    if compile_grammar is not None:
+        if config.grammar:
+            compile_grammar(config.grammar, config.grammar_trigger)
+        if config.opening_grammar:
+            compile_grammar(config.opening_grammar)
+    call_grammar = _streamed_calls(model, req, syntax, grammar is not None, lazy is not None or opening is not None)
     offered = tuple(tool_names(req.tools)) if syntax is not None else ()
     if offered:
         names = set(offered)
         config.tool_call_check = lambda text: bool(toolcalls.parse_tool_calls(text, names).calls)
     think_open = False
-    if think and not raw and "<think>" in _template_source(model):
+    if reasons and not raw:
         # a template whose generation prompt opens <think> itself: the
         # output starts inside the reasoning
         opener = model.tokenize("<think>", False, True)
         think_open = bool(opener) and (ids[-len(opener) :] == opener or ids[-len(opener) - 1 : -1] == opener)
     # thinking is split off whenever the model writes it (the effort only
     # flips the template's switch); raw prompts are left alone
-    return Prepared(ids, config, req, syntax, offered, not raw, think_open, warnings, call_grammar)
+    return Prepared(
+        ids, config, req, syntax, offered, not raw, think_open, warnings, call_grammar,
+        opening=config.opening_trigger if call_grammar == "lazy" else None,
+    )  # fmt: skip
 
 
 def _prepare_remote(model: ChatModel, req: ChatRequest) -> Prepared:
@@ -610,6 +642,9 @@ class _Router:
         #: from the call marker on when the lazy grammar waits for it
         self.reader: CallReader | XmlCallReader | None = self._new_reader() if mode == "forced" else None
         self.trigger = CALL_TRIGGERS.get(prepared.syntax or "") if mode == "lazy" else None
+        #: the trigger of the engine's opening grammar (``Prepared.opening``),
+        #: while the answer may still match it
+        self.opening = re.compile(prepared.opening) if mode == "lazy" and prepared.opening else None
         #: an answer that begins as a JSON object is held back while it may
         #: still be a call in the wrong shape (tools/rescue.py), for at most
         #: :data:`HOLD_SECONDS`: a response never stays silent longer
@@ -660,6 +695,26 @@ class _Router:
         if self.held_since is None:
             self.held_since = now
         return now - self.held_since > HOLD_SECONDS
+
+    def _opens_call(self) -> bool:
+        """The answer so far matches the opening grammar's trigger, as the
+        engine saw it (engine/sampling.py ``_watch``): the grammar holds the
+        answer from its start, and a reader takes it from there. Watching
+        stops where the engine's does."""
+        assert self.opening is not None
+        if self.content or self.reasoning:  # the engine watched the raw output: not this
+            self.opening = None
+            return False
+        if self.opening.match(self.pending):
+            self.opening = None
+            self.reader = self._new_reader()
+            return True
+        lead = self.pending.lstrip(" \t\r\n")
+        if len(self.pending.encode()) > len(self.opening.pattern.encode()) + OPENING_SLACK or (
+            lead and lead[0] not in "{`"
+        ):
+            self.opening = None
+        return False
 
     @staticmethod
     def _is_call(text: str) -> bool:
@@ -718,6 +773,10 @@ class _Router:
                 # call_start wants the whole answer so far (line starts matter);
                 # a possible start is held back until it is decided
                 self.pending += text
+                if self.opening is not None and self._opens_call():
+                    out += self._to_tail(self.pending)
+                    self.pending = ""
+                    continue
                 if self.hold_json and not self.content:
                     if may_become_call(self.pending) and not self._held_too_long():
                         continue

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .llama import LlamaModelFile, lib
-from .types import AdmissionError, GenerationConfig
+from .types import OPENING_SLACK, AdmissionError, GenerationConfig
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
@@ -91,50 +91,85 @@ class SamplerChain:
         self._constraints(model, config, self.pre or self.ptr)
         self._selection(config, self.ptr)
         #: a lazy grammar's trigger, until the output has written it; the
-        #: grammar is then fed the tokens that wrote it (``_watch``)
+        #: grammar (``_lazy`` until then) is fed the tokens that wrote it
         self.trigger: bytes | None = None
+        self._lazy: Constraint | None = None
         self._seen = b""
         self._recent: deque[int] = deque(maxlen=32)
         self._special = model.special_pieces
-        if config.grammar:
-            try:
-                self.grammar = self._grammar(model, config.grammar, config.grammar_trigger)
-            except AdmissionError:
-                self.close()
-                raise
-        if self.grammar is not None or self.pre is not None:
+        #: the opening grammar and its trigger (matched at the output's
+        #: start), until the output has matched it or can no longer
+        self._opening: tuple[re.Pattern[bytes], Constraint] | None = None
+        self._head = b""  # the output so far, while the opening is watched
+        self._head_tokens: list[int] = []
+        self._head_limit = 0
+        try:
+            if config.grammar:
+                self._grammar(model, config.grammar, config.grammar_trigger)
+            if config.opening_grammar and config.opening_trigger and self.grammar is None:  # a lazy one beside
+                pattern = config.opening_trigger.encode()
+                self._opening = (re.compile(pattern), Constraint(model, config.opening_grammar))
+                self._head_limit = len(pattern) + OPENING_SLACK  # longer than any text it matches, with sane spacing
+        except AdmissionError:
+            self.close()
+            raise
+        if self.grammar is not None or self.watching or self.pre is not None:
             self._data = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
             self._ids = np.arange(model.n_vocab, dtype=np.int32)
 
-    def _grammar(self, model: LlamaModelFile, grammar: str, trigger: str | None) -> Constraint:
+    @property
+    def watching(self) -> bool:
+        """A lazy grammar waits for its trigger: the output is free and watched."""
+        return self.trigger is not None or self._opening is not None
+
+    def _grammar(self, model: LlamaModelFile, grammar: str, trigger: str | None) -> None:
         """The grammar. With a trigger it is lazy: it constrains the output
         from the trigger's first appearance on (the grammar's text starts
         with the trigger). The watching is done here, not by the grammar (a
         grammar over the whole output would be asked about every token); the
         grammar only ever sees the tokens from the one that began the
         trigger, whatever that token held before it (``lazy_grammar``)."""
+        constraint = Constraint(model, lazy_grammar(grammar, trigger))
         if trigger:
-            self.trigger = trigger.encode()
-        return Constraint(model, lazy_grammar(grammar, trigger))
+            self.trigger, self._lazy = trigger.encode(), constraint
+        else:
+            self.grammar = constraint
 
     def _watch(self, token: int) -> None:
-        """Follow the output for the lazy grammar's trigger; once it is
-        written, feed the grammar the tokens that wrote it (if it refuses
+        """Follow the output for the lazy grammars' triggers; once one is
+        written, feed its grammar the tokens that wrote it (if it refuses
         them, the output stays free: its calls are validated afterwards)."""
+        piece = self._special[token]
+        if self._opening is not None:
+            self._head += piece
+            self._head_tokens.append(token)
+            pattern, opening = self._opening
+            if pattern.match(self._head):
+                self._switch_on(opening, self._head_tokens)
+                return
+            lead = self._head.lstrip(b" \t\r\n")
+            if len(self._head) > self._head_limit or (lead and lead[:1] not in (b"{", b"`")):
+                self._opening, self._head, self._head_tokens = None, b"", []
         trigger = self.trigger
-        assert trigger is not None
-        self._seen = (self._seen + self._special[token])[-4 * len(trigger) :]
+        if trigger is None:
+            return
+        self._seen = (self._seen + piece)[-4 * len(trigger) :]
         self._recent.append(token)
         if trigger not in self._seen:
             return
-        self.trigger = None
         recent = list(self._recent)
         k = 1
         while k < len(recent) and trigger not in b"".join(self._special[t] for t in recent[-k:]):
             k += 1
-        assert self.grammar is not None
-        if not self.grammar.accept(recent[-k:]):
-            self.grammar = None
+        assert self._lazy is not None
+        self._switch_on(self._lazy, recent[-k:])
+
+    def _switch_on(self, grammar: Constraint, tokens: list[int]) -> None:
+        """A trigger was written: ``grammar`` holds the output from here (if
+        it takes ``tokens``), and nothing is watched any more."""
+        self.grammar = grammar if grammar.accept(tokens) else None
+        self.trigger = self._lazy = self._opening = None
+        self._head, self._head_tokens = b"", []
 
     def _constraints(self, model: LlamaModelFile, config: GenerationConfig, chain: Any) -> None:
         """Logit bias (``ignore_eos`` included) and repetition penalties."""
@@ -187,15 +222,15 @@ class SamplerChain:
     def sample(self, ctx_ptr: Any, index: int) -> int:
         if self.pre is not None:
             token = self._sample_with_probs(ctx_ptr, index)
-        elif self.grammar is None:
-            return int(lib().llama_sampler_sample(self.ptr, ctx_ptr, index))
-        elif self.trigger is not None:
+        elif self.watching:
             # a lazy grammar not yet triggered constrains nothing: the fast
             # path, the output only watched for the trigger
             token = int(lib().llama_sampler_sample(self.ptr, ctx_ptr, index))
+        elif self.grammar is None:
+            return int(lib().llama_sampler_sample(self.ptr, ctx_ptr, index))
         else:
             return self._sample_constrained(ctx_ptr, index)
-        if self.trigger is not None:
+        if self.watching:
             self._watch(token)
         return token
 
@@ -241,7 +276,7 @@ class SamplerChain:
         L = lib()
         arr = self._candidates(ctx_ptr, index)
         L.llama_sampler_apply(self.pre, ctypes.byref(arr))
-        grammar = self.grammar if self.trigger is None else None
+        grammar = self.grammar  # None while a lazy grammar waits
         raw = ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_byte))  # samplers may re-point data
         view = np.ctypeslib.as_array(raw, shape=(arr.size * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)
         if grammar is not None:
@@ -267,7 +302,7 @@ class SamplerChain:
         return token
 
     def close(self) -> None:
-        self.grammar = None
+        self.grammar = self._lazy = self._opening = None
         if getattr(self, "pre", None):
             lib().llama_sampler_free(self.pre)
             self.pre = None

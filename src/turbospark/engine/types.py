@@ -20,6 +20,11 @@ class StopReason(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
+#: how many bytes past the length of ``opening_trigger``'s pattern an
+#: output may run without matching it before it is no longer watched
+OPENING_SLACK = 64
+
+
 @dataclass(slots=True)
 class GenerationConfig:
     """Everything the engine needs to decode one sequence.
@@ -51,6 +56,13 @@ class GenerationConfig:
     #: llama.cpp has them): the output is free until the model writes this, and from
     #: there on (this text included) it must follow the grammar.
     grammar_trigger: str | None = None
+    #: A second lazy grammar, for an output that *opens* a certain way (a
+    #: bare JSON tool call, tools/grammar.opening_call_grammar): it holds
+    #: the output from its first byte once ``opening_trigger`` (a regex,
+    #: matched at the output's start) has matched. Watched beside
+    #: ``grammar_trigger``; whichever is written first switches its grammar on.
+    opening_grammar: str | None = None
+    opening_trigger: str | None = None
     #: Log-probabilities: None is off; N reports each sampled token's
     #: log-probability and the N most likely tokens at its place.
     logprobs: int | None = None

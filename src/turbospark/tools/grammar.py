@@ -45,6 +45,7 @@ __all__ = [
     "check_schema",
     "json_object_grammar",
     "json_schema_grammar",
+    "opening_call_grammar",
     "tool_call_grammar",
 ]
 
@@ -254,23 +255,81 @@ def tool_call_grammar(
     def mark(text: str) -> str:
         return f"({_lit(text)} | <[{specials[text]}]>)" if text in specials else _lit(text)
 
-    rules: list[str] = []
-    for i, (fname, params) in enumerate(specs):
-        try:
-            own = _call_rules(i, fname, params, syntax, mark, strictness=0)
-            if lenient and not _compiles("\n".join([f"start: call_{i}", *own])):
-                # beyond the grammar: enforce what it can, then any object
-                own = _call_rules(i, fname, params, syntax, mark, strictness=1)
-                if not _compiles("\n".join([f"start: call_{i}", *own])):
-                    own = _call_rules(i, fname, {"type": "object"}, syntax, mark, strictness=1)
-        except UnsupportedSchema as e:
-            raise UnsupportedSchema(f"tool {fname!r}: {e.feature}", e.path) from None
-        rules += own
+    rules = _every_call(specs, lambda i, f, p, s: _call_rules(i, f, p, syntax, mark, s), lenient)
     calls = " | ".join(f"call_{i}" for i in range(len(specs)))
     start = "start: call (CALL_GAP call)*\nCALL_GAP: /[ \\n]*/" if many else "start: call"
     grammar = "\n".join([start, f"call: {calls}", *rules]) + "\n"
     _check_calls(grammar, tuple(n for n, _ in specs))
     return grammar
+
+
+def _every_call(specs: list[tuple[str, Any]], own: Any, lenient: bool) -> list[str]:
+    """The rules of every call (``own(i, name, params, strictness)`` writes
+    one tool's, ``call_i`` first); ``lenient``: a tool whose schema the
+    grammar cannot take entirely is held to what it can enforce, else to any
+    object."""
+    rules: list[str] = []
+    for i, (fname, params) in enumerate(specs):
+        try:
+            mine = own(i, fname, params, 0)
+            if lenient and not _compiles("\n".join([f"start: call_{i}", *mine])):
+                # beyond the grammar: enforce what it can, then any object
+                mine = own(i, fname, params, 1)
+                if not _compiles("\n".join([f"start: call_{i}", *mine])):
+                    mine = own(i, fname, {"type": "object"}, 1)
+        except UnsupportedSchema as e:
+            raise UnsupportedSchema(f"tool {fname!r}: {e.feature}", e.path) from None
+        rules += mine
+    return rules
+
+
+#: how an answer that opens as a bare JSON call begins, up to its name:
+#: blanks, an optional ```json fence, then ``{"name": `` in any spacing
+_OPENING_HEAD = r'[ \t\r\n]*(?:```(?:json)?[ \t]*\n[ \t\r\n]*)?\{[ \t\r\n]*"name"[ \t\r\n]*:[ \t\r\n]*'
+
+
+def opening_call_grammar(tools: list[dict[str, Any]], many: bool = False) -> tuple[str, str]:
+    """For ``tool_choice`` auto, in every syntax: an answer that *opens* as
+    a bare JSON call, the shape small models fall back to (``{"name": N,
+    "arguments": A}``, ``"parameters"`` as Llama 3 writes it, in a ```json
+    fence or not, any spacing), held from its tool's name on to a valid call
+    of that tool. Returns the grammar (from the output's first byte) and
+    the trigger, a regex matched at the output's start that ends at the
+    name's closing quote: only an offered name wakes it, so a JSON answer
+    of the user's own (``{"name": "Alice"}``) stays free. Every text the
+    trigger matches the grammar accepts, so the engine and the router
+    (``generation._Router``) agree on when it holds. A model writing the
+    arguments beside the name (``{"name": "Bash", "command": …}``) is held
+    to ``"arguments"`` once the name is out: the call comes out valid."""
+    specs = [_tool_spec(t) for t in tools]
+    names = [n for n, _ in specs]
+    if not specs or len(set(names)) != len(names):
+        raise ValueError("tool names must be present and unique")
+    rules = _every_call(specs, _opening_rules, lenient=True)
+    calls = " | ".join(f"call_{i}" for i in range(len(specs)))
+    body = "call (OPEN_GAP call)*" if many else "call"
+    grammar = "\n".join(
+        [
+            f"start: OPEN_LEAD (OPEN_FENCE {body} OPEN_FENCE_END | {body})",
+            "OPEN_LEAD: /[ \\t\\r\\n]*/",
+            "OPEN_FENCE: /```(json)?[ \\t]*\\n[ \\t\\r\\n]*/",
+            "OPEN_FENCE_END: /[ \\t\\r\\n]*```/",
+            "OPEN_GAP: /[ \\t\\r\\n]*/",
+            f"call: {calls}",
+            *rules,
+        ]
+    )
+    _check_calls(grammar + "\n", tuple(names))
+    quoted = "|".join(re.escape(json.dumps(n, ensure_ascii=False)) for n in names)
+    return grammar + "\n", f"{_OPENING_HEAD}(?:{quoted})"
+
+
+def _opening_rules(i: int, fname: str, params: Any, strictness: int) -> list[str]:
+    name = _lit(json.dumps(fname, ensure_ascii=False))
+    args = _json(params, lenient=strictness > 0)
+    ow = "/[ \\t\\r\\n]*/"  # any spacing between the tokens
+    key = '/"(arguments|parameters)"/'
+    return [f'call_{i}: "{{" {ow} "\\"name\\"" {ow} ":" {ow} {name} {ow} "," {ow} {key} {ow} ":" {ow} {args} {ow} "}}"']
 
 
 def _call_rules(i: int, fname: str, params: Any, syntax: str, mark: Any, strictness: int) -> list[str]:
