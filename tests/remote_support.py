@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -27,11 +28,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A free loopback port below the kernel's ephemeral range: an upstream
+    the tests kill and start again on its port must find it free, and a
+    port in that range may meanwhile be taken as the local end of any
+    outgoing connection (the front's, a client's), which made the restart
+    fail with "address in use"."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:  # every try was taken: any free port
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 180, key: str | None = None) -> None:

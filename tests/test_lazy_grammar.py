@@ -151,8 +151,51 @@ def test_an_answer_that_opens_as_a_bare_call_is_held_from_its_name(qwen):
     held = answer(ask, **both)
     assert held.text == '{"name": "Bash", "arguments": {"command": "echo hi", "timeout": 120000}}'
     assert held.reason.value == "endOfTurn"
+    # the engine tells the router (Progress.opening) from the name on
+    said: list[tuple[str, bool]] = []
+    ids = qwen.render_chat([{"role": "user", "content": ask}])
+    config = GenerationConfig(temperature=0, max_new_tokens=60, **both)
+    asyncio.run(qwen.run_completion(ids, config, None, CancelFlag(), lambda p: said.append((p.text, p.opening))))
+    first = next(i for i, (_, held_now) in enumerate(said) if held_now)
+    assert all(h for _, h in said[first:]) and '"Bash"' in "".join(t for t, _ in said[: first + 1])
+    assert '"Bash"' not in "".join(t for t, _ in said[:first])
     for free in ("Give me a JSON object describing a person named Alice, aged 30.", "Say hello."):
         assert answer(free, **both).text == answer(free).text
     tok = qwen.tokenize("<tool_call>", False, True)
     marked = answer("Say hello.", logit_bias={tok[0]: 100.0}, **both)
     assert marked.text.startswith('<tool_call>\n{"name": "Bash", "arguments": {"command": "')
+
+
+def test_the_router_reads_an_opening_call_only_when_the_engine_says_its_grammar_holds():
+    """The router opens its reader on the trigger's match only with the
+    engine's word (``Progress.opening``) that the opening grammar took hold:
+    a match the engine did not take (a Llama 3 ``<|python_tag|>`` control
+    token before it, invisible in the text; a token the grammar refused)
+    stays with the hold and the parsers, as an unheld call."""
+    from turbospark.generation import Prepared, ToolArgumentsDelta, ToolCallBegin, _Router
+    from turbospark.tools.grammar import opening_call_grammar
+
+    _, trigger = opening_call_grammar([BASH])
+    prepared = Prepared([], GenerationConfig(), None, "llama3", ("Bash",), call_grammar="lazy", opening=trigger)
+    text = '```json\n{"name": "Bash", "parameters": {"command": "ls -la'
+    held = _Router(prepared)
+    out = held.feed(text[:12], opening=False) + held.feed(text[12:], opening=True)
+    assert isinstance(out[0], ToolCallBegin) and out[0].name == "Bash"
+    assert "".join(d.text for d in out if isinstance(d, ToolArgumentsDelta)) == '{"command": "ls -la'
+    free = _Router(prepared)
+    assert free.feed(text, opening=False) == [] and free.reader is None  # held back, read at the end
+    after = _Router(prepared)  # the engine watches the answer's start only
+    out = after.feed("Sure. ") + after.feed(text[8:], opening=True)
+    assert not any(isinstance(d, ToolCallBegin) for d in out) and after.reader is None
+
+
+def test_what_closes_a_call_is_not_left_as_text():
+    """After a call read as it came, what still belongs to it (its closing
+    brace, the closing marker, a fence, even one the budget cut short) is
+    not text; what follows it is."""
+    from turbospark.generation import _after_call
+
+    assert _after_call("}\n```") == ""
+    assert _after_call("}\n``") == ""  # the budget ran out inside the fence
+    assert _after_call("}\n</tool_call>\nDone.") == "Done."
+    assert _after_call(', "id": 3}\n`code` is next') == "`code` is next"  # a key after the arguments

@@ -42,7 +42,6 @@ import orjson
 from .engine.channel import Run
 from .engine.interface import ChatModel
 from .engine.types import (
-    OPENING_SLACK,
     AdmissionError,
     CancelFlag,
     ContextOverflow,
@@ -607,7 +606,7 @@ def _start(model: ChatModel, prepared: Prepared, config: GenerationConfig, cance
 Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta
 
 #: what closes the last call read (its object, a list, the closing marker)
-_CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*(?:```(?!\S))?\s*")
+_CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*(?:`{1,3}(?!\S))?\s*")  # a fence cut short too
 _OTHER_KEY = re.compile(r'\s*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
 
 
@@ -645,6 +644,7 @@ class _Router:
         #: the trigger of the engine's opening grammar (``Prepared.opening``),
         #: while the answer may still match it
         self.opening = re.compile(prepared.opening) if mode == "lazy" and prepared.opening else None
+        self.opening_held = False
         #: an answer that begins as a JSON object is held back while it may
         #: still be a call in the wrong shape (tools/rescue.py), for at most
         #: :data:`HOLD_SECONDS`: a response never stays silent longer
@@ -661,7 +661,10 @@ class _Router:
         self.reasoning: list[str] = []
         self.content: list[str] = []
 
-    def feed(self, text: str) -> list[Routed]:
+    def feed(self, text: str, opening: bool = False) -> list[Routed]:
+        """Route ``text``; ``opening``: the engine says its opening grammar
+        holds the output (``Progress.opening``)."""
+        self.opening_held = self.opening_held or opening
         parts = self.splitter.feed(text) if self.splitter else [("content", text)]
         return self._route(parts)
 
@@ -697,22 +700,24 @@ class _Router:
         return now - self.held_since > HOLD_SECONDS
 
     def _opens_call(self) -> bool:
-        """The answer so far matches the opening grammar's trigger, as the
-        engine saw it (engine/sampling.py ``_watch``): the grammar holds the
-        answer from its start, and a reader takes it from there. Watching
-        stops where the engine's does."""
+        """The answer so far matches the opening grammar's trigger and the
+        engine says that grammar holds it (it says so with the text that
+        matched, or before): a reader takes the call from the answer's start.
+        A match the engine did not take (a control token before it, a
+        grammar that refused the token ending the name) leaves the answer
+        to the hold and speculation, as without the grammar."""
         assert self.opening is not None
         if self.content or self.reasoning:  # the engine watched the raw output: not this
             self.opening = None
             return False
         if self.opening.match(self.pending):
             self.opening = None
-            self.reader = self._new_reader()
+            if not self.opening_held:
+                return False
+            self.reader = CallReader()  # the grammar's JSON shape, in every syntax
             return True
         lead = self.pending.lstrip(" \t\r\n")
-        if len(self.pending.encode()) > len(self.opening.pattern.encode()) + OPENING_SLACK or (
-            lead and lead[0] not in "{`"
-        ):
+        if lead and lead[0] not in "{`":
             self.opening = None
         return False
 
@@ -906,7 +911,7 @@ async def _one_choice(
                 for r in relayed.feed(item, router):
                     yield r
                 continue
-            for d in probs.attach(item.logprobs, router.feed(item.text)):
+            for d in probs.attach(item.logprobs, router.feed(item.text, item.opening)):
                 yield d
         else:
             result = item

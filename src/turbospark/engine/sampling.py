@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .llama import LlamaModelFile, lib
-from .types import OPENING_SLACK, AdmissionError, GenerationConfig
+from .types import AdmissionError, GenerationConfig
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
@@ -103,13 +103,15 @@ class SamplerChain:
         self._head = b""  # the output so far, while the opening is watched
         self._head_tokens: list[int] = []
         self._head_limit = 0
+        #: the opening grammar took hold (``Progress.opening`` tells the router)
+        self.opening_held = False
         try:
             if config.grammar:
                 self._grammar(model, config.grammar, config.grammar_trigger)
             if config.opening_grammar and config.opening_trigger and self.grammar is None:  # a lazy one beside
                 pattern = config.opening_trigger.encode()
                 self._opening = (re.compile(pattern), Constraint(model, config.opening_grammar))
-                self._head_limit = len(pattern) + OPENING_SLACK  # longer than any text it matches, with sane spacing
+                self._head_limit = len(pattern) + 64  # longer than any text it matches, with sane spacing
         except AdmissionError:
             self.close()
             raise
@@ -144,11 +146,17 @@ class SamplerChain:
             self._head += piece
             self._head_tokens.append(token)
             pattern, opening = self._opening
-            if pattern.match(self._head):
-                self._switch_on(opening, self._head_tokens)
-                return
             lead = self._head.lstrip(b" \t\r\n")
-            if len(self._head) > self._head_limit or (lead and lead[:1] not in (b"{", b"`")):
+            if pattern.match(self._head):
+                tokens = self._head_tokens
+                self._opening, self._head, self._head_tokens = None, b"", []
+                if opening.accept(tokens):  # it holds the output; nothing else is watched
+                    self.grammar, self.opening_held = opening, True
+                    self.trigger = self._lazy = None
+                    return
+                # the token that ended the name went on in a way the grammar
+                # refuses: free (the marker's grammar still waits)
+            elif len(self._head) > self._head_limit or (lead and lead[:1] not in (b"{", b"`")):
                 self._opening, self._head, self._head_tokens = None, b"", []
         trigger = self.trigger
         if trigger is None:

@@ -20,11 +20,6 @@ class StopReason(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
-#: how many bytes past the length of ``opening_trigger``'s pattern an
-#: output may run without matching it before it is no longer watched
-OPENING_SLACK = 64
-
-
 @dataclass(slots=True)
 class GenerationConfig:
     """Everything the engine needs to decode one sequence.
@@ -116,6 +111,10 @@ class Progress:
     #: a piece of a tool call the engine parsed itself (a remote engine's
     #: ``tool_calls`` delta, ``upstream.wire.CallPiece``); the text is then empty
     call: Any = None
+    #: the opening grammar (``GenerationConfig.opening_grammar``) holds the
+    #: output: it took hold at or before this report's last token, so the
+    #: text that matched its trigger arrives with this report or later
+    opening: bool = False
 
 
 @dataclass(slots=True)
