@@ -140,7 +140,14 @@ class ScriptedUpstream:
     in the content), ``mid_stream`` (one piece, then an error event),
     ``ok`` (a short answer). It records the bodies and headers it got."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: tuple[str, str] | None = None) -> None:
+        #: (certfile, keyfile): served over TLS by hypercorn, which offers
+        #: HTTP/2 by ALPN (uvicorn speaks HTTP/1.1 only)
+        self.tls = tls
+        #: per request: its HTTP version and the client's (host, port), one
+        #: port per connection
+        self.versions: list[str] = []
+        self.clients: list[tuple[str, int]] = []
         self.mode = "ok"
         #: modes for the next requests, one each, before ``mode`` applies again
         self.queue: list[str] = []
@@ -153,24 +160,59 @@ class ScriptedUpstream:
                 Route("/v1/models", self.models, methods=["GET"]),
             ]
         )
+        self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run if tls is None else self._hypercorn, daemon=True)
+        self._loop: Any = None
+        self._stop: Any = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def _hypercorn(self) -> None:
+        import asyncio
+
+        from hypercorn.asyncio import serve
+        from hypercorn.config import Config
+
+        assert self.tls is not None
+        config = Config()
+        config.bind = [f"127.0.0.1:{self.port}"]
+        config.certfile, config.keyfile = self.tls
+        config.loglevel = "ERROR"
+
+        async def run() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            await serve(self.app, config, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+
+        asyncio.run(run())
 
     def start(self) -> ScriptedUpstream:
         self.thread.start()
         deadline = time.monotonic() + 30
-        while not self.server.started:
+        while not self._up():
             if time.monotonic() > deadline:
                 raise RuntimeError("scripted upstream did not start")
             time.sleep(0.02)
         return self
 
+    def _up(self) -> bool:
+        if self.tls is None:
+            return bool(self.server.started)
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
     def stop(self) -> None:
-        self.server.should_exit = True
+        if not self.thread.is_alive():
+            return
+        if self.tls is None:
+            self.server.should_exit = True
+        elif self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
         self.thread.join(timeout=10)
 
     async def models(self, request: Request) -> Response:
@@ -178,6 +220,9 @@ class ScriptedUpstream:
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
+        self.versions.append(request.scope.get("http_version", ""))
+        client = request.scope.get("client") or ("", 0)
+        self.clients.append((client[0], client[1]))
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
         mode = self.queue.pop(0) if self.queue else self.mode

@@ -754,3 +754,47 @@ def test_llama_server_as_upstream(tmp_path) -> None:
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_an_https_upstream_is_reached_over_http2_one_connection_for_many_requests(tmp_path) -> None:
+    """An upstream behind TLS that offers HTTP/2 (hypercorn here; nginx or
+    Envoy in front of vLLM in practice) is reached over HTTP/2, and one
+    pooled connection carries many requests at once, streamed ones
+    included. A private CA is trusted through ``ca_file``; without it the
+    upstream's certificate is refused and the client is told why. The
+    front's shutdown closes its upstream connections."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    certfile, keyfile, cafile = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    cert.cert_chain_pems[0].write_to_path(str(certfile))
+    cert.private_key_pem.write_to_path(str(keyfile))
+    ca.cert_pem.write_to_path(str(cafile))
+    up = ScriptedUpstream(tls=(str(certfile), str(keyfile))).start()
+    try:
+        trusted = RemoteOptions(id="tls", base_url=up.url + "/v1", model="scripted", ctx=4096, ca_file=str(cafile))
+        public = RemoteOptions(id="tls-public", base_url=up.url + "/v1", model="scripted", ctx=4096)
+        with Server([trusted, public]) as srv:
+            c = oai(srv)
+            assert c.chat.completions.create(model="tls", messages=MESSAGES).choices[0].message.content == "Hello there"
+
+            def streamed(i: int) -> str:
+                chunks = c.chat.completions.create(model="tls", messages=MESSAGES, stream=True)
+                return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+
+            with ThreadPoolExecutor(6) as pool:
+                assert list(pool.map(streamed, range(6))) == ["Hello there"] * 6
+            msg = ant(srv).messages.create(model="tls", max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+            assert msg.content[0].text == "Hello there"  # type: ignore[union-attr]
+            assert up.versions == ["2"] * 8
+            assert len({port for _, port in up.clients}) == 1, up.clients  # one connection carried all 8
+            r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "tls-public", "messages": MESSAGES})
+            assert r.status_code == 502, r.text
+            assert "TLS certificate not trusted" in r.json()["error"]["message"] and len(up.versions) == 8
+        # the front's shutdown closed its connection: the upstream (which
+        # waits for open connections) stops at once
+        up.stop()
+        assert not up.thread.is_alive()
+    finally:
+        up.stop()

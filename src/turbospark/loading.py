@@ -33,6 +33,7 @@ REMOTE_KEYS: dict[str, tuple[type, ...]] = {
     "embeddings": (bool,),
     "health_path": (str,),
     "max_connections": (int,),
+    "ca_file": (str,),
 }
 #: keys of a replica group besides its replicas
 GROUP_KEYS: dict[str, tuple[type, ...]] = {"health_interval": (int, float), "cooldown": (int, float), "routing": (str,)}
@@ -76,6 +77,9 @@ def remote_options(model_id: str, values: dict[str, Any], where: str, aliases: t
     for key, value in (("ctx", ctx), *((k, values[k]) for k in timing if k in values)):
         if value <= 0:
             raise RemoteConfigError(f"{where}.{key} must be positive")
+    ca_file = values.get("ca_file")
+    if ca_file is not None and not os.path.isfile(ca_file):
+        raise RemoteConfigError(f"{where}.ca_file {ca_file!r} is not a file (a PEM bundle of the CAs to trust)")
     return RemoteOptions(
         id=model_id,
         base_url=url,
@@ -89,6 +93,7 @@ def remote_options(model_id: str, values: dict[str, Any], where: str, aliases: t
         embeddings=values.get("embeddings", False),
         health_path=values.get("health_path", "/models"),
         max_connections=values.get("max_connections", 256),
+        ca_file=ca_file,
     )
 
 

@@ -672,6 +672,9 @@ class Registry:
         for e in self.entries():
             if e.group is not None:
                 e.group.close()
+            aclose = getattr(e.model, "aclose", None)  # a remote engine's connections
+            if aclose is not None:
+                await aclose()
         for task in list(self._closing):
             await task
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -62,6 +63,17 @@ class Endpoint:
     max_connections: int = 256
     #: what a health check reads (relative to ``base_url``, or absolute)
     health_path: str = "/models"
+    #: the CAs to check an https upstream's certificate against (a PEM
+    #: file); None: the public ones (certifi's)
+    ca_file: str | None = None
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """What httpx checks the upstream's certificate with. With
+        ``ca_file``, a context built once per client (httpx sets the ALPN
+        protocols, h2 included, on it)."""
+        if self.ca_file is None:
+            return True
+        return ssl.create_default_context(cafile=self.ca_file)
 
     def url(self, path: str) -> str:
         if path.startswith(("http://", "https://")):
@@ -102,7 +114,11 @@ class Connection:
             c = self._async.get(loop)
             if c is None:
                 c = self._async[loop] = httpx.AsyncClient(
-                    http2=_http2(), timeout=self._timeout(), limits=self._limits(), trust_env=False
+                    http2=_http2(),
+                    timeout=self._timeout(),
+                    limits=self._limits(),
+                    verify=self.endpoint.verify(),
+                    trust_env=False,
                 )
             return c
 
@@ -110,7 +126,11 @@ class Connection:
         with self._lock:
             if self._sync is None:
                 self._sync = httpx.Client(
-                    http2=_http2(), timeout=self._timeout(), limits=self._limits(), trust_env=False
+                    http2=_http2(),
+                    timeout=self._timeout(),
+                    limits=self._limits(),
+                    verify=self.endpoint.verify(),
+                    trust_env=False,
                 )
             return self._sync
 
@@ -133,6 +153,16 @@ class Connection:
                 loop.create_task(c.aclose())
             elif loop.is_running():
                 asyncio.run_coroutine_threadsafe(c.aclose(), loop)
+
+    async def aclose(self) -> None:
+        """Close the clients, awaiting this loop's (a server's shutdown,
+        while its loop still runs: its connections end now, not when the
+        garbage collector finds them)."""
+        with self._lock:
+            mine = self._async.pop(asyncio.get_running_loop(), None)
+        if mine is not None:
+            await mine.aclose()
+        self.close()
 
     # -- requests ------------------------------------------------------------
     async def stream_json(self, path: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
@@ -181,9 +211,7 @@ class Connection:
                 504, f"upstream {e.base_url} timed out ({type(exc).__name__})", retryable=True
             ) from None
         except httpx.HTTPError as exc:
-            raise UpstreamError(
-                502, f"upstream {e.base_url} unreachable ({type(exc).__name__})", retryable=True
-            ) from None
+            raise UpstreamError(502, f"upstream {e.base_url} unreachable ({_why(exc)})", retryable=True) from None
 
     def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """A blocking POST (worker threads: embeddings, token counts)."""
@@ -193,7 +221,7 @@ class Connection:
         except httpx.TimeoutException as exc:
             raise UpstreamError(504, f"upstream {e.base_url} timed out ({type(exc).__name__})") from None
         except httpx.HTTPError as exc:
-            raise UpstreamError(502, f"upstream {e.base_url} unreachable ({type(exc).__name__})") from None
+            raise UpstreamError(502, f"upstream {e.base_url} unreachable ({_why(exc)})") from None
         if resp.status_code >= 400:
             raise answer_error(resp.status_code, resp.content[:ERROR_BODY_LIMIT], resp.headers)
         try:
@@ -210,10 +238,10 @@ class Connection:
         must not make a busy upstream look dead."""
         e = self.endpoint
         try:
-            async with httpx.AsyncClient(http2=_http2(), timeout=timeout, trust_env=False) as client:
+            async with httpx.AsyncClient(http2=_http2(), timeout=timeout, verify=e.verify(), trust_env=False) as client:
                 resp = await client.get(e.url(e.health_path), headers=e.request_headers())
         except httpx.HTTPError as exc:
-            return f"unreachable ({type(exc).__name__})"
+            return f"unreachable ({_why(exc)})"
         return None if resp.status_code < 300 else f"health check answered {resp.status_code}"
 
 
@@ -236,6 +264,17 @@ async def _read_limited(resp: httpx.Response) -> bytes:
 
 def _json_headers(e: Endpoint) -> dict[str, str]:
     return {**e.request_headers(), "Content-Type": "application/json"}
+
+
+def _why(exc: BaseException) -> str:
+    """The failure's kind, naming an untrusted TLS certificate (the one a
+    private CA's upstream needs ``ca_file`` for)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"{type(exc).__name__}: TLS certificate not trusted ({cause.verify_message}); see ca_file"
+        cause = cause.__cause__ or cause.__context__
+    return type(exc).__name__
 
 
 def _http2() -> bool:

@@ -59,6 +59,9 @@ class RemoteOptions:
     health_path: str = "/models"
     #: most connections open to it at once (each streamed answer holds one)
     max_connections: int = 256
+    #: a PEM bundle of the CAs an https upstream's certificate is checked
+    #: against (a private CA), instead of the bundled public ones
+    ca_file: str | None = None
     #: its name within a replica group (``id@replica``), else None
     replica: str | None = None
 
@@ -71,6 +74,7 @@ class RemoteOptions:
             self.read_timeout,
             self.max_connections,
             self.health_path,
+            self.ca_file,
         )
 
 
@@ -280,6 +284,10 @@ class RemoteModel:
 
     def close(self) -> None:
         self.connection.close()
+
+    async def aclose(self) -> None:
+        """Close on the serving loop (the registry's shutdown)."""
+        await self.connection.aclose()
 
 
 def _nothing() -> None:
