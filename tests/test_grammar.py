@@ -757,6 +757,9 @@ OPENINGS = [
     f'\n  {{\n  "name":"get_weather",\n  "arguments" :  {ARGS} }}',  # any spacing around the head
     f'```json\n{{"name": "get_weather", "arguments": {ARGS}}}\n```',
     '```\n{"name": "get_time", "arguments": {"timezone": "UTC"}}```',
+    f'{{"type": "function", "name": "get_weather", "parameters": {ARGS}}}',  # as Llama 3.x may write it
+    f'{{"type": "function", "function": {{"name": "get_weather", "arguments": {ARGS}}}}}',  # OpenAI's wrapper
+    f'{{"function":{{"name": "get_weather", "arguments": {ARGS}}} }}',
 ]
 
 
@@ -770,6 +773,12 @@ def test_opening_call_grammar_takes_bare_json_calls(matcher, text):
     assert matcher.accepts(g, text)
     m = re.match(trigger, text)
     assert m is not None and m.group(0).endswith(('"get_weather"', '"get_time"'))
+    # the reader the router opens on the match takes the call as written
+    from turbospark.tools.streaming import CallReader, Closed
+
+    closed = [e for e in CallReader().feed(text) if isinstance(e, Closed)]
+    assert [(c.call.name, json.loads(c.call.arguments)) for c in closed[:1]] == [(m.group(0).split('"')[-2],
+        json.loads(ARGS) if "weather" in text else {"timezone": "UTC"})]  # fmt: skip
     prefix = matcher.matcher(g)
     ids = matcher.f.tokenize(m.group(0), False, False)
     assert prefix.consume_tokens(ids) and not prefix.is_stopped()
@@ -782,6 +791,8 @@ def test_opening_call_grammar_holds_the_call_to_its_tool(matcher):
     # once the name is out, the engine holds the model to "arguments"
     assert not matcher.accepts(g, '{"name": "get_weather", "location": "Paris"}')
     assert not matcher.accepts(g, OPENINGS[0] + " Done.")  # nothing after the call
+    assert not matcher.accepts(g, OPENINGS[-1][:-1])  # a wrapper is closed
+    assert not matcher.accepts(g, OPENINGS[0][:-1] + "}}")  # and only a wrapper
     assert matcher.accepts(g, OPENINGS[0] + "\n" + OPENINGS[0])  # parallel calls
     single, _ = opening_call_grammar([WEATHER, TIME])
     assert not matcher.accepts(single, OPENINGS[0] + "\n" + OPENINGS[0])

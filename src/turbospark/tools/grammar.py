@@ -285,7 +285,10 @@ def _every_call(specs: list[tuple[str, Any]], own: Any, lenient: bool) -> list[s
 
 #: how an answer that opens as a bare JSON call begins, up to its name:
 #: blanks, an optional ```json fence, then ``{"name": `` in any spacing
-_OPENING_HEAD = r'[ \t\r\n]*(?:```(?:json)?[ \t]*\n[ \t\r\n]*)?\{[ \t\r\n]*"name"[ \t\r\n]*:[ \t\r\n]*'
+_OPENING_HEAD = (
+    r'[ \t\r\n]*(?:```(?:json)?[ \t]*\n[ \t\r\n]*)?\{[ \t\r\n]*(?:"type"[ \t\r\n]*:[ \t\r\n]*"function"[ \t\r\n]*,'
+    r'[ \t\r\n]*)?(?:"function"[ \t\r\n]*:[ \t\r\n]*\{[ \t\r\n]*)?"name"[ \t\r\n]*:[ \t\r\n]*'
+)
 
 
 def opening_call_grammar(tools: list[dict[str, Any]], many: bool = False) -> tuple[str, str]:
@@ -325,11 +328,17 @@ def opening_call_grammar(tools: list[dict[str, Any]], many: bool = False) -> tup
 
 
 def _opening_rules(i: int, fname: str, params: Any, strictness: int) -> list[str]:
+    """Call ``i``: ``{"name": N, "arguments": A}``, optionally with
+    ``"type": "function"`` first, or OpenAI's ``{"function": {...}}``
+    wrapper around it."""
     name = _lit(json.dumps(fname, ensure_ascii=False))
     args = _json(params, lenient=strictness > 0)
     ow = "/[ \\t\\r\\n]*/"  # any spacing between the tokens
     key = '/"(arguments|parameters)"/'
-    return [f'call_{i}: "{{" {ow} "\\"name\\"" {ow} ":" {ow} {name} {ow} "," {ow} {key} {ow} ":" {ow} {args} {ow} "}}"']
+    kind = f'("\\"type\\"" {ow} ":" {ow} "\\"function\\"" {ow} "," {ow})?'
+    inner = f'"\\"name\\"" {ow} ":" {ow} {name} {ow} "," {ow} {key} {ow} ":" {ow} {args} {ow} "}}"'
+    wrapped = f'"\\"function\\"" {ow} ":" {ow} "{{" {ow} opening_{i} {ow} "}}"'
+    return [f'call_{i}: "{{" {ow} {kind} (opening_{i} | {wrapped})', f"opening_{i}: {inner}"]
 
 
 def _call_rules(i: int, fname: str, params: Any, syntax: str, mark: Any, strictness: int) -> list[str]:
@@ -360,7 +369,8 @@ def _check_calls(grammar: str, names: tuple[str, ...]) -> None:
         _validate(grammar)
     except UnsupportedSchema as whole:
         for i, fname in enumerate(names):
-            lines = [ln for ln in grammar.splitlines() if ln.startswith((f"call_{i}:", f"param_{i}_", f"P_{i}_"))]
+            own = (f"call_{i}:", f"param_{i}_", f"P_{i}_", f"opening_{i}:")
+            lines = [ln for ln in grammar.splitlines() if ln.startswith(own)]
             try:
                 _validate("\n".join([f"start: call_{i}", *lines]))
             except UnsupportedSchema as e:

@@ -27,10 +27,12 @@ from .calls import ToolCall, new_call_id
 
 #: the head of one call, up to where its arguments begin: what closed the
 #: call before it (braces, brackets, the closing marker), a ```json fence, an
-#: optional call marker (and mistral's list bracket), the name, the arguments key
+#: optional call marker (and mistral's list bracket), ``"type": "function"``
+#: and OpenAI's ``{"function": {`` wrapper, the name, the arguments key
 _LEAD = (
     r"[\s,}\]]*(?:</tool_call>)?\s*(?:```\s*)?(?:```(?:json)?\s*)?"
-    r'(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:\s*'
+    r'(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?'
+    r'(?:"function"\s*:\s*\{\s*)?"name"\s*:\s*'
 )
 _NAME = r'"((?:[^"\\]|\\.)*)"\s*,\s*'
 _HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*')
