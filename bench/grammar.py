@@ -60,7 +60,7 @@ def main() -> int:
         specials = {m: t for m, t in model.marked_tokens.items() if m in ("<tool_call>", "</tool_call>")}
         lazy = tool_call_grammar([TOOL], "hermes", many=True, specials=specials)
         # served beside it with tool_choice auto: the bare-JSON opening grammar
-        opening, opening_trigger = opening_call_grammar([TOOL], many=True)
+        opening, opening_trigger = opening_call_grammar([TOOL])
         cases = {
             "free": {},
             "json grammar": {"grammar": json_grammar},

@@ -785,7 +785,7 @@ def test_opening_call_grammar_takes_bare_json_calls(matcher, text):
 
 
 def test_opening_call_grammar_holds_the_call_to_its_tool(matcher):
-    g, trigger = opening_call_grammar([WEATHER, TIME], many=True)
+    g, trigger = opening_call_grammar([WEATHER, TIME])
     assert not matcher.accepts(g, OPENINGS[0].replace("celsius", "kelvin"))
     # a small model's arguments beside the name are not a call of this grammar:
     # once the name is out, the engine holds the model to "arguments"
@@ -793,9 +793,7 @@ def test_opening_call_grammar_holds_the_call_to_its_tool(matcher):
     assert not matcher.accepts(g, OPENINGS[0] + " Done.")  # nothing after the call
     assert not matcher.accepts(g, OPENINGS[-1][:-1])  # a wrapper is closed
     assert not matcher.accepts(g, OPENINGS[0][:-1] + "}}")  # and only a wrapper
-    assert matcher.accepts(g, OPENINGS[0] + "\n" + OPENINGS[0])  # parallel calls
-    single, _ = opening_call_grammar([WEATHER, TIME])
-    assert not matcher.accepts(single, OPENINGS[0] + "\n" + OPENINGS[0])
+    assert not matcher.accepts(g, OPENINGS[0] + "\n" + OPENINGS[0])  # one call (a loop ends there)
     # only an offered name wakes it: a JSON answer of the user's own stays free
     for free in ['{"name": "Alice", "age": 30}', '{"name": "get_weathers"', 'Sure: {"name": "get_weather"',
                  '{"city": "Paris"}', '{"arguments": {}, "name": "get_weather"}']:  # fmt: skip

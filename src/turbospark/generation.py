@@ -410,7 +410,7 @@ def _opening_call(req: ChatRequest, syntax: str | None) -> tuple[str, str] | Non
     if req.json_schema is not None or req.json_object:
         return None
     try:
-        return grammars.opening_call_grammar(req.tools, many=req.parallel_tool_calls)
+        return grammars.opening_call_grammar(req.tools)
     except (grammars.UnsupportedSchema, ValueError, RecursionError):
         return None
 
@@ -931,9 +931,12 @@ async def _one_choice(
         leftover = _calls_of(router.tail, prepared)[2] if router.tail else ""
         if leftover.strip():
             yield router._content(leftover)
-    elif router.streamed_calls:
+    elif router.streamed_calls and (live or router.reader is not None and router.reader.partial is not None):
         # out already (the grammar kept them valid, or they were read on
-        # speculation and are validated here): no re-ask
+        # speculation and are validated here): no re-ask. A client that
+        # reads the whole answer at once has seen none of it: its complete
+        # calls take the path below, guardrails included (a call the grammar
+        # held may still repeat one whose result the conversation has)
         assert router.reader is not None
         calls = list(router.reader.calls)
         tools = prepared.request.tools if prepared.request else None

@@ -291,7 +291,7 @@ _OPENING_HEAD = (
 )
 
 
-def opening_call_grammar(tools: list[dict[str, Any]], many: bool = False) -> tuple[str, str]:
+def opening_call_grammar(tools: list[dict[str, Any]]) -> tuple[str, str]:
     """For ``tool_choice`` auto, in every syntax: an answer that *opens* as
     a bare JSON call, the shape small models fall back to (``{"name": N,
     "arguments": A}``, ``"parameters"`` as Llama 3 writes it, in a ```json
@@ -303,21 +303,22 @@ def opening_call_grammar(tools: list[dict[str, Any]], many: bool = False) -> tup
     trigger matches the grammar accepts, so the engine and the router
     (``generation._Router``) agree on when it holds. A model writing the
     arguments beside the name (``{"name": "Bash", "command": …}``) is held
-    to ``"arguments"`` once the name is out: the call comes out valid."""
+    to ``"arguments"`` once the name is out: the call comes out valid.
+    One call, and the answer ends there: a small model that opens this way
+    would otherwise repeat the call until its budget runs out (parallel
+    calls have the syntax's marker)."""
     specs = [_tool_spec(t) for t in tools]
     names = [n for n, _ in specs]
     if not specs or len(set(names)) != len(names):
         raise ValueError("tool names must be present and unique")
     rules = _every_call(specs, _opening_rules, lenient=True)
     calls = " | ".join(f"call_{i}" for i in range(len(specs)))
-    body = "call (OPEN_GAP call)*" if many else "call"
     grammar = "\n".join(
         [
-            f"start: OPEN_LEAD (OPEN_FENCE {body} OPEN_FENCE_END | {body})",
+            "start: OPEN_LEAD (OPEN_FENCE call OPEN_FENCE_END | call)",
             "OPEN_LEAD: /[ \\t\\r\\n]*/",
             "OPEN_FENCE: /```(json)?[ \\t]*\\n[ \\t\\r\\n]*/",
             "OPEN_FENCE_END: /[ \\t\\r\\n]*```/",
-            "OPEN_GAP: /[ \\t\\r\\n]*/",
             f"call: {calls}",
             *rules,
         ]
