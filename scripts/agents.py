@@ -143,14 +143,22 @@ class Routes:
 
     def __init__(self) -> None:
         self.started: dict[int, str] = {}
+        self.runs: dict[int, list[str]] = {}
         self.lines: list[str] = []
 
     def record(self, event: Any) -> None:
         if event.kind == "requestStarted":
             self.started[event.id] = f"{event.method} {event.path}"
+        elif event.kind == "generated":  # each engine run: how it ended (a re-ask is a second run)
+            self.runs.setdefault(event.id, []).append(
+                f"{event.stop_reason} after {event.new_tokens} tokens ({event.prompt_tokens} in)"
+            )
         elif event.kind == "requestFinished":
+            runs = self.runs.pop(event.id, [])
             self.lines.append(
-                f"{self.started.get(event.id, '?')} -> {event.status}" + (f" ({event.error})" if event.error else "")
+                f"{self.started.get(event.id, '?')} -> {event.status}"
+                + (f" ({event.error})" if event.error else "")
+                + (f": {'; '.join(runs)}" if runs else "")
             )
 
 

@@ -136,6 +136,7 @@ def test_an_answer_that_opens_as_a_bare_call_is_held_from_its_name(qwen):
     the same answer comes out as a valid call. A JSON answer that names no
     offered tool, and plain text, stay free; the ``<tool_call>`` marker's
     own lazy grammar still takes a call that opens with the marker."""
+    from turbospark.engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED
     from turbospark.tools.grammar import opening_call_grammar, tool_call_grammar
 
     opening, trigger = opening_call_grammar([BASH])
@@ -152,15 +153,23 @@ def test_an_answer_that_opens_as_a_bare_call_is_held_from_its_name(qwen):
     assert held.text == '{"name": "Bash", "arguments": {"command": "echo hi", "timeout": 120000}}'
     assert held.reason.value == "endOfTurn"
     # the engine tells the router (Progress.opening) from the name on
-    said: list[tuple[str, bool]] = []
+    said: list[tuple[str, int]] = []
     ids = qwen.render_chat([{"role": "user", "content": ask}])
     config = GenerationConfig(temperature=0, max_new_tokens=60, **both)
     asyncio.run(qwen.run_completion(ids, config, None, CancelFlag(), lambda p: said.append((p.text, p.opening))))
-    first = next(i for i, (_, held_now) in enumerate(said) if held_now)
-    assert all(h for _, h in said[first:]) and '"Bash"' in "".join(t for t, _ in said[: first + 1])
+    first = next(i for i, (_, state) in enumerate(said) if state == OPENING_HELD)
+    assert all(h == OPENING_HELD for _, h in said[first:])
+    assert all(h == OPENING_WATCHED for _, h in said[:first]) and '"Bash"' in "".join(t for t, _ in said[: first + 1])
     assert '"Bash"' not in "".join(t for t, _ in said[:first])
     for free in ("Give me a JSON object describing a person named Alice, aged 30.", "Say hello."):
         assert answer(free, **both).text == answer(free).text
+        # the engine lets the router go as soon as no call can begin so
+        states: list[int] = []
+        ids = qwen.render_chat([{"role": "user", "content": free}])
+        config = GenerationConfig(temperature=0, max_new_tokens=30, **both)
+        asyncio.run(qwen.run_completion(ids, config, None, CancelFlag(), lambda p, st=states: st.append(p.opening)))
+        assert OPENING_HELD not in states and states[-1] == OPENING_OFF
+        assert states.count(OPENING_WATCHED) <= (10 if "Alice" in free else 0), states  # up to "A
     tok = qwen.tokenize("<tool_call>", False, True)
     marked = answer("Say hello.", logit_bias={tok[0]: 100.0}, **both)
     assert marked.text.startswith('<tool_call>\n{"name": "Bash", "arguments": {"command": "')
@@ -172,21 +181,27 @@ def test_the_router_reads_an_opening_call_only_when_the_engine_says_its_grammar_
     a match the engine did not take (a Llama 3 ``<|python_tag|>`` control
     token before it, invisible in the text; a token the grammar refused)
     stays with the hold and the parsers, as an unheld call."""
-    from turbospark.generation import Prepared, ToolArgumentsDelta, ToolCallBegin, _Router
+    from turbospark.engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED
+    from turbospark.generation import Delta, Prepared, ToolArgumentsDelta, ToolCallBegin, _Router
     from turbospark.tools.grammar import opening_call_grammar
 
     _, trigger = opening_call_grammar([BASH])
     prepared = Prepared([], GenerationConfig(), None, "llama3", ("Bash",), call_grammar="lazy", opening=trigger)
-    text = '```json\n{"name": "Bash", "parameters": {"command": "ls -la'
+    text = '```json\n{"type": "function", "name": "Bash", "parameters": {"command": "ls -la'
     held = _Router(prepared)
-    out = held.feed(text[:12], opening=False) + held.feed(text[12:], opening=True)
+    # while the engine watches, nothing goes out, however long it takes (a
+    # slow engine's first tokens: the hold's time limit does not apply)
+    assert held.feed(text[:30], OPENING_WATCHED) == [] and held.feed(text[30:38], OPENING_HELD) == []
+    out = held.feed(text[38:], OPENING_HELD)
     assert isinstance(out[0], ToolCallBegin) and out[0].name == "Bash"
     assert "".join(d.text for d in out if isinstance(d, ToolArgumentsDelta)) == '{"command": "ls -la'
     free = _Router(prepared)
-    assert free.feed(text, opening=False) == [] and free.reader is None  # held back, read at the end
+    assert free.feed(text, OPENING_OFF) == [] and free.reader is None  # held back, read at the end
     after = _Router(prepared)  # the engine watches the answer's start only
-    out = after.feed("Sure. ") + after.feed(text[8:], opening=True)
+    out = after.feed("Sure. ", OPENING_OFF) + after.feed(text[8:], OPENING_HELD)
     assert not any(isinstance(d, ToolCallBegin) for d in out) and after.reader is None
+    plain = _Router(prepared)
+    assert plain.feed("Hello", OPENING_OFF) == [Delta("Hello")]
 
 
 def test_what_closes_a_call_is_not_left_as_text():
@@ -199,3 +214,4 @@ def test_what_closes_a_call_is_not_left_as_text():
     assert _after_call("}\n``") == ""  # the budget ran out inside the fence
     assert _after_call("}\n</tool_call>\nDone.") == "Done."
     assert _after_call(', "id": 3}\n`code` is next') == "`code` is next"  # a key after the arguments
+    assert _after_call('}, "type": "function"}\nok') == "ok"  # a key of a wrapper around the call

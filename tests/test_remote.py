@@ -695,6 +695,12 @@ def test_attach_and_detach_a_remote_model(front, upstreams) -> None:
         json={**body, "id": "x3", "headers": {"Authorization": "Bearer sk-no"}},
     )
     assert leak.status_code == 400 and "api_key_env" in leak.json()["error"]["message"]
+    for probe in ({**body, "id": "x4", "ca_file": "/etc/hostname"}, {**body, "id": "x5", "replicas": [{
+            "base_url": b.url + "/v1", "ca_file": "/nonexistent"}]}):  # fmt: skip
+        # a path on the server is the config file's to name: the answer says
+        # nothing of whether it exists
+        r = httpx.post(srv.url + "/v1/admin/models", json=probe)
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("'ca_file' is read from the config")
     group = httpx.post(
         srv.url + "/v1/admin/models",
         json={

@@ -232,9 +232,14 @@ replicas = [
         ('model = "x"\nreplicas = []', "list of tables"),
         ('model = "x"\nrouting = "random"\nreplicas = [{ base_url = "http://h/v1" }]', "routing must be one of"),
         ('model = "x"\nreplicas = [{ base_url = "http://h/v1" }, { base_url = "http://h/v1" }]', "named"),
+        # a CA bundle is read when the config is: a bad one is no 500 at every request
+        ('kind = "remote"\nbase_url = "https://h/v1"\nmodel = "x"\nca_file = "TMP/none.pem"', "no readable PEM"),
+        ('kind = "remote"\nbase_url = "https://h/v1"\nmodel = "x"\nca_file = "TMP/not-pem.txt"', "no readable PEM"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, section: str, error: str) -> None:
+    (tmp_path / "not-pem.txt").write_text("hello")
+    section = section.replace("TMP", str(tmp_path))
     f = tmp_path / "t.toml"
     f.write_text(f"[models.m]\n{section}\n")
     with pytest.raises(ConfigError, match=error):

@@ -191,3 +191,22 @@ def test_an_xml_call_no_grammar_holds_streams_after_the_hold(monkeypatch):
         got = stream_openai(srv.url, [WRITE])
     assert got.names == ["write_file"] and json.loads(got.arguments) == ARGS and got.finish == "tool_calls"
     assert got.first_call_at is not None and 1.0 <= got.first_call_at < got.total - 1, (got.first_call_at, got.total)
+
+
+def test_a_non_streamed_grammar_held_xml_call_keeps_its_raw_strings():
+    """A client reading the whole answer at once gets the guardrails' checks
+    on a grammar-held call, on the call as the reader took it: a string
+    parameter the grammar wrote raw stays a string even when it reads as
+    JSON (``12345``, ``{"a": 1}``); the xml parser alone would make it a
+    number or an object, fail the schema and re-ask."""
+    call = (
+        "<tool_call>\n<function=write_file>\n<parameter=path>\n12345\n</parameter>\n"
+        '<parameter=content>\n{"a": 1}\n</parameter>\n</function>\n</tool_call>'
+    )
+    srv, obs = xml_server(slow(call), grammar=True)
+    with srv:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "write"}], "tools": [WRITE]}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+        calls = r.json()["choices"][0]["message"]["tool_calls"]
+        assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"path": "12345", "content": '{"a": 1}'}]
+        assert len([e for e in obs.of(int(r.headers["x-request-id"])) if e.kind == "generated"]) == 1

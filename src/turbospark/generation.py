@@ -42,6 +42,9 @@ import orjson
 from .engine.channel import Run
 from .engine.interface import ChatModel
 from .engine.types import (
+    OPENING_HELD,
+    OPENING_OFF,
+    OPENING_WATCHED,
     AdmissionError,
     CancelFlag,
     ContextOverflow,
@@ -607,7 +610,9 @@ Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallD
 
 #: what closes the last call read (its object, a list, the closing marker)
 _CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*(?:`{1,3}(?!\S))?\s*")  # a fence cut short too
-_OTHER_KEY = re.compile(r'\s*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
+#: a key after the arguments, of the call or (past its closing brace) of a
+#: wrapper around it
+_OTHER_KEY = re.compile(r'[\s}]*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
 
 
 def _after_call(rest: str) -> str:
@@ -644,7 +649,7 @@ class _Router:
         #: the trigger of the engine's opening grammar (``Prepared.opening``),
         #: while the answer may still match it
         self.opening = re.compile(prepared.opening) if mode == "lazy" and prepared.opening else None
-        self.opening_held = False
+        self.opening_state = OPENING_WATCHED if self.opening is not None else OPENING_OFF
         #: an answer that begins as a JSON object is held back while it may
         #: still be a call in the wrong shape (tools/rescue.py), for at most
         #: :data:`HOLD_SECONDS`: a response never stays silent longer
@@ -661,10 +666,10 @@ class _Router:
         self.reasoning: list[str] = []
         self.content: list[str] = []
 
-    def feed(self, text: str, opening: bool = False) -> list[Routed]:
-        """Route ``text``; ``opening``: the engine says its opening grammar
-        holds the output (``Progress.opening``)."""
-        self.opening_held = self.opening_held or opening
+    def feed(self, text: str, opening: int = OPENING_OFF) -> list[Routed]:
+        """Route ``text``; ``opening``: where the engine's opening grammar
+        stands after it (``Progress.opening``)."""
+        self.opening_state = opening
         parts = self.splitter.feed(text) if self.splitter else [("content", text)]
         return self._route(parts)
 
@@ -699,27 +704,27 @@ class _Router:
             self.held_since = now
         return now - self.held_since > HOLD_SECONDS
 
-    def _opens_call(self) -> bool:
-        """The answer so far matches the opening grammar's trigger and the
-        engine says that grammar holds it (it says so with the text that
-        matched, or before): a reader takes the call from the answer's start.
-        A match the engine did not take (a control token before it, a
-        grammar that refused the token ending the name) leaves the answer
-        to the hold and speculation, as without the grammar."""
+    def _opening_gate(self) -> str:
+        """What the answer so far is to the engine's opening grammar:
+        "read" (the grammar holds it and its trigger has matched the text:
+        a reader takes the call from the answer's start), "hold" (the engine
+        still watches whether it opens a call, or holds one whose name is yet
+        to arrive: nothing goes out, however long, or the call would go out
+        as text) or "free" (no call of that shape: the usual rules apply).
+        The engine decides (``Progress.opening``), so a match it did not take
+        (a control token before it, invisible in the text) is left free."""
         assert self.opening is not None
         if self.content or self.reasoning:  # the engine watched the raw output: not this
             self.opening = None
-            return False
-        if self.opening.match(self.pending):
+            return "free"
+        if self.opening_state == OPENING_HELD and self.opening.match(self.pending):
             self.opening = None
-            if not self.opening_held:
-                return False
             self.reader = CallReader()  # the grammar's JSON shape, in every syntax
-            return True
-        lead = self.pending.lstrip(" \t\r\n")
-        if lead and lead[0] not in "{`":
+            return "read"
+        if self.opening_state == OPENING_OFF:
             self.opening = None
-        return False
+            return "free"
+        return "hold"
 
     @staticmethod
     def _is_call(text: str) -> bool:
@@ -778,9 +783,11 @@ class _Router:
                 # call_start wants the whole answer so far (line starts matter);
                 # a possible start is held back until it is decided
                 self.pending += text
-                if self.opening is not None and self._opens_call():
+                gate = self._opening_gate() if self.opening is not None else "free"
+                if gate == "read":
                     out += self._to_tail(self.pending)
                     self.pending = ""
+                if gate != "free":
                     continue
                 if self.hold_json and not self.content:
                     if may_become_call(self.pending) and not self._held_too_long():
@@ -931,12 +938,9 @@ async def _one_choice(
         leftover = _calls_of(router.tail, prepared)[2] if router.tail else ""
         if leftover.strip():
             yield router._content(leftover)
-    elif router.streamed_calls and (live or router.reader is not None and router.reader.partial is not None):
+    elif router.streamed_calls:
         # out already (the grammar kept them valid, or they were read on
-        # speculation and are validated here): no re-ask. A client that
-        # reads the whole answer at once has seen none of it: its complete
-        # calls take the path below, guardrails included (a call the grammar
-        # held may still repeat one whose result the conversation has)
+        # speculation and are validated here): no re-ask in a stream
         assert router.reader is not None
         calls = list(router.reader.calls)
         tools = prepared.request.tools if prepared.request else None
@@ -958,47 +962,33 @@ async def _one_choice(
             calls, problems = calls + more, problems + more_problems
             if leftover.strip():
                 yield router._content(leftover)
+        elif not live:
+            # a client reading the whole answer at once has seen none of it:
+            # the guardrails' checks (a grammar-held call may still repeat one
+            # whose result the conversation has) and their re-ask
+            retry = await _guard(model, prepared, router, problems, calls, result, cancel)
+            if retry is not None:
+                second = _Second()
+                async for d in second.run(model, retry, router, cancel, reporter):
+                    yield d
+                attempts.append(second.result)
+                result, calls, problems = second.result, second.calls, second.problems
+                if prepared.request is not None and not prepared.request.parallel_tool_calls:
+                    calls = calls[:1]
     elif prepared.offered:
         calls, problems, leftover = _calls_of(router.tail, prepared)
         req = prepared.request
-        retry = None
-        if req is not None and req.guardrails is not False and result.reason is not StopReason.CANCELLED:
-            # templating and tokenising the longer prompt: off the event loop
-            retry = await asyncio.to_thread(_reask, model, prepared, router, problems, calls)
+        retry = await _guard(model, prepared, router, problems, calls, result, cancel)
         if retry is None and leftover.strip():
             # what the first attempt wrote from its call on is the answer's
             # rest only when it stands: a re-ask's answer replaces it
             yield router._content(leftover)
         if retry is not None:
-            # the last attempt's answer is returned as is (its text follows
-            # what was already streamed)
-            again = _Router(retry, stream_calls=False)
-            second: RawDecodeResult | None = None
-            parsed = _Relayed()  # calls the engine parses itself, whole at the end
-            pieces: list[Routed]
-            async for item in _run(model, retry, cancel, reporter):
-                if isinstance(item, Progress) and (item.call is not None or item.reasoning):
-                    pieces = [d for d in parsed.feed(item, again) if isinstance(d, ReasoningDelta)]
-                elif isinstance(item, Progress):
-                    pieces = again.feed(item.text)
-                else:
-                    second, pieces = item, again.flush()
-                # its reasoning streams at once; its answer is collected below
-                for d in pieces:
-                    if isinstance(d, ReasoningDelta):
-                        router.reasoning.append(d.text)
-                        yield d
-            assert second is not None
-            _raise_if_failed(second, cancel)
-            attempts.append(second)
-            result = second
-            calls, problems, leftover = _calls_of(again.tail, retry)
-            if parsed.calls:
-                calls = parsed.finish()
-                problems = validate_calls(calls, retry.request.tools if retry.request else None)
-            text = "".join(again.content) + leftover
-            if text.strip():
-                yield router._content(text)
+            second = _Second()
+            async for d in second.run(model, retry, router, cancel, reporter):
+                yield d
+            attempts.append(second.result)
+            result, calls, problems = second.result, second.calls, second.problems
         if req is not None and not req.parallel_tool_calls:
             calls = calls[:1]
         for i, call in enumerate(calls):
@@ -1013,6 +1003,62 @@ async def _one_choice(
         reasoning_tokens=_reasoning_tokens(model, result, reasoning),
         problems=problems,
     )
+
+
+async def _guard(
+    model: ChatModel,
+    prepared: Prepared,
+    router: _Router,
+    problems: list[str],
+    calls: list[toolcalls.ToolCall],
+    result: RawDecodeResult,
+    cancel: CancelFlag,
+) -> Prepared | None:
+    """The guardrails' second attempt for this answer, if they ask for one
+    (``_reask``; templating the longer prompt runs off the event loop)."""
+    req = prepared.request
+    if req is None or req.guardrails is False or result.reason is StopReason.CANCELLED:
+        return None
+    return await asyncio.to_thread(_reask, model, prepared, router, problems, calls)
+
+
+class _Second:
+    """A re-ask's run: its reasoning streams at once; its answer (text and
+    calls, whole) is collected, and its text goes out after what was already
+    sent (the first attempt's answer from its call on is replaced)."""
+
+    result: RawDecodeResult
+    calls: list[toolcalls.ToolCall]
+    problems: list[str]
+
+    async def run(
+        self, model: ChatModel, retry: Prepared, router: _Router, cancel: CancelFlag, reporter: Reporter
+    ) -> AsyncIterator[Routed]:
+        again = _Router(retry, stream_calls=False)
+        second: RawDecodeResult | None = None
+        parsed = _Relayed()  # calls the engine parses itself, whole at the end
+        pieces: list[Routed]
+        async for item in _run(model, retry, cancel, reporter):
+            if isinstance(item, Progress) and (item.call is not None or item.reasoning):
+                pieces = [d for d in parsed.feed(item, again) if isinstance(d, ReasoningDelta)]
+            elif isinstance(item, Progress):
+                pieces = again.feed(item.text)
+            else:
+                second, pieces = item, again.flush()
+            for d in pieces:
+                if isinstance(d, ReasoningDelta):
+                    router.reasoning.append(d.text)
+                    yield d
+        assert second is not None
+        _raise_if_failed(second, cancel)
+        self.result = second
+        self.calls, self.problems, leftover = _calls_of(again.tail, retry)
+        if parsed.calls:
+            self.calls = parsed.finish()
+            self.problems = validate_calls(self.calls, retry.request.tools if retry.request else None)
+        text = "".join(again.content) + leftover
+        if text.strip():
+            yield router._content(text)
 
 
 def _reasoning_tokens(model: ChatModel, result: RawDecodeResult, reasoning: str) -> int:

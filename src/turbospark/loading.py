@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -78,8 +79,11 @@ def remote_options(model_id: str, values: dict[str, Any], where: str, aliases: t
         if value <= 0:
             raise RemoteConfigError(f"{where}.{key} must be positive")
     ca_file = values.get("ca_file")
-    if ca_file is not None and not os.path.isfile(ca_file):
-        raise RemoteConfigError(f"{where}.ca_file {ca_file!r} is not a file (a PEM bundle of the CAs to trust)")
+    if ca_file is not None:
+        try:  # read now: a bad bundle is a config error, not a 500 at every request
+            ssl.create_default_context(cafile=ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise RemoteConfigError(f"{where}.ca_file {ca_file!r} is no readable PEM bundle of CAs ({e})") from None
     return RemoteOptions(
         id=model_id,
         base_url=url,

@@ -674,7 +674,10 @@ class Registry:
                 e.group.close()
             aclose = getattr(e.model, "aclose", None)  # a remote engine's connections
             if aclose is not None:
-                await aclose()
+                try:
+                    await aclose()
+                except Exception:  # noqa: BLE001 - shutting down goes on
+                    log.exception("closing %s's connections failed", e.id)
         for task in list(self._closing):
             await task
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .llama import LlamaModelFile, lib
-from .types import AdmissionError, GenerationConfig
+from .types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED, AdmissionError, GenerationConfig
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
@@ -101,17 +101,15 @@ class SamplerChain:
         #: start), until the output has matched it or can no longer
         self._opening: tuple[re.Pattern[bytes], Constraint] | None = None
         self._head = b""  # the output so far, while the opening is watched
-        self._head_tokens: list[int] = []
-        self._head_limit = 0
-        #: the opening grammar took hold (``Progress.opening`` tells the router)
-        self.opening_held = False
+        #: where the opening grammar stands (``Progress.opening`` tells the router)
+        self.opening_state = OPENING_OFF
         try:
             if config.grammar:
                 self._grammar(model, config.grammar, config.grammar_trigger)
             if config.opening_grammar and config.opening_trigger and self.grammar is None:  # a lazy one beside
-                pattern = config.opening_trigger.encode()
-                self._opening = (re.compile(pattern), Constraint(model, config.opening_grammar))
-                self._head_limit = len(pattern) + 64  # longer than any text it matches, with sane spacing
+                pattern = re.compile(config.opening_trigger.encode())
+                self._opening = (pattern, Constraint(model, config.opening_grammar))
+                self.opening_state = OPENING_WATCHED
         except AdmissionError:
             self.close()
             raise
@@ -143,21 +141,18 @@ class SamplerChain:
         them, the output stays free: its calls are validated afterwards)."""
         piece = self._special[token]
         if self._opening is not None:
-            self._head += piece
-            self._head_tokens.append(token)
+            # the opening grammar itself says whether a call of its shape can
+            # still begin so (it is fed as the output comes); its trigger,
+            # whether the name is out
             pattern, opening = self._opening
-            lead = self._head.lstrip(b" \t\r\n")
-            if pattern.match(self._head):
-                tokens = self._head_tokens
-                self._opening, self._head, self._head_tokens = None, b"", []
-                if opening.accept(tokens):  # it holds the output; nothing else is watched
-                    self.grammar, self.opening_held = opening, True
-                    self.trigger = self._lazy = None
-                    return
-                # the token that ended the name went on in a way the grammar
-                # refuses: free (the marker's grammar still waits)
-            elif len(self._head) > self._head_limit or (lead and lead[:1] not in (b"{", b"`")):
-                self._opening, self._head, self._head_tokens = None, b"", []
+            self._head += piece
+            if not opening.accept([token]):
+                self._opening, self._head, self.opening_state = None, b"", OPENING_OFF
+            elif pattern.match(self._head):  # it holds the output; nothing else is watched
+                self._opening, self._head = None, b""
+                self.grammar, self.opening_state = opening, OPENING_HELD
+                self.trigger = self._lazy = None
+                return
         trigger = self.trigger
         if trigger is None:
             return
@@ -177,7 +172,7 @@ class SamplerChain:
         it takes ``tokens``), and nothing is watched any more."""
         self.grammar = grammar if grammar.accept(tokens) else None
         self.trigger = self._lazy = self._opening = None
-        self._head, self._head_tokens = b"", []
+        self._head, self.opening_state = b"", OPENING_OFF
 
     def _constraints(self, model: LlamaModelFile, config: GenerationConfig, chain: Any) -> None:
         """Logit bias (``ignore_eos`` included) and repetition penalties."""

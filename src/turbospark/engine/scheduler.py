@@ -929,12 +929,12 @@ class Scheduler:
     @staticmethod
     def _hand_out(seq: Seq, tokens: int) -> None:
         """The text and log-probabilities produced since the last Progress."""
-        held = seq.chain.opening_held
+        opening = seq.chain.opening_state
         if seq.probs_out:
-            seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out, opening=held))
+            seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out, opening=opening))
             seq.probs_out = []
         else:
-            seq.job.sink.put(Progress("".join(seq.out), tokens, opening=held))
+            seq.job.sink.put(Progress("".join(seq.out), tokens, opening=opening))
         seq.out.clear()
 
     # -------------------------------------------------------------- endings

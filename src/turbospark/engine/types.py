@@ -20,6 +20,10 @@ class StopReason(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
+#: ``Progress.opening``: the opening grammar's state
+OPENING_OFF, OPENING_WATCHED, OPENING_HELD = 0, 1, 2
+
+
 @dataclass(slots=True)
 class GenerationConfig:
     """Everything the engine needs to decode one sequence.
@@ -111,10 +115,12 @@ class Progress:
     #: a piece of a tool call the engine parsed itself (a remote engine's
     #: ``tool_calls`` delta, ``upstream.wire.CallPiece``); the text is then empty
     call: Any = None
-    #: the opening grammar (``GenerationConfig.opening_grammar``) holds the
-    #: output: it took hold at or before this report's last token, so the
-    #: text that matched its trigger arrives with this report or later
-    opening: bool = False
+    #: the opening grammar (``GenerationConfig.opening_grammar``) after this
+    #: report's last token: :data:`OPENING_OFF` (none, or the output is no
+    #: call of its shape), :data:`OPENING_WATCHED` (the output may still
+    #: open a call) or :data:`OPENING_HELD` (it holds the output: the text
+    #: that matched its trigger arrives with this report or later)
+    opening: int = 0
 
 
 @dataclass(slots=True)

@@ -67,13 +67,17 @@ class Endpoint:
     #: file); None: the public ones (certifi's)
     ca_file: str | None = None
 
+    _context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+
     def verify(self) -> ssl.SSLContext | bool:
         """What httpx checks the upstream's certificate with. With
-        ``ca_file``, a context built once per client (httpx sets the ALPN
-        protocols, h2 included, on it)."""
+        ``ca_file``, one context read once and shared by its clients
+        (httpcore sets the same ALPN protocols, h2 included, on it)."""
         if self.ca_file is None:
             return True
-        return ssl.create_default_context(cafile=self.ca_file)
+        if self._context is None:
+            self._context = ssl.create_default_context(cafile=self.ca_file)
+        return self._context
 
     def url(self, path: str) -> str:
         if path.startswith(("http://", "https://")):
