@@ -793,6 +793,8 @@ def test_opening_call_grammar_holds_the_call_to_its_tool(matcher):
     assert not matcher.accepts(g, OPENINGS[0] + " Done.")  # nothing after the call
     assert not matcher.accepts(g, OPENINGS[-1][:-1])  # a wrapper is closed
     assert not matcher.accepts(g, OPENINGS[0][:-1] + "}}")  # and only a wrapper
+    # blanks are bounded: an answer of nothing but blanks is soon let go
+    assert not matcher.accepts(g, " " * 40 + OPENINGS[0]) and matcher.accepts(g, " " * 20 + OPENINGS[0])
     assert not matcher.accepts(g, OPENINGS[0] + "\n" + OPENINGS[0])  # one call (a loop ends there)
     # only an offered name wakes it: a JSON answer of the user's own stays free
     for free in ['{"name": "Alice", "age": 30}', '{"name": "get_weathers"', 'Sure: {"name": "get_weather"',

@@ -111,6 +111,9 @@ def same_as_upstream(upstream: Upstream, g: dict[str, Any], before: int) -> None
 
 
 MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour."}]
+#: an answer that goes on for a while (SmolLM2 ends "Name a colour." within a
+#: second, which a test holding a stream open must not race)
+LONG = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread, in many chapters."}]
 
 
 # ------------------------------------------------------------ five dialects
@@ -585,7 +588,7 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
     bb.up, bb.reason, bb.down_until = True, "", 0.0  # as if a check had passed just before it died
     fresh = next(k for k in (f"t{i}" for i in range(500)) if group.pick("session:" + k).name == "b")
     with c.chat.completions.with_streaming_response.create(
-        model="pool", messages=MESSAGES, max_tokens=1500, stream=True, extra_headers={"x-session-id": fresh}
+        model="pool", messages=LONG, max_tokens=1500, stream=True, extra_headers={"x-session-id": fresh}
     ) as s:
         next(s.iter_lines())
         served = [e.served for e in obs.of(int(s.headers["x-request-id"])) if e.kind == "requestRouted"]

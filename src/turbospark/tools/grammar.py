@@ -316,9 +316,11 @@ def opening_call_grammar(tools: list[dict[str, Any]]) -> tuple[str, str]:
     grammar = "\n".join(
         [
             "start: OPEN_LEAD (OPEN_FENCE call OPEN_FENCE_END | call)",
-            "OPEN_LEAD: /[ \\t\\r\\n]*/",
-            "OPEN_FENCE: /```(json)?[ \\t]*\\n[ \\t\\r\\n]*/",
-            "OPEN_FENCE_END: /[ \\t\\r\\n]*```/",
+            # blanks are bounded, so a model writing nothing but blanks is let
+            # go (the engine watches the opening only while the grammar takes it)
+            "OPEN_LEAD: /[ \\t\\r\\n]{0,32}/",
+            "OPEN_FENCE: /```(json)?[ \\t]{0,8}\\n[ \\t\\r\\n]{0,32}/",
+            "OPEN_FENCE_END: /[ \\t\\r\\n]{0,32}```/",
             f"call: {calls}",
             *rules,
         ]
@@ -334,7 +336,7 @@ def _opening_rules(i: int, fname: str, params: Any, strictness: int) -> list[str
     wrapper around it."""
     name = _lit(json.dumps(fname, ensure_ascii=False))
     args = _json(params, lenient=strictness > 0)
-    ow = "/[ \\t\\r\\n]*/"  # any spacing between the tokens
+    ow = "/[ \\t\\r\\n]{0,16}/"  # any sane spacing between the tokens
     key = '/"(arguments|parameters)"/'
     kind = f'("\\"type\\"" {ow} ":" {ow} "\\"function\\"" {ow} "," {ow})?'
     inner = f'"\\"name\\"" {ow} ":" {ow} {name} {ow} "," {ow} {key} {ow} ":" {ow} {args} {ow} "}}"'
