@@ -704,6 +704,8 @@ def test_attach_and_detach_a_remote_model(front, upstreams) -> None:
         # nothing of whether it exists
         r = httpx.post(srv.url + "/v1/admin/models", json=probe)
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("'ca_file' is read from the config")
+    r = httpx.post(srv.url + "/v1/admin/models", json={**body, "id": "x6", "replicas": 3})
+    assert r.status_code == 400 and "'replicas' must be" in r.json()["error"]["message"]
     group = httpx.post(
         srv.url + "/v1/admin/models",
         json={

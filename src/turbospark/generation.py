@@ -973,8 +973,8 @@ async def _one_choice(
                     yield d
                 attempts.append(second.result)
                 result, calls, problems = second.result, second.calls, second.problems
-                if prepared.request is not None and not prepared.request.parallel_tool_calls:
-                    calls = calls[:1]
+            if prepared.request is not None and not prepared.request.parallel_tool_calls:
+                calls = calls[:1]
     elif prepared.offered:
         calls, problems, leftover = _calls_of(router.tail, prepared)
         req = prepared.request

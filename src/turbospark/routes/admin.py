@@ -132,7 +132,7 @@ def _remote_body(raw: dict[str, Any]) -> RemoteOptions | GroupOptions:
         raise BadRequest("'aliases' must be a list of names", "aliases")
     values.pop("kind", None)
     replicas = values.pop("replicas", None)
-    for where in [values, *(r for r in replicas or [] if isinstance(r, dict))]:
+    for where in [values, *(r for r in (replicas if isinstance(replicas, list) else []) if isinstance(r, dict))]:
         if "ca_file" in where:
             # a path on this machine: the config file's to name, never a
             # caller's (who would learn from the answer whether it exists)
