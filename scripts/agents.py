@@ -197,7 +197,8 @@ def run_clients(bin_dir: str, url: str, only: str | None, timeout_s: int) -> Non
     work = tempfile.mkdtemp(prefix="agents-work-")
     runs = []
     if only in (None, "claude"):
-        claude = [str(Path(bin_dir) / "claude"), "-p", TASK, "--allowedTools", "Bash", "--model", "qwen2.5-coder-0.5b"]
+        claude = [str(Path(bin_dir) / "claude"), "-p", TASK, "--allowedTools", "Bash", "--model", "qwen2.5-coder-0.5b",
+                  "--output-format", "stream-json", "--verbose"]  # fmt: skip
         runs.append(claude)
     if only in (None, "codex"):
         codex = [str(Path(bin_dir) / "codex"), "exec", "--skip-git-repo-check"]
@@ -210,8 +211,30 @@ def run_clients(bin_dir: str, url: str, only: str | None, timeout_s: int) -> Non
             print(f"timed out after {timeout_s * 3} s", flush=True)
             continue
         print("exit", done.returncode)
-        print(done.stdout[-2000:], flush=True)
+        print(summarize_claude(done.stdout) if "stream-json" in cmd else done.stdout[-2000:], flush=True)
         print(done.stderr[-1500:], file=sys.stderr, flush=True)
+
+
+def summarize_claude(stdout: str) -> str:
+    """Claude Code's stream-json transcript in short: each tool call the
+    model made (name, input) and what the CLI answered, then the result."""
+    lines = []
+    for raw in stdout.splitlines():
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            continue
+        content = (msg.get("message") or {}).get("content") if isinstance(msg, dict) else None
+        for block in content if isinstance(content, list) else []:
+            if block.get("type") == "tool_use":
+                lines.append(f"  tool_use {block.get('name')} {json.dumps(block.get('input'))[:160]}")
+            elif block.get("type") == "tool_result":
+                text = block.get("content")
+                text = text if isinstance(text, str) else json.dumps(text)
+                lines.append(f"    -> {'error: ' if block.get('is_error') else ''}{text[:160]!r}")
+        if isinstance(msg, dict) and msg.get("type") == "result":
+            lines.append(f"  result: {str(msg.get('result'))[:600]}")
+    return "\n".join(lines) if lines else stdout[-2000:]
 
 
 def record(args: argparse.Namespace) -> None:

@@ -929,6 +929,8 @@ async def _one_choice(
         yield d
     calls: list[toolcalls.ToolCall] = []
     problems: list[str] = []
+    retry: Prepared | None = None  # the guardrails' second attempt, if they ask for one
+    buffered = whole = False  # the calls were checked whole (and are sent whole)
     if relayed is not None and relayed.calls:
         # calls the engine parsed itself went out as they came: closed here
         calls = relayed.finish()
@@ -967,32 +969,25 @@ async def _one_choice(
             # the guardrails' checks (a grammar-held call may still repeat one
             # whose result the conversation has) and their re-ask
             retry = await _guard(model, prepared, router, problems, calls, result, cancel)
-            if retry is not None:
-                second = _Second()
-                async for d in second.run(model, retry, router, cancel, reporter):
-                    yield d
-                attempts.append(second.result)
-                result, calls, problems = second.result, second.calls, second.problems
-            if prepared.request is not None and not prepared.request.parallel_tool_calls:
-                calls = calls[:1]
+            buffered = True
     elif prepared.offered:
         calls, problems, leftover = _calls_of(router.tail, prepared)
-        req = prepared.request
         retry = await _guard(model, prepared, router, problems, calls, result, cancel)
         if retry is None and leftover.strip():
             # what the first attempt wrote from its call on is the answer's
             # rest only when it stands: a re-ask's answer replaces it
             yield router._content(leftover)
-        if retry is not None:
-            second = _Second()
-            async for d in second.run(model, retry, router, cancel, reporter):
-                yield d
-            attempts.append(second.result)
-            result, calls, problems = second.result, second.calls, second.problems
-        if req is not None and not req.parallel_tool_calls:
-            calls = calls[:1]
-        for i, call in enumerate(calls):
-            yield ToolCallDelta(i, call)
+        buffered = whole = True
+    if retry is not None:
+        second = _Second()
+        async for d in second.run(model, retry, router, cancel, reporter):
+            yield d
+        attempts.append(second.result)
+        result, calls, problems = second.result, second.calls, second.problems
+    if buffered and prepared.request is not None and not prepared.request.parallel_tool_calls:
+        calls = calls[:1]
+    for i, call in enumerate(calls if whole else ()):  # calls checked whole go out whole
+        yield ToolCallDelta(i, call)
     reasoning = "".join(router.reasoning)
     yield Final(
         result=result,
