@@ -6,6 +6,7 @@ one special token, so a logit bias can make the model open a call)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -148,9 +149,9 @@ def test_an_answer_that_opens_as_a_bare_call_is_held_from_its_name(qwen):
 
     ask = 'Run echo hi. Answer with only the JSON object {"name": "Bash", "command": "echo hi", "timeout": 120000}.'
     loose = answer(ask)
-    assert loose.text == '{"name": "Bash", "command": "echo hi", "timeout": 120000}'
+    assert '"command"' in loose.text and '"arguments"' not in loose.text  # the botched shape, as told
     held = answer(ask, **both)
-    assert held.text == '{"name": "Bash", "arguments": {"command": "echo hi", "timeout": 120000}}'
+    assert json.loads(held.text) == {"name": "Bash", "arguments": {"command": "echo hi", "timeout": 120000}}
     assert held.reason.value == "endOfTurn"
     # the engine tells the router (Progress.opening) from the name on
     said: list[tuple[str, int]] = []

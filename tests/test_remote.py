@@ -560,56 +560,65 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
     # a session key the router sends to b
     key = next(k for k in (f"s{i}" for i in range(500)) if group.pick("session:" + k).name == "b")
     b.kill()
-    raw = c.chat.completions.with_raw_response.create(
-        model="pool", messages=MESSAGES, max_tokens=6, extra_headers={"x-session-id": key}
-    )
-    assert raw.parse().choices[0].message.content is not None
-    rid = raw.headers["x-request-id"]
-    assert routed(obs, rid) == ["pool@b", "pool@a"]  # tried on b, answered by a
-    assert gen(obs, rid)["model"] == "pool@a"
-    assert [g for g in obs.of(int(rid)) if g.kind == "generated"][0].model == "pool@a"
-    down = [e for e in obs.events if e.kind == "modelHealth" and e.model == "pool@b" and e.state == "down"]
-    assert down and "unreachable" in down[-1].reason
-    models = {m["id"]: m for m in httpx.get(srv.url + "/v1/models").json()["data"]}
-    assert models["pool@b"]["state"] == "down"
-    assert {r["name"]: r["state"] for r in models["pool"]["replicas"]} == {"a": "up", "b": "down"}
-    metrics = httpx.get(srv.url + "/metrics").text
-    assert 'turbospark_replica_up{model="pool",replica="b"} 0.0' in metrics
-    assert 'turbospark_replica_down_total{model="pool@b"}' in metrics
-    # while b is down its conversations go to a, streams included
-    with c.chat.completions.with_streaming_response.create(
-        model="pool", messages=MESSAGES, max_tokens=4, stream=True, extra_headers={"x-session-id": key}
-    ) as s:
-        assert "data:" in s.read().decode()
-        assert routed(obs, s.headers["x-request-id"]) == ["pool@a"]
-    # a stream that fails over gives the failed replica back at once: while
-    # it is still being answered by a, b holds nothing
-    bb = group.by_name("b")
-    bb.up, bb.reason, bb.down_until = True, "", 0.0  # as if a check had passed just before it died
-    fresh = next(k for k in (f"t{i}" for i in range(500)) if group.pick("session:" + k).name == "b")
-    with c.chat.completions.with_streaming_response.create(
-        model="pool", messages=LONG, max_tokens=1500, stream=True, extra_headers={"x-session-id": fresh}
-    ) as s:
-        next(s.iter_lines())
-        served = [e.served for e in obs.of(int(s.headers["x-request-id"])) if e.kind == "requestRouted"]
-        assert served == ["pool@b", "pool@a"]
-        assert bb.in_flight == 0 and group.by_name("a").in_flight == 1
-    assert not bb.up
-    wait_until(lambda: group.by_name("a").in_flight == 0, what="a's lease released once the client left")
-    # b comes back: after the cooldown, the next health check finds it
-    b.start()
-    group.health_interval = 0.3
-    group._next_check = 0.0
-    wait_until(lambda: group.by_name("b").up, timeout=30, what="replica b up again")
-    up = [e for e in obs.events if e.kind == "modelHealth" and e.model == "pool@b" and e.state == "ok"]
-    assert up
-    assert 'turbospark_replica_up{model="pool",replica="b"} 1.0' in httpx.get(srv.url + "/metrics").text
-    raw = c.chat.completions.with_raw_response.create(
-        model="pool", messages=MESSAGES, max_tokens=4, extra_headers={"x-session-id": key}
-    )
-    raw.parse()
-    assert routed(obs, raw.headers["x-request-id"]) in (["pool@a"], ["pool@b"])
-    group.health_interval = 3600
+    try:
+        raw = c.chat.completions.with_raw_response.create(
+            model="pool", messages=MESSAGES, max_tokens=6, extra_headers={"x-session-id": key}
+        )
+        assert raw.parse().choices[0].message.content is not None
+        rid = raw.headers["x-request-id"]
+        assert routed(obs, rid) == ["pool@b", "pool@a"]  # tried on b, answered by a
+        assert gen(obs, rid)["model"] == "pool@a"
+        assert [g for g in obs.of(int(rid)) if g.kind == "generated"][0].model == "pool@a"
+        down = [e for e in obs.events if e.kind == "modelHealth" and e.model == "pool@b" and e.state == "down"]
+        assert down and "unreachable" in down[-1].reason
+        models = {m["id"]: m for m in httpx.get(srv.url + "/v1/models").json()["data"]}
+        assert models["pool@b"]["state"] == "down"
+        assert {r["name"]: r["state"] for r in models["pool"]["replicas"]} == {"a": "up", "b": "down"}
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert 'turbospark_replica_up{model="pool",replica="b"} 0.0' in metrics
+        assert 'turbospark_replica_down_total{model="pool@b"}' in metrics
+        # while b is down its conversations go to a, streams included
+        with c.chat.completions.with_streaming_response.create(
+            model="pool", messages=MESSAGES, max_tokens=4, stream=True, extra_headers={"x-session-id": key}
+        ) as s:
+            assert "data:" in s.read().decode()
+            assert routed(obs, s.headers["x-request-id"]) == ["pool@a"]
+        # a stream that fails over gives the failed replica back at once: while
+        # it is still being answered by a, b holds nothing
+        bb = group.by_name("b")
+        bb.up, bb.reason, bb.down_until = True, "", 0.0  # as if a check had passed just before it died
+        fresh = next(k for k in (f"t{i}" for i in range(500)) if group.pick("session:" + k).name == "b")
+        with c.chat.completions.with_streaming_response.create(
+            model="pool",
+            messages=LONG,
+            max_tokens=1500,
+            stream=True,
+            extra_headers={"x-session-id": fresh},
+            extra_body={"ignore_eos": True},  # the answer outlasts the assertions below
+        ) as s:
+            next(s.iter_lines())
+            served = [e.served for e in obs.of(int(s.headers["x-request-id"])) if e.kind == "requestRouted"]
+            assert served == ["pool@b", "pool@a"]
+            assert bb.in_flight == 0 and group.by_name("a").in_flight == 1
+        assert not bb.up
+        wait_until(lambda: group.by_name("a").in_flight == 0, what="a's lease released once the client left")
+        # b comes back: after the cooldown, the next health check finds it
+        b.start()
+        group.health_interval = 0.3
+        group._next_check = 0.0
+        wait_until(lambda: group.by_name("b").up, timeout=30, what="replica b up again")
+        up = [e for e in obs.events if e.kind == "modelHealth" and e.model == "pool@b" and e.state == "ok"]
+        assert up
+        assert 'turbospark_replica_up{model="pool",replica="b"} 1.0' in httpx.get(srv.url + "/metrics").text
+        raw = c.chat.completions.with_raw_response.create(
+            model="pool", messages=MESSAGES, max_tokens=4, extra_headers={"x-session-id": key}
+        )
+        raw.parse()
+        assert routed(obs, raw.headers["x-request-id"]) in (["pool@a"], ["pool@b"])
+    finally:  # a failure here must not leave b dead, or the group checking, for the module's later tests
+        if b.proc is None or b.proc.poll() is not None:
+            b.start()
+        group.health_interval = 3600
 
 
 def test_replica_never_retried_after_a_token(front, scripted_upstream) -> None:

@@ -395,7 +395,7 @@ def test_real_qwen_long_bare_json_call_streams(qwen_server, no_speculation: None
     first, total = got.first_call_at, got.total
     assert got.content == "" and got.names == ["write_file"], (got.content[:200], got.names)
     assert got.arguments.startswith('{"path": "poem.txt", "content": "1. Alabama'), got.arguments[:100]
-    assert first is not None and first < total - 1, (first, total)
+    assert first is not None and first < total / 2, (first, total)  # streamed, not sent at the end
 
 
 def test_real_qwen_arguments_beside_the_name_come_out_a_streamed_call(qwen_server, no_speculation: None):
@@ -465,7 +465,7 @@ def test_real_qwen_llama3_syntax_calls_stream(no_speculation: None):
         got = stream_chat(srv.url, body)
     assert got.content == "" and got.names == ["write_file"], (got.content[:200], got.names)
     assert got.arguments.startswith('{"path": "poem.txt", "content": "1. Ala'), got.arguments[:100]
-    assert got.first_call_at is not None and got.first_call_at < got.total - 1, (got.first_call_at, got.total)
+    assert got.first_call_at is not None and got.first_call_at < got.total / 2, (got.first_call_at, got.total)
 
 
 def test_a_re_asked_answer_is_not_doubled():
