@@ -187,7 +187,8 @@ def test_the_router_reads_an_opening_call_only_when_the_engine_says_its_grammar_
     from turbospark.tools.grammar import opening_call_grammar
 
     _, trigger = opening_call_grammar([BASH])
-    prepared = Prepared([], GenerationConfig(), None, "llama3", ("Bash",), call_grammar="lazy", opening=trigger)
+    config = GenerationConfig(opening_trigger=trigger)
+    prepared = Prepared([], config, None, "llama3", ("Bash",), call_grammar="lazy")
     text = '```json\n{"type": "function", "name": "Bash", "parameters": {"command": "ls -la'
     held = _Router(prepared)
     # while the engine watches, nothing goes out, however long it takes (a

@@ -432,6 +432,21 @@ def test_real_qwen_arguments_beside_the_name_come_out_a_streamed_call(qwen_serve
     assert len([e for e in events.of(int(rid)) if e.kind == "generated"]) == 1
 
 
+def test_real_qwen_an_answer_cut_while_it_may_still_open_a_call_keeps_its_text(qwen_server):
+    """The budget runs out inside the head of a bare JSON call (the engine
+    still watching whether it opens one, so the router held it): nothing is
+    lost, streamed or not; the cut head comes back as the answer's text."""
+    srv, _ = qwen_server
+    ask = 'Run echo hi. Answer with only the JSON object {"name": "Bash", "command": "echo hi"}.'
+    body = {"model": "qwen", "messages": [{"role": "user", "content": ask}], "tools": [BASH],
+            "temperature": 0, "max_tokens": 3}  # fmt: skip
+    got = stream_chat(srv.url, body)
+    whole = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300).json()["choices"][0]
+    assert got.finish == whole["finish_reason"] == "length" and not got.names
+    assert got.content.startswith("{") and got.content == whole["message"]["content"], (got.content, whole)
+    assert not whole["message"].get("tool_calls")
+
+
 #: a ChatML template that teaches Llama 3's tool syntax (it names
 #: ``<|python_tag|>``), so Qwen is served with the ``llama3`` syntax: no call
 #: marker, only a bare ``{"name": …, "parameters": …}`` answer

@@ -143,11 +143,6 @@ class Prepared:
     #: calls stream as they are written: "forced" (the whole answer is the
     #: call: tool_choice required/named), "lazy" (from the call marker on)
     call_grammar: str | None = None
-    #: with the lazy mode: the trigger (a regex matched at the answer's
-    #: start) of the grammar of an answer that opens as a bare JSON call
-    #: (``grammars.opening_call_grammar``); the calls are read from the start
-    #: once the answer matches it
-    opening: str | None = None
     #: for a model that takes requests rather than token ids (a remote
     #: engine, ``takes_messages``): what is sent, less the sampling fields
     body: dict[str, Any] | None = None
@@ -513,10 +508,7 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         think_open = bool(opener) and (ids[-len(opener) :] == opener or ids[-len(opener) - 1 : -1] == opener)
     # thinking is split off whenever the model writes it (the effort only
     # flips the template's switch); raw prompts are left alone
-    return Prepared(
-        ids, config, req, syntax, offered, not raw, think_open, warnings, call_grammar,
-        opening=config.opening_trigger if call_grammar == "lazy" else None,
-    )  # fmt: skip
+    return Prepared(ids, config, req, syntax, offered, not raw, think_open, warnings, call_grammar)
 
 
 def _prepare_remote(model: ChatModel, req: ChatRequest) -> Prepared:
@@ -646,9 +638,11 @@ class _Router:
         #: from the call marker on when the lazy grammar waits for it
         self.reader: CallReader | XmlCallReader | None = self._new_reader() if mode == "forced" else None
         self.trigger = CALL_TRIGGERS.get(prepared.syntax or "") if mode == "lazy" else None
-        #: the trigger of the engine's opening grammar (``Prepared.opening``),
-        #: while the answer may still match it
-        self.opening = re.compile(prepared.opening) if mode == "lazy" and prepared.opening else None
+        #: the trigger of the engine's opening grammar (a regex matched at the
+        #: answer's start, ``GenerationConfig.opening_trigger``), while the
+        #: answer may still match it
+        opening = prepared.config.opening_trigger if mode == "lazy" else None
+        self.opening = re.compile(opening) if opening else None
         self.opening_state = OPENING_WATCHED if self.opening is not None else OPENING_OFF
         #: an answer that begins as a JSON object is held back while it may
         #: still be a call in the wrong shape (tools/rescue.py), for at most

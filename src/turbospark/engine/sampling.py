@@ -225,14 +225,14 @@ class SamplerChain:
     def sample(self, ctx_ptr: Any, index: int) -> int:
         if self.pre is not None:
             token = self._sample_with_probs(ctx_ptr, index)
-        elif self.watching:
+        elif self.trigger is None and self._opening is None:  # nothing watched: the plain paths
+            if self.grammar is None:
+                return int(lib().llama_sampler_sample(self.ptr, ctx_ptr, index))
+            return self._sample_constrained(ctx_ptr, index)
+        else:
             # a lazy grammar not yet triggered constrains nothing: the fast
             # path, the output only watched for the trigger
             token = int(lib().llama_sampler_sample(self.ptr, ctx_ptr, index))
-        elif self.grammar is None:
-            return int(lib().llama_sampler_sample(self.ptr, ctx_ptr, index))
-        else:
-            return self._sample_constrained(ctx_ptr, index)
         if self.watching:
             self._watch(token)
         return token

@@ -283,11 +283,15 @@ def _every_call(specs: list[tuple[str, Any]], own: Any, lenient: bool) -> list[s
     return rules
 
 
+#: blanks between the tokens of an opening call (bounded, as the grammar's)
+_OW = r"[ \t\r\n]{0,16}"
 #: how an answer that opens as a bare JSON call begins, up to its name:
-#: blanks, an optional ```json fence, then ``{"name": `` in any spacing
+#: blanks, an optional ```json fence, then ``{"name": `` in any sane
+#: spacing, the grammar's exactly (so the trigger matches only what the
+#: grammar takes)
 _OPENING_HEAD = (
-    r'[ \t\r\n]*(?:```(?:json)?[ \t]*\n[ \t\r\n]*)?\{[ \t\r\n]*(?:"type"[ \t\r\n]*:[ \t\r\n]*"function"[ \t\r\n]*,'
-    r'[ \t\r\n]*)?(?:"function"[ \t\r\n]*:[ \t\r\n]*\{[ \t\r\n]*)?"name"[ \t\r\n]*:[ \t\r\n]*'
+    r"[ \t\r\n]{0,32}(?:```(?:json)?[ \t]{0,8}\n[ \t\r\n]{0,32})?"
+    rf'\{{{_OW}(?:"type"{_OW}:{_OW}"function"{_OW},{_OW})?(?:"function"{_OW}:{_OW}\{{{_OW})?"name"{_OW}:{_OW}'
 )
 
 
@@ -300,8 +304,9 @@ def opening_call_grammar(tools: list[dict[str, Any]]) -> tuple[str, str]:
     the trigger, a regex matched at the output's start that ends at the
     name's closing quote: only an offered name wakes it, so a JSON answer
     of the user's own (``{"name": "Alice"}``) stays free. Every text the
-    trigger matches the grammar accepts, so the engine and the router
-    (``generation._Router``) agree on when it holds. A model writing the
+    trigger matches the grammar accepts as a prefix (the engine also feeds
+    the grammar every token it watches and tells the router, through
+    ``Progress.opening``, whether it holds). A model writing the
     arguments beside the name (``{"name": "Bash", "command": …}``) is held
     to ``"arguments"`` once the name is out: the call comes out valid.
     One call, and the answer ends there: a small model that opens this way
@@ -336,7 +341,7 @@ def _opening_rules(i: int, fname: str, params: Any, strictness: int) -> list[str
     wrapper around it."""
     name = _lit(json.dumps(fname, ensure_ascii=False))
     args = _json(params, lenient=strictness > 0)
-    ow = "/[ \\t\\r\\n]{0,16}/"  # any sane spacing between the tokens
+    ow = f"/{_OW}/"  # any sane spacing between the tokens
     key = '/"(arguments|parameters)"/'
     kind = f'("\\"type\\"" {ow} ":" {ow} "\\"function\\"" {ow} "," {ow})?'
     inner = f'"\\"name\\"" {ow} ":" {ow} {name} {ow} "," {ow} {key} {ow} ":" {ow} {args} {ow} "}}"'

@@ -198,7 +198,8 @@ class CallReader(_Reader):
 
     def feed(self, text: str) -> list[Event]:
         out: list[Event] = []
-        self._rest += text
+        if self._open is None:  # (an open call's text is its own: its close sets what follows it)
+            self._rest += text
         while text and not self.failed:
             if self._open is None:
                 if self.single and self.calls:
@@ -394,7 +395,8 @@ class XmlCallReader(_Reader):
     def feed(self, text: str) -> list[Event]:
         out: list[Event] = []
         self.buffer += text
-        self._rest += text
+        if self._open is None:  # (an open call's text is its own: its close sets what follows it)
+            self._rest += text
         while not self.failed:
             before = (self.buffer, self._open, self._param)
             if self._open is None:
