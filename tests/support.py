@@ -143,6 +143,7 @@ class ChatStream:
     names: list[str] = field(default_factory=list)
     finish: str | None = None
     first_call_at: float | None = None
+    first_content_at: float | None = None
     total: float = 0.0
 
     @property
@@ -161,6 +162,8 @@ def stream_chat(url: str, body: dict[str, Any], timeout: float = 300) -> ChatStr
             if not choices:
                 continue
             delta = choices[0]["delta"]
+            if delta.get("content") and out.first_content_at is None:
+                out.first_content_at = time.monotonic() - start
             out.content += delta.get("content") or ""
             out.finish = choices[0].get("finish_reason") or out.finish
             for c in delta.get("tool_calls") or []:

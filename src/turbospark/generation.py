@@ -61,7 +61,7 @@ from .tools.guardrails import answer_turn, corrective_turn, repeated, validate_c
 from .tools.prompting import inline_tools, template_knows_tools, tool_names
 from .tools.reasoning import ReasoningSplitter
 from .tools.rescue import may_become_call, rescue_call
-from .tools.streaming import CallReader, Opened, Piece, XmlCallReader
+from .tools.streaming import CallReader, Opened, Piece, XmlCallReader, head_name
 
 DEFAULT_MAX_TOKENS = 256
 #: the longest an answer that begins as a JSON object is held back while it
@@ -629,7 +629,7 @@ class _Router:
     end) unless a grammar holds the calls to their one shape: then they are
     read as they come (``reader``) and stream."""
 
-    def __init__(self, prepared: Prepared, stream_calls: bool = True, live: bool = False) -> None:
+    def __init__(self, prepared: Prepared, stream_calls: bool = True, live: bool = False, reask: bool = False) -> None:
         self.splitter = ReasoningSplitter(start_in_reasoning=prepared.think_open) if prepared.think else None
         self.tools = bool(prepared.offered)
         mode = prepared.call_grammar if stream_calls and self.tools else None
@@ -655,6 +655,13 @@ class _Router:
         #: on speculation (its bytes stream; it is validated, not re-asked,
         #: at the end).
         self.speculate = live and stream_calls and self.tools
+        #: a guardrail re-ask may follow this answer: a call that names no
+        #: offered tool is held whole (and the run stopped, ``misnamed``);
+        #: without one it is text, as it comes
+        self.reask = reask
+        #: why the held call cannot be one (it names no offered tool), once
+        #: its head is out: the run need not go on for a re-ask to be made
+        self.misnamed: str | None = None
         self.pending = ""  # answer text not yet known to be free of a call start
         self.tail = ""  # from the first call start on
         self.reasoning: list[str] = []
@@ -758,8 +765,39 @@ class _Router:
             self.reader = self._new_reader()
         elif self.reader is None and self.speculate and self._held_too_long():
             self.reader = self._new_reader(self.prepared.offered)
-            return self._read_calls(self.tail)
-        return self._read_calls(text) if self.reader is not None else []
+            return self._released(self._read_calls(self.tail))
+        return self._released(self._read_calls(text)) if self.reader is not None else []
+
+    def _released(self, out: list[Routed]) -> list[Routed]:
+        """A text read on speculation that is no call after all (no head of
+        an offered tool's call where one had to be) is text, from its start
+        and as it comes: a response is never silent for long. Only a call
+        that names no offered tool and will be re-asked stays held."""
+        reader = self.reader
+        if reader is None or not reader.failed or reader.calls or reader.names is None:
+            return out
+        if self.reask and self.misnamed is not None:
+            return out
+        text, self.tail, self.reader, self.speculate = self.tail, "", None, False
+        return [*out, self._content(text)]
+
+    def _watch_name(self) -> list[Routed]:
+        """A held start whose head names no offered tool is no call: with a
+        re-ask to come it is held whole (``misnamed``: the run can stop
+        now), else it is text as soon as it is known to be none."""
+        held = self.tail or self.pending
+        name = head_name(held) if held else None
+        if name is None or toolcalls.resolve_name(name, self.prepared.offered) is not None:
+            return []
+        self.misnamed = f"unknown name {name!r} (offered: {', '.join(self.prepared.offered)})"
+        if self.reask:
+            self.tail, self.pending = held, ""
+            return []
+        if not self.speculate:  # nobody reads as it comes: the parsers decide at the end
+            return []
+        self.tail = self.pending = ""
+        self.reader, self.speculate, self.hold_json = None, False, False
+        return [self._content(held)]
 
     def _route(self, parts: list[tuple[str, str]]) -> list[Routed]:
         out: list[Routed] = []
@@ -774,36 +812,44 @@ class _Router:
             elif not self.tools:
                 out.append(self._content(text))
             else:
-                # call_start wants the whole answer so far (line starts matter);
-                # a possible start is held back until it is decided
-                self.pending += text
-                gate = self._opening_gate() if self.opening is not None else "free"
-                if gate == "read":
-                    out += self._to_tail(self.pending)
-                    self.pending = ""
-                if gate != "free":
-                    continue
-                if self.hold_json and not self.content:
-                    if may_become_call(self.pending) and not self._held_too_long():
-                        continue
-                    self.hold_json = False
-                sent = "".join(self.content)
-                start = toolcalls.call_start(sent + self.pending, len(sent))
-                if start is None:
-                    out.append(self._content(self.pending))
-                    self.pending = ""
-                else:
-                    start = max(0, start - len(sent))
-                    if start > 0:
-                        out.append(self._content(self.pending[:start]))
-                    rest = self.pending[start:]
-                    self.pending = ""
-                    if self._is_call(rest):
-                        out += self._to_tail(rest)
-                    elif self._held_too_long():  # no call has shown itself: text
-                        out.append(self._content(rest))
-                    else:
-                        self.pending = rest  # maybe a call: decide with more text
+                out += self._answer(text)
+            if self.misnamed is None and (self.tail or self.pending) and (self.reader is None or self.reader.failed):
+                out += self._watch_name()
+        return out
+
+    def _answer(self, text: str) -> list[Routed]:
+        """Answer text while tools are offered and no call has started:
+        ``call_start`` wants the whole answer so far (line starts matter); a
+        possible start is held back until it is decided."""
+        out: list[Routed] = []
+        self.pending += text
+        gate = self._opening_gate() if self.opening is not None else "free"
+        if gate == "read":
+            out += self._to_tail(self.pending)
+            self.pending = ""
+        if gate != "free":
+            return out
+        if self.hold_json and not self.content:
+            if may_become_call(self.pending) and not self._held_too_long():
+                return out
+            self.hold_json = False
+        sent = "".join(self.content)
+        start = toolcalls.call_start(sent + self.pending, len(sent))
+        if start is None:
+            out.append(self._content(self.pending))
+            self.pending = ""
+            return out
+        start = max(0, start - len(sent))
+        if start > 0:
+            out.append(self._content(self.pending[:start]))
+        rest = self.pending[start:]
+        self.pending = ""
+        if self._is_call(rest):
+            out += self._to_tail(rest)
+        elif self._held_too_long():  # no call has shown itself: text
+            out.append(self._content(rest))
+        else:
+            self.pending = rest  # maybe a call: decide with more text
         return out
 
 
@@ -898,39 +944,60 @@ async def _choice(
 
 
 async def _one_choice(
-    model: ChatModel, prepared: Prepared, cancel: CancelFlag, reporter: Reporter, run: Run | None, live: bool = False
+    model: ChatModel,
+    prepared: Prepared,
+    cancel: CancelFlag,
+    reporter: Reporter,
+    run: Run | None,
+    live: bool = False,
+    reask: bool = True,
 ) -> AsyncIterator[Item]:
-    router = _Router(prepared, live=live)
+    """One choice's items. ``reask``: the guardrails may ask a second time
+    (never from a second attempt's own run). A call that names no offered
+    tool is re-asked the moment its name is out: its run is stopped there
+    (it has a cancel flag of its own when this choice starts it)."""
+    req = prepared.request
+    reask = reask and req is not None and req.guardrails is not False and bool(prepared.offered)
+    router = _Router(prepared, live=live, reask=reask)
+    own = cancel.child() if reask and run is None else cancel
     attempts: list[RawDecodeResult] = []
     result: RawDecodeResult | None = None
     probs = _ProbsCarrier()
     relayed: _Relayed | None = None
-    async for item in _run(model, prepared, cancel, reporter, run):
-        if isinstance(item, Progress):
-            if item.call is not None or item.reasoning:  # split by the engine itself
-                relayed = relayed or _Relayed()
-                for r in relayed.feed(item, router):
-                    yield r
-                continue
-            for d in probs.attach(item.logprobs, router.feed(item.text, item.opening)):
-                yield d
-        else:
+    retry: Prepared | None = None  # the guardrails' second attempt, if they ask for one
+    early = False  # whether a misnamed call was re-asked before its run ended
+    async for item in _run(model, prepared, own, reporter, run):
+        if not isinstance(item, Progress):
             result = item
+            continue
+        if item.call is not None or item.reasoning:  # split by the engine itself
+            relayed = relayed or _Relayed()
+            for r in relayed.feed(item, router):
+                yield r
+            continue
+        for d in probs.attach(item.logprobs, router.feed(item.text, item.opening)):
+            yield d
+        if router.misnamed is not None and own is not cancel and not early:
+            early = True
+            retry = await _guard(model, prepared, router, [router.misnamed], [], cancel)
+            if retry is not None:
+                own.cancel(f"re-asked: {router.misnamed}")
     assert result is not None
-    _raise_if_failed(result, cancel)
+    _raise_if_failed(result, own)
     attempts.append(result)
     for d in probs.attach((), router.flush()):
         yield d
     calls: list[toolcalls.ToolCall] = []
     problems: list[str] = []
-    retry: Prepared | None = None  # the guardrails' second attempt, if they ask for one
     buffered = whole = False  # the calls were checked whole (and are sent whole)
-    if relayed is not None and relayed.calls:
+    if retry is not None:  # stopped where its call named no offered tool
+        problems = [router.misnamed or ""]
+    elif relayed is not None and relayed.calls:
         # calls the engine parsed itself went out as they came: closed here
         calls = relayed.finish()
         for i, call in enumerate(calls):
             yield ToolCallDelta(i, call, streamed=True)
-        problems = validate_calls(calls, prepared.request.tools if prepared.request else None)
+        problems = validate_calls(calls, req.tools if req else None)
         leftover = _calls_of(router.tail, prepared)[2] if router.tail else ""
         if leftover.strip():
             yield router._content(leftover)
@@ -939,8 +1006,7 @@ async def _one_choice(
         # speculation and are validated here): no re-ask in a stream
         assert router.reader is not None
         calls = list(router.reader.calls)
-        tools = prepared.request.tools if prepared.request else None
-        problems = validate_calls(calls, tools)
+        problems = validate_calls(calls, req.tools if req else None)
         cut = router.reader.partial
         if cut is not None:  # the budget ran out inside it: closed as it is
             yield ToolCallDelta(len(calls), cut, streamed=True, cut=True)
@@ -951,7 +1017,7 @@ async def _one_choice(
             # what followed the calls read (text a grammar would not have let
             # through): more calls, sent whole, and text
             more, more_problems, leftover = _calls_of(rest, prepared)
-            if prepared.request is not None and not prepared.request.parallel_tool_calls:
+            if req is not None and not req.parallel_tool_calls:
                 more = []
             for i, call in enumerate(more, len(calls)):
                 yield ToolCallDelta(i, call)
@@ -962,23 +1028,35 @@ async def _one_choice(
             # a client reading the whole answer at once has seen none of it:
             # the guardrails' checks (a grammar-held call may still repeat one
             # whose result the conversation has) and their re-ask
-            retry = await _guard(model, prepared, router, problems, calls, result, cancel)
+            if reask:
+                retry = await _guard(model, prepared, router, problems, calls, cancel)
             buffered = True
     elif prepared.offered:
         calls, problems, leftover = _calls_of(router.tail, prepared)
-        retry = await _guard(model, prepared, router, problems, calls, result, cancel)
+        if reask:
+            retry = await _guard(model, prepared, router, problems, calls, cancel)
         if retry is None and leftover.strip():
             # what the first attempt wrote from its call on is the answer's
             # rest only when it stands: a re-ask's answer replaces it
             yield router._content(leftover)
         buffered = whole = True
     if retry is not None:
-        second = _Second()
-        async for d in second.run(model, retry, router, cancel, reporter):
-            yield d
-        attempts.append(second.result)
-        result, calls, problems = second.result, second.calls, second.problems
-    if buffered and prepared.request is not None and not prepared.request.parallel_tool_calls:
+        # the second attempt: its items go out as they come (after what the
+        # first already sent; the first's answer from its call on is
+        # replaced), and its Final's numbers join this one's
+        again: Final | None = None
+        async for later in _one_choice(model, retry, cancel, reporter, None, live, reask=False):
+            if isinstance(later, Final):
+                again = later
+            else:
+                yield later
+        assert again is not None
+        router.content.append(again.text)
+        router.reasoning.append(again.reasoning)
+        attempts += again.attempts
+        result, calls, problems = again.result, again.tool_calls, again.problems
+        buffered = whole = False  # its calls went out in its own run
+    if buffered and req is not None and not req.parallel_tool_calls:
         calls = calls[:1]
     for i, call in enumerate(calls if whole else ()):  # calls checked whole go out whole
         yield ToolCallDelta(i, call)
@@ -1000,54 +1078,14 @@ async def _guard(
     router: _Router,
     problems: list[str],
     calls: list[toolcalls.ToolCall],
-    result: RawDecodeResult,
     cancel: CancelFlag,
 ) -> Prepared | None:
     """The guardrails' second attempt for this answer, if they ask for one
-    (``_reask``; templating the longer prompt runs off the event loop)."""
-    req = prepared.request
-    if req is None or req.guardrails is False or result.reason is StopReason.CANCELLED:
+    (``_reask``; templating the longer prompt runs off the event loop). A
+    request that was given up gets none."""
+    if cancel.cancelled:
         return None
     return await asyncio.to_thread(_reask, model, prepared, router, problems, calls)
-
-
-class _Second:
-    """A re-ask's run: its reasoning streams at once; its answer (text and
-    calls, whole) is collected, and its text goes out after what was already
-    sent (the first attempt's answer from its call on is replaced)."""
-
-    result: RawDecodeResult
-    calls: list[toolcalls.ToolCall]
-    problems: list[str]
-
-    async def run(
-        self, model: ChatModel, retry: Prepared, router: _Router, cancel: CancelFlag, reporter: Reporter
-    ) -> AsyncIterator[Routed]:
-        again = _Router(retry, stream_calls=False)
-        second: RawDecodeResult | None = None
-        parsed = _Relayed()  # calls the engine parses itself, whole at the end
-        pieces: list[Routed]
-        async for item in _run(model, retry, cancel, reporter):
-            if isinstance(item, Progress) and (item.call is not None or item.reasoning):
-                pieces = [d for d in parsed.feed(item, again) if isinstance(d, ReasoningDelta)]
-            elif isinstance(item, Progress):
-                pieces = again.feed(item.text)
-            else:
-                second, pieces = item, again.flush()
-            for d in pieces:
-                if isinstance(d, ReasoningDelta):
-                    router.reasoning.append(d.text)
-                    yield d
-        assert second is not None
-        _raise_if_failed(second, cancel)
-        self.result = second
-        self.calls, self.problems, leftover = _calls_of(again.tail, retry)
-        if parsed.calls:
-            self.calls = parsed.finish()
-            self.problems = validate_calls(self.calls, retry.request.tools if retry.request else None)
-        text = "".join(again.content) + leftover
-        if text.strip():
-            yield router._content(text)
 
 
 def _reasoning_tokens(model: ChatModel, result: RawDecodeResult, reasoning: str) -> int:

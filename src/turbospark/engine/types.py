@@ -211,6 +211,22 @@ class CancelFlag:
                 return
         fn()
 
+    def child(self) -> CancelFlag:
+        """A flag for one run of this request: set when this one is (the
+        client went away, the server stops), or alone (the run is stopped
+        and the request goes on: a guardrail re-ask that need not wait for
+        the end of a call it already knows is wrong)."""
+        flag = CancelFlag()
+
+        def follow() -> None:
+            if self.error is not None:
+                flag.fail(self.error)
+            else:
+                flag.cancel(self.reason)
+
+        self.on_cancel(follow)
+        return flag
+
     def fail(self, error: Exception) -> None:
         """Cancel, and end the request with ``error`` rather than an answer."""
         if self._event.is_set():

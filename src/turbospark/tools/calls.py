@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -415,7 +415,9 @@ def _arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     return raw, None
 
 
-def _resolve_name(name: str, offered: list[str]) -> str | None:
+def resolve_name(name: str, offered: Sequence[str]) -> str | None:
+    """The offered function ``name`` means (``functions.get_weather`` is
+    ``get_weather``), or None."""
     if name in offered:
         return name
     short = name.rsplit(".", 1)[-1].strip()  # "functions.get_weather"
@@ -464,7 +466,7 @@ def parse_tool_calls(text: str, offered: Iterable[str]) -> Parsed:
                 if item.problem is not None:
                     problems.append(item.problem)
                     continue
-                name = _resolve_name(item.name or "", names)
+                name = resolve_name(item.name or "", names)
                 if name is None:
                     problems.append(f"unknown name {item.name!r} (offered: {', '.join(names)})")
                     continue

@@ -23,7 +23,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .calls import ToolCall, new_call_id
+from .calls import ToolCall, new_call_id, resolve_name
 
 #: the head of one call, up to where its arguments begin: what closed the
 #: call before it (braces, brackets, the closing marker), a ```json fence, an
@@ -44,6 +44,25 @@ _FREE_HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*(?=\{
 _BESIDE = re.compile(_LEAD + _NAME + r'(?="(?!(?:arguments|parameters)")(?:[^"\\]|\\.)*"\s*:)')
 #: a head not found in this much text is not coming (the reader gives up)
 _HEAD_LIMIT = 1024
+#: an object whose first key says no head is coming (read on speculation:
+#: ``{"arguments": …, "name": …}`` is left to the parsers and the rescue)
+_NO_HEAD = re.compile(
+    r"[\s,}\]]*(?:</tool_call>)?\s*(?:```(?:json)?\s*)?(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?"
+    r'\s*\[?\s*\{\s*"(?!(?:name|type|function)")(?:[^"\\]|\\.)*"\s*:'
+)
+
+
+def head_name(text: str) -> str | None:
+    """The name of the call ``text`` opens, once its head is whole (the
+    name and its arguments key, in any shape the readers take), else None."""
+    m = _HEAD.match(text)
+    if m is None:
+        return None
+    try:
+        name = json.loads(f'"{m.group(1)}"')
+    except ValueError:
+        return None
+    return name if isinstance(name, str) else None
 
 
 @dataclass
@@ -222,13 +241,16 @@ class CallReader(_Reader):
                 return ""
         if m is None:
             self.buffer = text
-            self.failed = len(text.lstrip()) > _HEAD_LIMIT
+            hopeless = self.names is not None and _NO_HEAD.match(text) is not None
+            self.failed = hopeless or len(text.lstrip()) > _HEAD_LIMIT
             return ""
         try:
             name = json.loads(f'"{m.group(1)}"')
         except ValueError:
             name = None
-        if name is None or (self.names is not None and name not in self.names):
+        if name is not None and self.names is not None:
+            name = resolve_name(name, self.names)
+        if name is None:
             self.buffer, self.failed = text, True
             return ""
         self.buffer = ""
