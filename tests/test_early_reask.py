@@ -157,3 +157,79 @@ def test_real_qwen_a_call_to_a_tool_not_offered_is_re_asked_early(qwen_server):
     streamed = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
     names = [c["function"].get("name") for f in streamed for c in f["choices"][0]["delta"].get("tool_calls") or []]
     assert "UpdateConfig" not in names and text.rstrip().endswith("data: [DONE]"), text[-300:]
+
+
+# ----------------------------------------------------------------- repeats
+LS = [
+    {"role": "user", "content": "list the files"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "a.txt b.txt"},
+]  # fmt: skip
+
+
+def _grammar_model(*scripts: Script):
+    from tests.fakes import ScriptedModel
+    from tests.support import Server
+    from turbospark.observe.memory import ListObserver
+
+    model = ScriptedModel(scripts=list(scripts), enforces_grammars=True)
+    obs = ListObserver()
+    return Server(models=[model], observer=obs), model, obs
+
+
+def test_a_streamed_call_that_repeats_an_answered_one_is_re_asked_with_its_result():
+    """A stream's grammar-held call that is exactly one the conversation
+    already has a result for is held while it may be that call; once whole
+    and the same, nothing of it has gone out: the run stops and the result
+    is handed back (the answer is the second attempt's text)."""
+    again = ["<tool_call>\n", '{"name": "Bash", ', '"arguments": {"command": "', "ls", '"}}\n</tool_call>']
+    answer = ["The ", "files ", "are ", "a.txt ", "and ", "b.txt."]
+    srv, model, obs = _grammar_model(Script([*again, *(["\n"] * 60)], delay=0.02), Script(answer))
+    with srv:
+        body = {"model": "scripted", "messages": LS, "tools": [BASH]}
+        got = stream_chat(srv.url, body, timeout=60)
+    assert got.content == "".join(answer) and not got.names and got.finish == "stop", got
+    gens = [e for e in obs.events if e.kind == "generated"]
+    assert [g.stop_reason for g in gens] == ["cancelled", "endOfTurn"] and gens[0].new_tokens < 20, gens
+    assert "The function result is: a.txt b.txt" in model.calls[-1]["messages"][-1]["content"]
+
+
+def test_a_call_to_an_answered_tool_with_new_arguments_streams():
+    """Held only while its text may still be the answered call's: ``ls -l``
+    leaves ``ls`` at its fourth character, and the rest streams."""
+    call = ["<tool_call>\n", '{"name": "Bash", ', '"arguments": {"command": "', "ls", " -l", *([" ."] * 60), '"}}',
+            "\n</tool_call>"]  # fmt: skip
+    srv, _, obs = _grammar_model(Script(call, delay=0.05))  # about 3.3 s
+    with srv:
+        got = stream_chat(srv.url, {"model": "scripted", "messages": LS, "tools": [BASH]}, timeout=60)
+    assert got.names == ["Bash"] and json.loads(got.arguments) == {"command": "ls -l" + " ." * 60}, got
+    assert got.first_call_at is not None and got.first_call_at < got.total / 2, (got.first_call_at, got.total)
+    assert len([e for e in obs.events if e.kind == "generated"]) == 1
+
+
+def test_real_qwen_a_repeated_call_in_a_stream_gets_its_result_back(qwen_server):
+    """Codex's run: after its shell call's result, Qwen2.5-Coder-0.5B calls
+    the same command again (four times in a row there). In a stream the
+    call is held while it repeats, so the result is handed back and the
+    answer is text, not the same call once more."""
+    srv, events = qwen_server
+    shell = {"type": "function", "function": {"name": "shell", "description": "Run a command",
+             "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+                            "required": ["command"]}}}  # fmt: skip
+    echo = {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"command": ["echo", "hi"]}'}}
+    msgs = [
+        {"role": "user", "content": "Run echo hi in the shell and tell me what it printed."},
+        {"role": "assistant", "content": None, "tool_calls": [echo]},
+        {"role": "tool", "tool_call_id": "c1", "content": "hi\n"},
+    ]
+    body = {"model": "qwen", "messages": msgs, "tools": [shell], "temperature": 0, "max_tokens": 100, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=300) as s:
+        text = s.read().decode()
+    frames = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    deltas = [f["choices"][0]["delta"] for f in frames if f["choices"]]
+    assert not any(d.get("tool_calls") for d in deltas), text[-500:]
+    content = "".join(d.get("content") or "" for d in deltas)
+    assert "hi" in content, content
+    gens = generated(events, s.headers["x-request-id"])
+    assert len(gens) == 2, gens  # the repeat (held, never sent), then the answer

@@ -57,7 +57,7 @@ from .engine.types import (
 from .observe import NO_REPORTER, Reporter
 from .tools import calls as toolcalls
 from .tools import grammar as grammars
-from .tools.guardrails import answer_turn, corrective_turn, repeated, validate_calls
+from .tools.guardrails import answer_turn, answered_arguments, corrective_turn, repeated, squeeze, validate_calls
 from .tools.prompting import inline_tools, template_knows_tools, tool_names
 from .tools.reasoning import ReasoningSplitter
 from .tools.rescue import may_become_call, rescue_call
@@ -629,7 +629,14 @@ class _Router:
     end) unless a grammar holds the calls to their one shape: then they are
     read as they come (``reader``) and stream."""
 
-    def __init__(self, prepared: Prepared, stream_calls: bool = True, live: bool = False, reask: bool = False) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        stream_calls: bool = True,
+        live: bool = False,
+        reask: bool = False,
+        stops: bool = False,
+    ) -> None:
         self.splitter = ReasoningSplitter(start_in_reasoning=prepared.think_open) if prepared.think else None
         self.tools = bool(prepared.offered)
         mode = prepared.call_grammar if stream_calls and self.tools else None
@@ -662,6 +669,16 @@ class _Router:
         #: why the held call cannot be one (it names no offered tool), once
         #: its head is out: the run need not go on for a re-ask to be made
         self.misnamed: str | None = None
+        #: the run can be stopped for a re-ask (``stops``) and a client reads
+        #: as it comes: a streamed call that may still repeat one whose result
+        #: the conversation has (name -> squeezed arguments) is held back
+        #: while it may (``_hold_repeats``), and is ``repeat`` once whole
+        req = prepared.request
+        repeats = stops and live and req is not None and req.tool_choice not in ("required", "named")
+        self.answered = answered_arguments(req.messages) if repeats and req is not None else {}
+        self.held_call: list[Routed] = []
+        self.held_call_since = 0.0
+        self.repeat: toolcalls.ToolCall | None = None
         self.pending = ""  # answer text not yet known to be free of a call start
         self.tail = ""  # from the first call start on
         self.reasoning: list[str] = []
@@ -676,6 +693,7 @@ class _Router:
 
     def flush(self) -> list[Routed]:
         out = self._route(self.splitter.flush()) if self.splitter else []
+        out += self.let_go()
         if self.hold_json and self.pending and not self.content and not self.tail:
             # the whole answer was a JSON object: the call parsers decide
             self.tail, self.pending = self.pending, ""
@@ -753,7 +771,47 @@ class _Router:
                 out.append(ToolArgumentsDelta(event.index, event.text))
             else:
                 out.append(ToolCallDelta(event.index, event.call, streamed=True))
+        return self._hold_repeats(out) if self.answered else out
+
+    def _hold_repeats(self, items: list[Routed]) -> list[Routed]:
+        """A call to a tool the conversation already has a result from is
+        held back while its arguments' text may still be one of those calls'
+        (a small model calls again instead of reading the result): once
+        whole and the same, it is ``repeat`` (the run stops and the result is
+        handed back, ``answer_turn``), and what follows it is held too; once
+        it differs, or after :data:`HOLD_SECONDS`, it goes out."""
+        out: list[Routed] = []
+        for item in items:
+            if not self.held_call:
+                if isinstance(item, ToolCallBegin) and item.name in self.answered:
+                    self.held_call, self.held_call_since = [item], time.monotonic()
+                else:
+                    out.append(item)
+                continue
+            self.held_call.append(item)
+            if self.repeat is not None:
+                continue
+            first = self.held_call[0]
+            assert isinstance(first, ToolCallBegin)
+            calls = self.answered[first.name]
+            if isinstance(item, ToolCallDelta):
+                if squeeze(item.call.arguments) in calls:
+                    self.repeat = item.call
+                    continue
+                out += self.let_go()
+            elif isinstance(item, ToolArgumentsDelta):
+                so_far = squeeze("".join(d.text for d in self.held_call if isinstance(d, ToolArgumentsDelta)))
+                if not any(c.startswith(so_far) for c in calls):
+                    out += self.let_go()
+        if self.held_call and self.repeat is None and time.monotonic() - self.held_call_since > HOLD_SECONDS:
+            out += self.let_go()
         return out
+
+    def let_go(self) -> list[Routed]:
+        """What :meth:`_hold_repeats` holds, to go out (no call is held
+        after this)."""
+        held, self.held_call, self.repeat, self.answered = self.held_call, [], None, {}
+        return held
 
     def _to_tail(self, text: str) -> list[Routed]:
         """Text from the first call start on: buffered, and read as calls
@@ -958,17 +1016,19 @@ async def _one_choice(
     (it has a cancel flag of its own when this choice starts it)."""
     req = prepared.request
     reask = reask and req is not None and req.guardrails is not False and bool(prepared.offered)
-    router = _Router(prepared, live=live, reask=reask)
     own = cancel.child() if reask and run is None else cancel
+    router = _Router(prepared, live=live, reask=reask, stops=own is not cancel)
     attempts: list[RawDecodeResult] = []
     result: RawDecodeResult | None = None
     probs = _ProbsCarrier()
     relayed: _Relayed | None = None
     retry: Prepared | None = None  # the guardrails' second attempt, if they ask for one
-    early = False  # whether a misnamed call was re-asked before its run ended
+    early = False  # whether a re-ask was asked for before the run ended
     async for item in _run(model, prepared, own, reporter, run):
         if not isinstance(item, Progress):
             result = item
+            continue
+        if retry is not None:  # stopped for the re-ask: the rest is dropped
             continue
         if item.call is not None or item.reasoning:  # split by the engine itself
             relayed = relayed or _Relayed()
@@ -977,21 +1037,28 @@ async def _one_choice(
             continue
         for d in probs.attach(item.logprobs, router.feed(item.text, item.opening)):
             yield d
-        if router.misnamed is not None and own is not cancel and not early:
+        if (router.misnamed is not None or router.repeat is not None) and own is not cancel and not early:
             early = True
-            retry = await _guard(model, prepared, router, [router.misnamed], [], cancel)
+            if router.misnamed is not None:
+                retry = await _guard(model, prepared, router, [router.misnamed], [], cancel)
+            elif router.repeat is not None:  # hand the result back (``_reask``)
+                retry = await _guard(model, prepared, router, [], [router.repeat], cancel)
             if retry is not None:
-                own.cancel(f"re-asked: {router.misnamed}")
+                own.cancel("re-asked: " + (router.misnamed or "the call repeats one the conversation has"))
+            else:
+                for d in router.let_go():
+                    yield d
     assert result is not None
     _raise_if_failed(result, own)
     attempts.append(result)
-    for d in probs.attach((), router.flush()):
-        yield d
+    if retry is None:
+        for d in probs.attach((), router.flush()):
+            yield d
     calls: list[toolcalls.ToolCall] = []
     problems: list[str] = []
     buffered = whole = False  # the calls were checked whole (and are sent whole)
-    if retry is not None:  # stopped where its call named no offered tool
-        problems = [router.misnamed or ""]
+    if retry is not None:  # stopped where its call named no offered tool, or repeated one
+        problems = [router.misnamed] if router.misnamed else []
     elif relayed is not None and relayed.calls:
         # calls the engine parsed itself went out as they came: closed here
         calls = relayed.finish()

@@ -68,23 +68,60 @@ def _canonical(arguments: Any) -> str:
         return repr(arguments)
 
 
-def answered_calls(messages: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
-    """Calls in the conversation that already have a result: (name, canonical
-    arguments) -> the result text."""
-    by_id: dict[str, tuple[str, str]] = {}
-    out: dict[tuple[str, str], str] = {}
+def _answered(messages: list[dict[str, Any]]) -> list[tuple[str, Any, str]]:
+    """(name, arguments as the conversation has them, result text) of each
+    call in the conversation that already has a result."""
+    by_id: dict[str, tuple[str, Any]] = {}
+    out: list[tuple[str, Any, str]] = []
     for m in messages:
         if m.get("role") == "assistant":
             for c in m.get("tool_calls") or []:
                 if not isinstance(c, dict):
                     continue
                 fn = function_part(c)
-                by_id[str(c.get("id"))] = (str(fn.get("name")), _canonical(fn.get("arguments") or {}))
+                by_id[str(c.get("id"))] = (str(fn.get("name")), fn.get("arguments") or {})
         elif m.get("role") == "tool":
-            key = by_id.get(str(m.get("tool_call_id")))
-            if key is not None:
-                out[key] = str(m.get("content") or "")
+            call = by_id.get(str(m.get("tool_call_id")))
+            if call is not None:
+                out.append((*call, str(m.get("content") or "")))
     return out
+
+
+def answered_calls(messages: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """Calls in the conversation that already have a result: (name, canonical
+    arguments) -> the result text."""
+    return {(name, _canonical(args)): result for name, args, result in _answered(messages)}
+
+
+def answered_arguments(messages: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The arguments of the calls that already have a result, by name, as
+    :func:`squeeze` JSON texts: what a call being written is compared with
+    (it may repeat one while its text is a prefix of one of these)."""
+    out: dict[str, list[str]] = {}
+    for name, args, _ in _answered(messages):
+        text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        out.setdefault(name, []).append(squeeze(text))
+    return out
+
+
+def squeeze(text: str) -> str:
+    """JSON text without the blanks between its tokens (strings as written)."""
+    out: list[str] = []
+    string = escape = False
+    for ch in text:
+        if string:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                string = False
+        elif ch == '"':
+            string = True
+        elif ch in " \t\r\n":
+            continue
+        out.append(ch)
+    return "".join(out)
 
 
 def repeated(calls: list[Any], messages: list[dict[str, Any]]) -> list[str]:
