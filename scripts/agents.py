@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -141,7 +142,8 @@ def recording_proxy(upstream: str, out: Path) -> Starlette:
 class Routes:
     """An observer keeping each request's method, path and final status."""
 
-    def __init__(self) -> None:
+    def __init__(self, live: bool = False) -> None:
+        self.live = live
         self.started: dict[int, str] = {}
         self.runs: dict[int, list[str]] = {}
         self.lines: list[str] = []
@@ -150,16 +152,20 @@ class Routes:
         if event.kind == "requestStarted":
             self.started[event.id] = f"{event.method} {event.path}"
         elif event.kind == "generated":  # each engine run: how it ended (a re-ask is a second run)
-            self.runs.setdefault(event.id, []).append(
-                f"{event.stop_reason} after {event.new_tokens} tokens ({event.prompt_tokens} in)"
-            )
+            run = f"{event.stop_reason} after {event.new_tokens} tokens ({event.prompt_tokens} in)"
+            self.runs.setdefault(event.id, []).append(run)
+            if self.live:
+                print(f"  [{time.strftime('%H:%M:%S')}] #{event.id} run: {run}", file=sys.stderr, flush=True)
         elif event.kind == "requestFinished":
             runs = self.runs.pop(event.id, [])
-            self.lines.append(
+            line = (
                 f"{self.started.get(event.id, '?')} -> {event.status}"
                 + (f" ({event.error})" if event.error else "")
                 + (f": {'; '.join(runs)}" if runs else "")
             )
+            self.lines.append(line)
+            if self.live:  # (a run cut short still shows how far it got)
+                print(f"  [{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
 def client_env(url: str, home: str, timeout_s: int) -> dict[str, str]:
@@ -257,7 +263,7 @@ def e2e(args: argparse.Namespace) -> None:
     from turbospark.engine.model import ModelOptions
 
     path, _ = resolve_model("qwen2.5-coder-0.5b")
-    routes = Routes()
+    routes = Routes(live=True)
     options = ModelOptions(path=path, id="qwen2.5-coder-0.5b", ctx=args.ctx, parallel=1)
     with Server(models=[options], observer=routes) as srv:
         run_clients(args.bin, srv.url, args.only, args.timeout)

@@ -72,6 +72,10 @@ def test_a_misnamed_call_is_re_asked_once_its_name_is_out(stream: bool):
     assert gens[0].new_tokens < 10, gens[0]  # stopped near the name, not at the 102nd piece
     corrective = model.calls[-1]["messages"][-1]["content"]
     assert "unknown name 'UpdateConfig'" in corrective and "Bash" in corrective
+    # the corrective turn asks for a call: the second attempt is held to one
+    # from its first token (a forced grammar, no trigger), the first was lazy
+    first, second = [c["config"] for c in model.calls if "config" in c]
+    assert first.grammar_trigger is not None and second.grammar is not None and second.grammar_trigger is None
 
 
 def test_a_misnamed_call_without_a_re_ask_streams_as_text():
@@ -132,8 +136,8 @@ def test_real_qwen_a_call_to_a_tool_not_offered_is_re_asked_early(qwen_server):
     """Told to answer with a call to ``UpdateConfig`` while only ``Bash`` is
     offered, Qwen2.5-Coder-0.5B writes it; the run is stopped within a few
     steps of the name (its arguments would take 150 tokens more) and re-asked.
-    The answer is whatever the second attempt makes of it, in both wire
-    forms: a 200 with a Bash call or text, never the misnamed JSON."""
+    The second attempt is held to a valid call by a grammar (the corrective
+    turn asks for one), so the answer is a Bash call, streamed or not."""
     srv, events = qwen_server
     value = "a long value " * 50  # about 150 tokens: the whole call would take more than 160
     ask = "Answer with only this JSON object and nothing else: " + json.dumps(
@@ -149,14 +153,16 @@ def test_real_qwen_a_call_to_a_tool_not_offered_is_re_asked_early(qwen_server):
     # tokens, and the step goes on while the re-ask is prepared)
     assert gens[0].new_tokens < 80, gens[0]
     msg = r.json()["choices"][0]["message"]
-    assert "UpdateConfig" not in json.dumps(msg.get("tool_calls") or []), msg
+    # the re-ask is held to a valid call by a grammar: the one offered tool
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["Bash"], msg
+    assert isinstance(json.loads(msg["tool_calls"][0]["function"]["arguments"])["command"], str)
     with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as s:
         text = s.read().decode()
     gens = generated(events, s.headers["x-request-id"])
     assert len(gens) == 2 and gens[0].stop_reason == "cancelled" and gens[0].new_tokens < 80, gens
     streamed = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
     names = [c["function"].get("name") for f in streamed for c in f["choices"][0]["delta"].get("tool_calls") or []]
-    assert "UpdateConfig" not in names and text.rstrip().endswith("data: [DONE]"), text[-300:]
+    assert [n for n in names if n] == ["Bash"] and text.rstrip().endswith("data: [DONE]"), text[-300:]
 
 
 # ----------------------------------------------------------------- repeats
@@ -233,3 +239,41 @@ def test_real_qwen_a_repeated_call_in_a_stream_gets_its_result_back(qwen_server)
     assert "hi" in content, content
     gens = generated(events, s.headers["x-request-id"])
     assert len(gens) == 2, gens  # the repeat (held, never sent), then the answer
+
+
+def test_a_misnamed_head_that_comes_after_the_hold_is_still_re_asked(short_hold: float):
+    """The speculative reader is already reading when the name turns out to
+    be no offered tool's: the held text is re-asked, not sent as text."""
+    pieces = ['{"name": "', *(["Up"] * 40), 'date", ', '"arguments": {"v": 1}}']  # the name after about 2 s
+    answer = ["No ", "such ", "tool."]
+    srv, _, obs = scripted(Script(pieces, delay=0.05), Script(answer))
+    with srv:
+        got = stream_chat(srv.url, {"model": "scripted", "messages": [{"role": "user", "content": "x"}],
+                                    "tools": [BASH]}, timeout=60)  # fmt: skip
+    assert got.content == "".join(answer) and not got.names, got
+    assert len([e for e in obs.events if e.kind == "generated"]) == 2
+
+
+def test_only_the_answers_first_call_is_held_as_a_repeat():
+    """A new call went out first: a repeat after it is not held (the turn
+    does new work), and both calls stream."""
+    first = ["<tool_call>\n", '{"name": "Bash", "arguments": {"command": "pwd"}}', "\n</tool_call>"]
+    again = ["\n<tool_call>\n", '{"name": "Bash", "arguments": {"command": "ls"}}', "\n</tool_call>"]
+    srv, _, obs = _grammar_model(Script([*first, *again]))
+    with srv:
+        got = stream_chat(srv.url, {"model": "scripted", "messages": LS, "tools": [BASH]}, timeout=60)
+    assert got.names == ["Bash", "Bash"] and got.calls[1] == '{"command": "ls"}', got
+    assert len([e for e in obs.events if e.kind == "generated"]) == 1
+
+
+def test_heads_the_readers_know():
+    from turbospark.tools.streaming import CallReader, Opened, head_name
+
+    assert head_name("<tool_call>\n<function=UpdateConfig>\n<parameter=a>") == "UpdateConfig"
+    assert head_name('{"id": "call_1", "name": "X", "arguments": {') == "X"
+    assert head_name('{"name": "X", "command": "ls"') is None  # the beside shape: JSON data, maybe
+    reader = CallReader(names=("Bash",))
+    events = reader.feed('{"id": "call_1", "name": "Bash", "arguments": {"command": "ls"}}')
+    assert not reader.failed and isinstance(events[0], Opened) and reader.calls[0].arguments == '{"command": "ls"}'
+    reader = CallReader(names=("Bash",))
+    assert reader.feed('{"id": "call_1", "arguments": {') == [] and reader.failed  # no name first: none coming

@@ -483,12 +483,10 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     # reason first: the engine could not tell where its answer opens)
     reasons = think and "<think>" in _template_source(model)
     opening = _opening_call(req, syntax) if grammar is None and not reasons else None
-    if grammar is not None:
-        config.grammar = grammar
-    elif lazy is not None:
-        config.grammar, config.grammar_trigger = lazy
-    if opening is not None:
-        config.opening_grammar, config.opening_trigger = opening
+    # (set whole: a re-ask's config is a copy of the first attempt's, and
+    # its grammars are its own)
+    config.grammar, config.grammar_trigger = (grammar, None) if grammar is not None else lazy or (None, None)
+    config.opening_grammar, config.opening_trigger = opening or (None, None)
     compile_grammar = getattr(model, "compile_grammar", None)
     if compile_grammar is not None:
         if config.grammar:
@@ -774,8 +772,8 @@ class _Router:
         return self._hold_repeats(out) if self.answered else out
 
     def _hold_repeats(self, items: list[Routed]) -> list[Routed]:
-        """A call to a tool the conversation already has a result from is
-        held back while its arguments' text may still be one of those calls'
+        """An answer's first call, to a tool the conversation already has a
+        result from, is held back while its arguments' text may still be one of those calls'
         (a small model calls again instead of reading the result): once
         whole and the same, it is ``repeat`` (the run stops and the result is
         handed back, ``answer_turn``), and what follows it is held too; once
@@ -783,7 +781,7 @@ class _Router:
         out: list[Routed] = []
         for item in items:
             if not self.held_call:
-                if isinstance(item, ToolCallBegin) and item.name in self.answered:
+                if isinstance(item, ToolCallBegin) and item.index == 0 and item.name in self.answered:
                     self.held_call, self.held_call_since = [item], time.monotonic()
                 else:
                     out.append(item)
@@ -832,30 +830,50 @@ class _Router:
         and as it comes: a response is never silent for long. Only a call
         that names no offered tool and will be re-asked stays held."""
         reader = self.reader
-        if reader is None or not reader.failed or reader.calls or reader.names is None:
-            return out
+        if reader is None or not reader.failed or reader.calls or reader.reading or reader.names is None:
+            return out  # (a call that went out in part is closed as it is at the end)
+        if self.misnamed is None:
+            self.misnamed = self._unknown_name(self.tail)
         if self.reask and self.misnamed is not None:
             return out
         text, self.tail, self.reader, self.speculate = self.tail, "", None, False
         return [*out, self._content(text)]
+
+    def _unknown_name(self, held: str) -> str | None:
+        """Why ``held`` is no call: its head names no offered tool (else None)."""
+        name = head_name(held) if held else None
+        if name is None or toolcalls.resolve_name(name, self.prepared.offered) is not None:
+            return None
+        return f"unknown name {name!r} (offered: {', '.join(self.prepared.offered)})"
 
     def _watch_name(self) -> list[Routed]:
         """A held start whose head names no offered tool is no call: with a
         re-ask to come it is held whole (``misnamed``: the run can stop
         now), else it is text as soon as it is known to be none."""
         held = self.tail or self.pending
-        name = head_name(held) if held else None
-        if name is None or toolcalls.resolve_name(name, self.prepared.offered) is not None:
+        self.misnamed = self._unknown_name(held)
+        if self.misnamed is None:
             return []
-        self.misnamed = f"unknown name {name!r} (offered: {', '.join(self.prepared.offered)})"
         if self.reask:
             self.tail, self.pending = held, ""
             return []
-        if not self.speculate:  # nobody reads as it comes: the parsers decide at the end
+        return self._as_text()
+
+    def _as_text(self) -> list[Routed]:
+        """What is held back is no call: text, as what follows it will be
+        (when a client reads as it comes; else the parsers decide at the end)."""
+        if not self.speculate:
             return []
-        self.tail = self.pending = ""
+        held, self.tail, self.pending = self.tail + self.pending, "", ""
         self.reader, self.speculate, self.hold_json = None, False, False
-        return [self._content(held)]
+        return [self._content(held)] if held else []
+
+    def no_reask(self) -> list[Routed]:
+        """The re-ask this router held a call for cannot be made (no room
+        for it): what was held goes out."""
+        self.reask = False
+        out = self.let_go()
+        return out + self._as_text() if self.misnamed is not None else out
 
     def _route(self, parts: list[tuple[str, str]]) -> list[Routed]:
         out: list[Routed] = []
@@ -1045,11 +1063,14 @@ async def _one_choice(
                 retry = await _guard(model, prepared, router, [], [router.repeat], cancel)
             if retry is not None:
                 own.cancel("re-asked: " + (router.misnamed or "the call repeats one the conversation has"))
-            else:
-                for d in router.let_go():
+            else:  # no room for a second attempt: the first goes on, as it is
+                reask = False
+                for d in router.no_reask():
                     yield d
     assert result is not None
-    _raise_if_failed(result, own)
+    # (a run stopped for the re-ask may have been failed meanwhile as a slow
+    # reader: its output was left unread while the re-ask was prepared)
+    _raise_if_failed(result, cancel if retry is not None else own)
     attempts.append(result)
     if retry is None:
         for d in probs.attach((), router.flush()):
@@ -1095,12 +1116,14 @@ async def _one_choice(
             # a client reading the whole answer at once has seen none of it:
             # the guardrails' checks (a grammar-held call may still repeat one
             # whose result the conversation has) and their re-ask
-            if reask:
+            if reask and result.reason is not StopReason.MAX_TOKENS:
                 retry = await _guard(model, prepared, router, problems, calls, cancel)
             buffered = True
     elif prepared.offered:
         calls, problems, leftover = _calls_of(router.tail, prepared)
-        if reask:
+        # (an answer the budget cut short stands: a second attempt would have
+        # no more room than the first had)
+        if reask and result.reason is not StopReason.MAX_TOKENS:
             retry = await _guard(model, prepared, router, problems, calls, cancel)
         if retry is None and leftover.strip():
             # what the first attempt wrote from its call on is the answer's
@@ -1267,9 +1290,13 @@ def _reask(
     names = list(prepared.offered)
     required = req.tool_choice in ("required", "named")
     results = repeated(calls, req.messages) if calls and not problems else []
+    choice = req.tool_choice
     if problems or (required and not calls):
         example = toolcalls.render_call(prepared.syntax or "hermes", names[0], {"...": "..."}) if names else ""
         turn = corrective_turn(raw, problems, names, example)
+        # the corrective turn asks for a call: where a grammar can hold the
+        # second attempt to a valid one (the prompt is the same), it does
+        choice = "required" if choice == "auto" else choice
     elif results and not required:
         turn = answer_turn(raw, results)
     else:
@@ -1277,6 +1304,7 @@ def _reask(
     retry_req = dataclasses.replace(
         req,
         messages=[*req.messages, *turn],
+        tool_choice=choice,
         # a copy: prepare sets the retry's own budget, grammar and call check
         config=dataclasses.replace(prepared.config),
         # a budget that was clipped to the room in the context (not set by the
@@ -1287,5 +1315,14 @@ def _reask(
     )
     try:
         return prepare(model, retry_req)
-    except AdmissionError:
+    except AdmissionError as exc:
+        if choice != req.tool_choice and exc.param == "tools":  # a tool beyond the forced grammar: unforced
+            return _reask_unforced(model, retry_req, req.tool_choice)
         return None  # no room for a second attempt: the first answer stands
+
+
+def _reask_unforced(model: ChatModel, retry_req: ChatRequest, choice: str) -> Prepared | None:
+    try:
+        return prepare(model, dataclasses.replace(retry_req, tool_choice=choice))
+    except AdmissionError:
+        return None

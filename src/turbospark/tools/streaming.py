@@ -31,8 +31,8 @@ from .calls import ToolCall, new_call_id, resolve_name
 #: and OpenAI's ``{"function": {`` wrapper, the name, the arguments key
 _LEAD = (
     r"[\s,}\]]*(?:</tool_call>)?\s*(?:```\s*)?(?:```(?:json)?\s*)?"
-    r'(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?'
-    r'(?:"function"\s*:\s*\{\s*)?"name"\s*:\s*'
+    r'(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?\s*\[?\s*\{\s*(?:"id"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*)?'
+    r'(?:"type"\s*:\s*"function"\s*,\s*)?(?:"function"\s*:\s*\{\s*)?"name"\s*:\s*'
 )
 _NAME = r'"((?:[^"\\]|\\.)*)"\s*,\s*'
 _HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*')
@@ -44,17 +44,21 @@ _FREE_HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*(?=\{
 _BESIDE = re.compile(_LEAD + _NAME + r'(?="(?!(?:arguments|parameters)")(?:[^"\\]|\\.)*"\s*:)')
 #: a head not found in this much text is not coming (the reader gives up)
 _HEAD_LIMIT = 1024
-#: an object whose first key says no head is coming (read on speculation:
-#: ``{"arguments": …, "name": …}`` is left to the parsers and the rescue)
+#: an object whose first key (after an id and a type) says no head is coming (read on speculation:
+#: ``{"arguments": …, "name": …}`` fails the reader at once)
 _NO_HEAD = re.compile(
     r"[\s,}\]]*(?:</tool_call>)?\s*(?:```(?:json)?\s*)?(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)?"
-    r'\s*\[?\s*\{\s*"(?!(?:name|type|function)")(?:[^"\\]|\\.)*"\s*:'
+    r'\s*\[?\s*\{\s*(?:"id"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*)?(?:"type"\s*:\s*"function"\s*,\s*)?'
+    r'"(?!(?:name|type|function|id)")(?:[^"\\]|\\.)*"\s*:'
 )
 
 
 def head_name(text: str) -> str | None:
     """The name of the call ``text`` opens, once its head is whole (the
-    name and its arguments key, in any shape the readers take), else None."""
+    name and its arguments key in any JSON shape the readers take, or the
+    xml syntax's ``<function=N>`` line), else None."""
+    if (x := _XML_HEAD.match(text)) is not None:
+        return x.group(1).strip() or None
     m = _HEAD.match(text)
     if m is None:
         return None
@@ -191,8 +195,8 @@ class CallReader(_Reader):
     that has been held back long enough, ``generation._Router``). Then a call
     opens only for one of these names and only when its arguments are an
     object (under their key, or as the keys beside the name, which become
-    the arguments object); anything else fails the reader, and the text is
-    left to the parsers and the rescue, whole, at the end.
+    the arguments object); anything else fails the reader: the text is no
+    call it can stream (``head_name`` says whether it named an unknown tool).
     """
 
     def __init__(self, names: tuple[str, ...] | None = None, single: bool = False) -> None:
@@ -443,8 +447,10 @@ class XmlCallReader(_Reader):
         if m is None:
             self.failed = len(self.buffer.lstrip()) > _HEAD_LIMIT
             return
-        name = m.group(1).strip()
-        if not name or (self.names is not None and name not in self.names):
+        name: str | None = m.group(1).strip()
+        if name and self.names is not None:
+            name = resolve_name(name, self.names)
+        if not name:
             self.failed = True
             return
         self._text = []
