@@ -32,9 +32,9 @@ GOOD = ['{"name": "Bash", "arguments": {"command": "ls"}}']
 
 @pytest.fixture
 def short_hold(monkeypatch: pytest.MonkeyPatch) -> float:
-    import turbospark.generation as generation
+    import turbospark.answer as answer
 
-    monkeypatch.setattr(generation, "HOLD_SECONDS", 1.0)
+    monkeypatch.setattr(answer, "HOLD_SECONDS", 1.0)
     return 1.0
 
 
@@ -116,19 +116,20 @@ def test_a_speculative_read_that_is_no_call_is_text_from_then_on(short_hold: flo
 
 def test_the_router_holds_a_misnamed_call_only_for_a_re_ask():
     from tests.fakes import ScriptedModel
-    from turbospark.generation import ChatRequest, _Router, prepare
+    from turbospark.answer import Router
+    from turbospark.generation import ChatRequest, prepare
 
     req = ChatRequest(messages=[{"role": "user", "content": "x"}], tools=[BASH])
     prepared = prepare(ScriptedModel(), req)
     head = '{"name": "UpdateConfig", "arguments": {'
-    held = _Router(prepared, live=True, reask=True)
+    held = Router(prepared, live=True, reask=True)
     assert held.feed(head) == [] and held.misnamed is not None and "UpdateConfig" in held.misnamed
     assert held.feed('"value": 1}}') == [] and held.tail == head + '"value": 1}}'
-    free = _Router(prepared, live=True, reask=False)
+    free = Router(prepared, live=True, reask=False)
     out = free.feed(head)
     assert [d.text for d in out] == [head]
     assert [d.text for d in free.feed('"value": 1}}')] == ['"value": 1}}']
-    offered = _Router(prepared, live=True, reask=True)  # a qualified offered name is no misnaming
+    offered = Router(prepared, live=True, reask=True)  # a qualified offered name is no misnaming
     assert offered.feed('{"name": "functions.Bash", "arguments": {') == [] and offered.misnamed is None
 
 

@@ -182,27 +182,28 @@ def test_the_router_reads_an_opening_call_only_when_the_engine_says_its_grammar_
     a match the engine did not take (a Llama 3 ``<|python_tag|>`` control
     token before it, invisible in the text; a token the grammar refused)
     stays with the hold and the parsers, as an unheld call."""
+    from turbospark.answer import Delta, Router, ToolArgumentsDelta, ToolCallBegin
     from turbospark.engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED
-    from turbospark.generation import Delta, Prepared, ToolArgumentsDelta, ToolCallBegin, _Router
+    from turbospark.generation import Prepared
     from turbospark.tools.grammar import opening_call_grammar
 
     _, trigger = opening_call_grammar([BASH])
     config = GenerationConfig(opening_trigger=trigger)
     prepared = Prepared([], config, None, "llama3", ("Bash",), call_grammar="lazy")
     text = '```json\n{"type": "function", "name": "Bash", "parameters": {"command": "ls -la'
-    held = _Router(prepared)
+    held = Router(prepared)
     # while the engine watches, nothing goes out, however long it takes (a
     # slow engine's first tokens: the hold's time limit does not apply)
     assert held.feed(text[:30], OPENING_WATCHED) == [] and held.feed(text[30:38], OPENING_HELD) == []
     out = held.feed(text[38:], OPENING_HELD)
     assert isinstance(out[0], ToolCallBegin) and out[0].name == "Bash"
     assert "".join(d.text for d in out if isinstance(d, ToolArgumentsDelta)) == '{"command": "ls -la'
-    free = _Router(prepared)
+    free = Router(prepared)
     assert free.feed(text, OPENING_OFF) == [] and free.reader is None  # held back, read at the end
-    after = _Router(prepared)  # the engine watches the answer's start only
+    after = Router(prepared)  # the engine watches the answer's start only
     out = after.feed("Sure. ", OPENING_OFF) + after.feed(text[8:], OPENING_HELD)
     assert not any(isinstance(d, ToolCallBegin) for d in out) and after.reader is None
-    plain = _Router(prepared)
+    plain = Router(prepared)
     assert plain.feed("Hello", OPENING_OFF) == [Delta("Hello")]
 
 
@@ -210,10 +211,10 @@ def test_what_closes_a_call_is_not_left_as_text():
     """After a call read as it came, what still belongs to it (its closing
     brace, the closing marker, a fence, even one the budget cut short) is
     not text; what follows it is."""
-    from turbospark.generation import _after_call
+    from turbospark.answer import after_call
 
-    assert _after_call("}\n```") == ""
-    assert _after_call("}\n``") == ""  # the budget ran out inside the fence
-    assert _after_call("}\n</tool_call>\nDone.") == "Done."
-    assert _after_call(', "id": 3}\n`code` is next') == "`code` is next"  # a key after the arguments
-    assert _after_call('}, "type": "function"}\nok') == "ok"  # a key of a wrapper around the call
+    assert after_call("}\n```") == ""
+    assert after_call("}\n``") == ""  # the budget ran out inside the fence
+    assert after_call("}\n</tool_call>\nDone.") == "Done."
+    assert after_call(', "id": 3}\n`code` is next') == "`code` is next"  # a key after the arguments
+    assert after_call('}, "type": "function"}\nok') == "ok"  # a key of a wrapper around the call

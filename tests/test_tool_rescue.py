@@ -22,9 +22,9 @@ from turbospark.tools.rescue import may_become_call, rescue_call
 def short_hold(monkeypatch: pytest.MonkeyPatch) -> float:
     """HOLD_SECONDS at 1 s for the scripted streams (the server runs in this
     process), so the slow calls that outlast it take seconds, not tens."""
-    import turbospark.generation as generation
+    import turbospark.answer as answer
 
-    monkeypatch.setattr(generation, "HOLD_SECONDS", 1.0)
+    monkeypatch.setattr(answer, "HOLD_SECONDS", 1.0)
     return 1.0
 
 
@@ -287,7 +287,7 @@ def test_json_after_text_is_not_held_back_for_long():
     is held only while a call's name may still show in it, for at most
     HOLD_SECONDS; then it and everything after it go out as they come (no
     second hold for the line already sent)."""
-    from turbospark.generation import HOLD_SECONDS
+    from turbospark.answer import HOLD_SECONDS
 
     pieces = ["Here:\n", '{"function": "x", ', *(['"v": 1, '] * 40), '"w": 2}\n', *(["more text "] * 30)]
     srv, _, _ = scripted(Script(pieces, delay=0.1))  # about 7 s to write
@@ -358,9 +358,9 @@ def test_the_speculative_reader_leaves_what_follows_its_calls():
 def no_speculation(monkeypatch: pytest.MonkeyPatch) -> None:
     """HOLD_SECONDS beyond any test: nothing is read on speculation, so what
     streams is what a grammar holds."""
-    import turbospark.generation as generation
+    import turbospark.answer as answer
 
-    monkeypatch.setattr(generation, "HOLD_SECONDS", 10_000.0)
+    monkeypatch.setattr(answer, "HOLD_SECONDS", 10_000.0)
 
 
 def test_real_qwen_long_bare_json_call_streams(qwen_server, no_speculation: None):

@@ -183,9 +183,9 @@ def test_a_grammar_held_xml_call_streams_from_its_start():
 
 
 def test_an_xml_call_no_grammar_holds_streams_after_the_hold(monkeypatch):
-    import turbospark.generation as generation
+    import turbospark.answer as answer
 
-    monkeypatch.setattr(generation, "HOLD_SECONDS", 1.0)  # the server runs in this process
+    monkeypatch.setattr(answer, "HOLD_SECONDS", 1.0)  # the server runs in this process
     srv, _ = xml_server(slow(CALL), grammar=False)
     with srv:
         got = stream_openai(srv.url, [WRITE])

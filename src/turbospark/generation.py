@@ -12,39 +12,43 @@ A dialect translates its wire request into a :class:`ChatRequest`, calls
 - :class:`ToolCallDelta` — one complete tool call (closing a streamed one);
 - :class:`Final` — the end, with the engine's own counts (summed over attempts).
 
-Tool calls: when tools are offered, text streams until a tool-call syntax
-begins. When a grammar holds the calls to their one shape (the lazy grammar
-of ``tool_choice`` auto, woken by the call marker, or the grammar of
-``tool_choice`` required/named) the calls stream as they are written
-(tools/streaming.py): they are valid by construction and no re-ask is made.
-Otherwise the call text is buffered, parsed (tools/calls.py) and validated
-against the offered schemas (tools/guardrails.py); with guardrails on, a
-turn whose calls are invalid (or that makes none although one was required)
-gets one corrective re-ask, which contributes only its calls (the answer
-text already streamed stays as it was), and the last attempt is returned as
-is. Structured output (``json_schema``/``json_object``) is enforced by a
-grammar too (tools/grammar.py).
+Items are defined, and one run's text is turned into them, in answer.py
+(the :class:`~turbospark.answer.Router`). Tool calls: a grammar holds calls
+to their one shape where it can (the lazy grammar of ``tool_choice`` auto,
+woken by a call marker or a bare call's opening; the grammar of
+``tool_choice`` required/named), and such calls stream as they are written.
+Otherwise the call text is held back, parsed (tools/calls.py) and validated
+against the offered schemas (tools/guardrails.py). With guardrails on, a turn
+whose calls are invalid, missing although required, or merely repeating an
+answered call gets one re-ask (:func:`_reask`); a call naming no offered tool,
+and in a stream a repeated call, are re-asked as soon as they show, their run
+stopped there. The second attempt runs through the same path as the first
+and its items go out as they come. Structured output (``json_schema``/
+``json_object``) is enforced by a grammar too (tools/grammar.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import re
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from .answer import (
+    Delta,
+    ProbsCarrier,
+    ReasoningDelta,
+    Relayed,
+    Router,
+    ToolArgumentsDelta,
+    ToolCallBegin,
+    ToolCallDelta,
+    after_call,
+)
 from .engine.channel import Run
 from .engine.interface import ChatModel
 from .engine.types import (
-    OPENING_HELD,
-    OPENING_OFF,
-    OPENING_WATCHED,
     AdmissionError,
     CancelFlag,
     ContextOverflow,
@@ -57,16 +61,11 @@ from .engine.types import (
 from .observe import NO_REPORTER, Reporter
 from .tools import calls as toolcalls
 from .tools import grammar as grammars
-from .tools.guardrails import answer_turn, answered_arguments, corrective_turn, repeated, squeeze, validate_calls
+from .tools.guardrails import answer_turn, corrective_turn, repeated, validate_calls
 from .tools.prompting import inline_tools, template_knows_tools, tool_names
-from .tools.reasoning import ReasoningSplitter
-from .tools.rescue import may_become_call, rescue_call
-from .tools.streaming import CallReader, Opened, Piece, XmlCallReader, head_name
+from .tools.rescue import rescue_call
 
 DEFAULT_MAX_TOKENS = 256
-#: the longest an answer that begins as a JSON object is held back while it
-#: may still be rescued as a call (a silent stream trips clients' watchdogs)
-HOLD_SECONDS = 3.0
 EFFORTS_OFF = ("none", "off", "disabled")
 
 
@@ -146,59 +145,6 @@ class Prepared:
     #: for a model that takes requests rather than token ids (a remote
     #: engine, ``takes_messages``): what is sent, less the sampling fields
     body: dict[str, Any] | None = None
-
-
-@dataclass
-class Delta:
-    """Answer text produced since the previous delta, with the
-    log-probabilities of the tokens behind it (when asked for)."""
-
-    text: str
-    logprobs: Sequence[TokenProb] = ()
-    #: which of the request's choices it belongs to (OpenAI ``n``)
-    choice: int = 0
-
-
-@dataclass
-class ReasoningDelta:
-    """Reasoning (thinking) text produced since the previous one."""
-
-    text: str
-    choice: int = 0
-
-
-@dataclass
-class ToolCallBegin:
-    """A streamed call has begun: its id and name (arguments follow)."""
-
-    index: int
-    id: str
-    name: str
-    choice: int = 0
-
-
-@dataclass
-class ToolArgumentsDelta:
-    """More of a streamed call's arguments (JSON text; the pieces of one
-    call join into its ``arguments``)."""
-
-    index: int
-    text: str
-    choice: int = 0
-
-
-@dataclass
-class ToolCallDelta:
-    """One complete tool call (``call.arguments`` is JSON object text).
-    ``streamed``: its :class:`ToolCallBegin` and arguments went out before
-    it, and this closes it. ``cut``: the token budget ran out inside it (its
-    arguments are incomplete, and it is not one of the turn's calls)."""
-
-    index: int
-    call: toolcalls.ToolCall
-    choice: int = 0
-    streamed: bool = False
-    cut: bool = False
 
 
 @dataclass
@@ -375,18 +321,13 @@ def _grammar(req: ChatRequest, syntax: str | None, specials: dict[str, int]) -> 
     return None
 
 
-#: the text that opens a call in each syntax that has one: a lazy grammar
-#: switched on by it makes every call the model starts a valid one
-CALL_TRIGGERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "xml": "<tool_call>"}
-
-
 def _lazy_call_grammar(req: ChatRequest, syntax: str | None, specials: dict[str, int]) -> tuple[str, str] | None:
     """With tools offered and ``tool_choice`` auto: a grammar that lies
     dormant while the model writes text and, from the moment it opens a call
     (the syntax's marker), holds it to valid calls of the offered tools.
     None when the syntax has no marker (bare JSON) or a schema is beyond the
     grammar (the calls are then parsed and validated after the fact)."""
-    if not req.tools or req.tool_choice != "auto" or syntax not in CALL_TRIGGERS:
+    if not req.tools or req.tool_choice != "auto" or syntax not in toolcalls.CALL_TRIGGERS:
         return None
     if req.json_schema is not None or req.json_object:
         return None
@@ -396,7 +337,7 @@ def _lazy_call_grammar(req: ChatRequest, syntax: str | None, specials: dict[str,
         )
     except (grammars.UnsupportedSchema, ValueError, RecursionError):
         return None
-    return grammar, CALL_TRIGGERS[syntax]
+    return grammar, toolcalls.CALL_TRIGGERS[syntax]
 
 
 def _opening_call(req: ChatRequest, syntax: str | None) -> tuple[str, str] | None:
@@ -596,339 +537,6 @@ def _start(model: ChatModel, prepared: Prepared, config: GenerationConfig, cance
     return model.generate(prepared.prompt_ids, config, None, cancel)
 
 
-Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta
-
-#: what closes the last call read (its object, a list, the closing marker)
-_CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*(?:`{1,3}(?!\S))?\s*")  # a fence cut short too
-#: a key after the arguments, of the call or (past its closing brace) of a
-#: wrapper around it
-_OTHER_KEY = re.compile(r'[\s}]*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
-
-
-def _after_call(rest: str) -> str:
-    """What follows a call read on speculation, less what still belongs to
-    it: keys after its arguments (``"id": …``), its closing brace, a list's
-    bracket, the closing marker."""
-    i = 0
-    while (m := _OTHER_KEY.match(rest, i)) is not None:
-        try:
-            _, i = _JSON_DECODER.raw_decode(rest, m.end())
-        except ValueError:
-            break
-    return _CLOSERS.sub("", rest[i:], count=1)
-
-
-_JSON_DECODER = json.JSONDecoder()
-
-
-class _Router:
-    """Turns one run's raw text into reasoning, answer text and a tool-call
-    tail, incrementally. The tail is buffered (parsed and validated at the
-    end) unless a grammar holds the calls to their one shape: then they are
-    read as they come (``reader``) and stream."""
-
-    def __init__(
-        self,
-        prepared: Prepared,
-        stream_calls: bool = True,
-        live: bool = False,
-        reask: bool = False,
-        stops: bool = False,
-    ) -> None:
-        self.splitter = ReasoningSplitter(start_in_reasoning=prepared.think_open) if prepared.think else None
-        self.tools = bool(prepared.offered)
-        mode = prepared.call_grammar if stream_calls and self.tools else None
-        self.prepared = prepared
-        #: the calls' reader: from the start when the answer is the call,
-        #: from the call marker on when the lazy grammar waits for it
-        self.reader: CallReader | XmlCallReader | None = self._new_reader() if mode == "forced" else None
-        self.trigger = CALL_TRIGGERS.get(prepared.syntax or "") if mode == "lazy" else None
-        #: the trigger of the engine's opening grammar (a regex matched at the
-        #: answer's start, ``GenerationConfig.opening_trigger``), while the
-        #: answer may still match it
-        opening = prepared.config.opening_trigger if mode == "lazy" else None
-        self.opening = re.compile(opening) if opening else None
-        self.opening_state = OPENING_WATCHED if self.opening is not None else OPENING_OFF
-        #: an answer that begins as a JSON object is held back while it may
-        #: still be a call in the wrong shape (tools/rescue.py), for at most
-        #: :data:`HOLD_SECONDS`: a response never stays silent longer
-        self.hold_json = self.tools and self.reader is None
-        #: when what is held back began to be (None: nothing is held)
-        self.held_since: float | None = None
-        #: a client is reading as it comes (a stream): a call that no grammar
-        #: holds and that is still being written after HOLD_SECONDS is read
-        #: on speculation (its bytes stream; it is validated, not re-asked,
-        #: at the end).
-        self.speculate = live and stream_calls and self.tools
-        #: a guardrail re-ask may follow this answer: a call that names no
-        #: offered tool is held whole (and the run stopped, ``misnamed``);
-        #: without one it is text, as it comes
-        self.reask = reask
-        #: why the held call cannot be one (it names no offered tool), once
-        #: its head is out: the run need not go on for a re-ask to be made
-        self.misnamed: str | None = None
-        #: the run can be stopped for a re-ask (``stops``) and a client reads
-        #: as it comes: a streamed call that may still repeat one whose result
-        #: the conversation has (name -> squeezed arguments) is held back
-        #: while it may (``_hold_repeats``), and is ``repeat`` once whole
-        req = prepared.request
-        repeats = stops and live and req is not None and req.tool_choice not in ("required", "named")
-        self.answered = answered_arguments(req.messages) if repeats and req is not None else {}
-        self.held_call: list[Routed] = []
-        self.held_call_since = 0.0
-        self.repeat: toolcalls.ToolCall | None = None
-        self.pending = ""  # answer text not yet known to be free of a call start
-        self.tail = ""  # from the first call start on
-        self.reasoning: list[str] = []
-        self.content: list[str] = []
-
-    def feed(self, text: str, opening: int = OPENING_OFF) -> list[Routed]:
-        """Route ``text``; ``opening``: where the engine's opening grammar
-        stands after it (``Progress.opening``)."""
-        self.opening_state = opening
-        parts = self.splitter.feed(text) if self.splitter else [("content", text)]
-        return self._route(parts)
-
-    def flush(self) -> list[Routed]:
-        out = self._route(self.splitter.flush()) if self.splitter else []
-        out += self.let_go()
-        if self.hold_json and self.pending and not self.content and not self.tail:
-            # the whole answer was a JSON object: the call parsers decide
-            self.tail, self.pending = self.pending, ""
-        if self.pending and not self.tail:
-            out.append(self._content(self.pending))
-            self.pending = ""
-        return out
-
-    def _new_reader(self, names: tuple[str, ...] | None = None) -> CallReader | XmlCallReader:
-        """The reader of this syntax's calls. ``names``: on speculation (no
-        grammar), where the request's own limits are the reader's: the one
-        tool a named ``tool_choice`` allows, one call without parallel calls."""
-        req = self.prepared.request
-        single = names is not None and req is not None and not req.parallel_tool_calls
-        if names is not None and req is not None and req.tool_choice == "named" and req.tool_name:
-            names = (req.tool_name,)
-        if self.prepared.syntax == "xml":
-            return XmlCallReader(grammars.xml_raw_parameters((req.tools if req else None) or []), names, single)
-        return CallReader(names, single)
-
-    def _held_too_long(self) -> bool:
-        """What is held back has been for :data:`HOLD_SECONDS` since the
-        last byte that went out (a long JSON answer is then text as it
-        comes, a long call read as it comes: a rescue would need it whole)."""
-        now = time.monotonic()
-        if self.held_since is None:
-            self.held_since = now
-        return now - self.held_since > HOLD_SECONDS
-
-    def _opening_gate(self) -> str:
-        """What the answer so far is to the engine's opening grammar:
-        "read" (the grammar holds it and its trigger has matched the text:
-        a reader takes the call from the answer's start), "hold" (the engine
-        still watches whether it opens a call, or holds one whose name is yet
-        to arrive: nothing goes out, however long, or the call would go out
-        as text) or "free" (no call of that shape: the usual rules apply).
-        The engine decides (``Progress.opening``), so a match it did not take
-        (a control token before it, invisible in the text) is left free."""
-        assert self.opening is not None
-        if self.content or self.reasoning:  # the engine watched the raw output: not this
-            self.opening = None
-            return "free"
-        if self.opening_state == OPENING_HELD and self.opening.match(self.pending):
-            self.opening = None
-            self.reader = CallReader()  # the grammar's JSON shape, in every syntax
-            return "read"
-        if self.opening_state == OPENING_OFF:
-            self.opening = None
-            return "free"
-        return "hold"
-
-    @staticmethod
-    def _is_call(text: str) -> bool:
-        """A held-back start that is certainly a call (a complete marker, or
-        enough JSON to see a "name" key); until then it stays pending."""
-        return any(m in text for m in toolcalls.MARKERS) or '"name"' in text
-
-    def _content(self, text: str) -> Delta:
-        self.content.append(text)
-        self.held_since = None
-        return Delta(text)
-
-    @property
-    def streamed_calls(self) -> bool:
-        """Calls went out as they were written."""
-        return self.reader is not None and (bool(self.reader.calls) or self.reader.reading)
-
-    def _read_calls(self, text: str) -> list[Routed]:
-        assert self.reader is not None
-        out: list[Routed] = []
-        for event in self.reader.feed(text):
-            if isinstance(event, Opened):
-                out.append(ToolCallBegin(event.index, event.id, event.name))
-            elif isinstance(event, Piece):
-                out.append(ToolArgumentsDelta(event.index, event.text))
-            else:
-                out.append(ToolCallDelta(event.index, event.call, streamed=True))
-        return self._hold_repeats(out) if self.answered else out
-
-    def _hold_repeats(self, items: list[Routed]) -> list[Routed]:
-        """An answer's first call, to a tool the conversation already has a
-        result from, is held back while its arguments' text may still be one of those calls'
-        (a small model calls again instead of reading the result): once
-        whole and the same, it is ``repeat`` (the run stops and the result is
-        handed back, ``answer_turn``), and what follows it is held too; once
-        it differs, or after :data:`HOLD_SECONDS`, it goes out."""
-        out: list[Routed] = []
-        for item in items:
-            if not self.held_call:
-                if isinstance(item, ToolCallBegin) and item.index == 0 and item.name in self.answered:
-                    self.held_call, self.held_call_since = [item], time.monotonic()
-                else:
-                    out.append(item)
-                continue
-            self.held_call.append(item)
-            if self.repeat is not None:
-                continue
-            first = self.held_call[0]
-            assert isinstance(first, ToolCallBegin)
-            calls = self.answered[first.name]
-            if isinstance(item, ToolCallDelta):
-                if squeeze(item.call.arguments) in calls:
-                    self.repeat = item.call
-                    continue
-                out += self.let_go()
-            elif isinstance(item, ToolArgumentsDelta):
-                so_far = squeeze("".join(d.text for d in self.held_call if isinstance(d, ToolArgumentsDelta)))
-                if not any(c.startswith(so_far) for c in calls):
-                    out += self.let_go()
-        if self.held_call and self.repeat is None and time.monotonic() - self.held_call_since > HOLD_SECONDS:
-            out += self.let_go()
-        return out
-
-    def let_go(self) -> list[Routed]:
-        """What :meth:`_hold_repeats` holds, to go out (no call is held
-        after this)."""
-        held, self.held_call, self.repeat, self.answered = self.held_call, [], None, {}
-        return held
-
-    def _to_tail(self, text: str) -> list[Routed]:
-        """Text from the first call start on: buffered, and read as calls
-        when they stream (the lazy grammar's marker opens the tail; a call
-        held for :data:`HOLD_SECONDS` is read on speculation)."""
-        fresh = not self.tail
-        self.tail += text
-        if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
-            self.reader = self._new_reader()
-        elif self.reader is None and self.speculate and self._held_too_long():
-            self.reader = self._new_reader(self.prepared.offered)
-            return self._released(self._read_calls(self.tail))
-        return self._released(self._read_calls(text)) if self.reader is not None else []
-
-    def _released(self, out: list[Routed]) -> list[Routed]:
-        """A text read on speculation that is no call after all (no head of
-        an offered tool's call where one had to be) is text, from its start
-        and as it comes: a response is never silent for long. Only a call
-        that names no offered tool and will be re-asked stays held."""
-        reader = self.reader
-        if reader is None or not reader.failed or reader.calls or reader.reading or reader.names is None:
-            return out  # (a call that went out in part is closed as it is at the end)
-        if self.misnamed is None:
-            self.misnamed = self._unknown_name(self.tail)
-        if self.reask and self.misnamed is not None:
-            return out
-        text, self.tail, self.reader, self.speculate = self.tail, "", None, False
-        return [*out, self._content(text)]
-
-    def _unknown_name(self, held: str) -> str | None:
-        """Why ``held`` is no call: its head names no offered tool (else None)."""
-        name = head_name(held) if held else None
-        if name is None or toolcalls.resolve_name(name, self.prepared.offered) is not None:
-            return None
-        return f"unknown name {name!r} (offered: {', '.join(self.prepared.offered)})"
-
-    def _watch_name(self) -> list[Routed]:
-        """A held start whose head names no offered tool is no call: with a
-        re-ask to come it is held whole (``misnamed``: the run can stop
-        now), else it is text as soon as it is known to be none."""
-        held = self.tail or self.pending
-        self.misnamed = self._unknown_name(held)
-        if self.misnamed is None:
-            return []
-        if self.reask:
-            self.tail, self.pending = held, ""
-            return []
-        return self._as_text()
-
-    def _as_text(self) -> list[Routed]:
-        """What is held back is no call: text, as what follows it will be
-        (when a client reads as it comes; else the parsers decide at the end)."""
-        if not self.speculate:
-            return []
-        held, self.tail, self.pending = self.tail + self.pending, "", ""
-        self.reader, self.speculate, self.hold_json = None, False, False
-        return [self._content(held)] if held else []
-
-    def no_reask(self) -> list[Routed]:
-        """The re-ask this router held a call for cannot be made (no room
-        for it): what was held goes out."""
-        self.reask = False
-        out = self.let_go()
-        return out + self._as_text() if self.misnamed is not None else out
-
-    def _route(self, parts: list[tuple[str, str]]) -> list[Routed]:
-        out: list[Routed] = []
-        for channel, text in parts:
-            if not text:
-                continue
-            if channel == "reasoning":
-                self.reasoning.append(text)
-                out.append(ReasoningDelta(text))
-            elif self.tail or self.reader is not None:
-                out += self._to_tail(text)
-            elif not self.tools:
-                out.append(self._content(text))
-            else:
-                out += self._answer(text)
-            if self.misnamed is None and (self.tail or self.pending) and (self.reader is None or self.reader.failed):
-                out += self._watch_name()
-        return out
-
-    def _answer(self, text: str) -> list[Routed]:
-        """Answer text while tools are offered and no call has started:
-        ``call_start`` wants the whole answer so far (line starts matter); a
-        possible start is held back until it is decided."""
-        out: list[Routed] = []
-        self.pending += text
-        gate = self._opening_gate() if self.opening is not None else "free"
-        if gate == "read":
-            out += self._to_tail(self.pending)
-            self.pending = ""
-        if gate != "free":
-            return out
-        if self.hold_json and not self.content:
-            if may_become_call(self.pending) and not self._held_too_long():
-                return out
-            self.hold_json = False
-        sent = "".join(self.content)
-        start = toolcalls.call_start(sent + self.pending, len(sent))
-        if start is None:
-            out.append(self._content(self.pending))
-            self.pending = ""
-            return out
-        start = max(0, start - len(sent))
-        if start > 0:
-            out.append(self._content(self.pending[:start]))
-        rest = self.pending[start:]
-        self.pending = ""
-        if self._is_call(rest):
-            out += self._to_tail(rest)
-        elif self._held_too_long():  # no call has shown itself: text
-            out.append(self._content(rest))
-        else:
-            self.pending = rest  # maybe a call: decide with more text
-        return out
-
-
 Item = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta | Final
 
 
@@ -940,7 +548,7 @@ async def stream(
     ``reporter``. With ``n`` > 1 the choices run side by side (one prefill,
     see ``LlamaChatModel.generate_many``) and their items interleave, each
     tagged with its ``choice``. ``live``: a client reads the items as they
-    come, so nothing is held back for long (``_Router.speculate``)."""
+    come, so nothing is held back for long (``Router.speculate``)."""
     n = prepared.request.n if prepared.request is not None else 1
     if n == 1:  # the hot path: no wrapper (its items are choice 0 already)
         async for item in _one_choice(model, prepared, cancel, reporter, None, live):
@@ -1035,11 +643,11 @@ async def _one_choice(
     req = prepared.request
     reask = reask and req is not None and req.guardrails is not False and bool(prepared.offered)
     own = cancel.child() if reask and run is None else cancel
-    router = _Router(prepared, live=live, reask=reask, stops=own is not cancel)
+    router = Router(prepared, live=live, reask=reask, stops=own is not cancel)
     attempts: list[RawDecodeResult] = []
     result: RawDecodeResult | None = None
-    probs = _ProbsCarrier()
-    relayed: _Relayed | None = None
+    probs = ProbsCarrier()
+    relayed: Relayed | None = None
     retry: Prepared | None = None  # the guardrails' second attempt, if they ask for one
     early = False  # whether a re-ask was asked for before the run ended
     async for item in _run(model, prepared, own, reporter, run):
@@ -1049,7 +657,7 @@ async def _one_choice(
         if retry is not None:  # stopped for the re-ask: the rest is dropped
             continue
         if item.call is not None or item.reasoning:  # split by the engine itself
-            relayed = relayed or _Relayed()
+            relayed = relayed or Relayed()
             for r in relayed.feed(item, router):
                 yield r
             continue
@@ -1101,7 +709,7 @@ async def _one_choice(
             problems.append(f"the answer ended inside the call to {cut.name!r}")
             # a body that is not streamed keeps the unfinished call as text
             router.content.append(router.reader.partial_text)
-        elif (rest := _after_call(router.reader.rest)).strip():
+        elif (rest := after_call(router.reader.rest)).strip():
             # what followed the calls read (text a grammar would not have let
             # through): more calls, sent whole, and text
             more, more_problems, leftover = _calls_of(rest, prepared)
@@ -1165,7 +773,7 @@ async def _one_choice(
 async def _guard(
     model: ChatModel,
     prepared: Prepared,
-    router: _Router,
+    router: Router,
     problems: list[str],
     calls: list[toolcalls.ToolCall],
     cancel: CancelFlag,
@@ -1184,70 +792,6 @@ def _reasoning_tokens(model: ChatModel, result: RawDecodeResult, reasoning: str)
     if not reasoning or getattr(model, "takes_messages", False):
         return 0
     return len(model.tokenize(reasoning, False, False))
-
-
-class _Relayed:
-    """Reasoning and tool calls an engine split off itself (a remote
-    engine's ``reasoning_content`` and ``tool_calls`` deltas), relayed as
-    they come: a call's first piece opens it (:class:`ToolCallBegin`), the
-    rest are argument pieces."""
-
-    def __init__(self) -> None:
-        self.calls: dict[int, tuple[str, str, list[str]]] = {}
-
-    def feed(self, item: Progress, router: _Router) -> list[Routed]:
-        out: list[Routed] = []
-        if item.reasoning:
-            router.reasoning.append(item.reasoning)
-            out.append(ReasoningDelta(item.reasoning))
-        piece = item.call
-        if piece is None:
-            return out
-        index = piece.index
-        if index not in self.calls:
-            call_id = piece.id or toolcalls.new_call_id()
-            self.calls[index] = (call_id, piece.name or "", [])
-            out.append(ToolCallBegin(len(self.calls) - 1, call_id, piece.name or ""))
-        call_id, name, args = self.calls[index]
-        if piece.arguments:
-            args.append(piece.arguments)
-            out.append(ToolArgumentsDelta(list(self.calls).index(index), piece.arguments))
-        return out
-
-    def finish(self) -> list[toolcalls.ToolCall]:
-        out = []
-        for call_id, name, args in self.calls.values():
-            try:
-                parsed = orjson.loads("".join(args) or "{}")
-            except orjson.JSONDecodeError:
-                parsed = None
-            # arguments that are not a JSON object are none (the renderers
-            # and validation read them as one)
-            text = orjson.dumps(parsed if isinstance(parsed, dict) else {}).decode()
-            out.append(toolcalls.ToolCall(call_id, name, text))
-        return out
-
-
-class _ProbsCarrier:
-    """Gives each answer delta the log-probabilities of the tokens behind
-    it: those of the progress it came from, plus any of earlier progress
-    whose text was held back (a possible stop string or tool call, a split
-    character). Tokens that became reasoning carry none."""
-
-    def __init__(self) -> None:
-        self.carry: list[TokenProb] = []
-
-    def attach(self, logprobs: Sequence[TokenProb], deltas: list[Routed]) -> list[Routed]:
-        self.carry += logprobs
-        if not self.carry:
-            return deltas
-        answer = [d for d in deltas if isinstance(d, Delta)]
-        if answer:
-            answer[0].logprobs = self.carry
-            self.carry = []
-        elif deltas:  # reasoning or calls only
-            self.carry = []
-        return deltas
 
 
 def _raise_if_failed(result: RawDecodeResult, cancel: CancelFlag) -> None:
@@ -1280,7 +824,7 @@ def _calls_of(text: str, prepared: Prepared) -> tuple[list[toolcalls.ToolCall], 
 
 
 def _reask(
-    model: ChatModel, prepared: Prepared, router: _Router, problems: list[str], calls: list[toolcalls.ToolCall]
+    model: ChatModel, prepared: Prepared, router: Router, problems: list[str], calls: list[toolcalls.ToolCall]
 ) -> Prepared | None:
     """The corrective second attempt the guardrails ask for, or None when the
     first answer stands (it is fine, or a second attempt cannot fit)."""

@@ -24,8 +24,9 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..answer import Delta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..generation import ChatRequest, Delta, FillIn, Final
+from ..generation import ChatRequest, FillIn, Final
 from .common import BadRequest, new_id, sse_data, unix_time
 from .errors import Failure, openai_error
 from .openai_chat import StreamOptions, choices, sampling, timings, usage

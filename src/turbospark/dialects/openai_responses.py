@@ -24,8 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..generation import ChatRequest, Delta, Final, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..generation import ChatRequest, Final
 from ..tools.calls import ToolCall
 from .common import (
     BadRequest,

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ..generation import Delta, Final, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..generation import Final
 from .errors import Failure
 
 #: what a renderer returns for one stream item: one frame, several, or none

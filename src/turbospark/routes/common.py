@@ -17,6 +17,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
+from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..auth import TENANT_KEY
 from ..dialects.common import BadRequest, parse_json_object
 from ..dialects.errors import ErrorShape, Failure
@@ -25,18 +26,7 @@ from ..dialects.stamps import normalize_messages
 from ..drain import Drain, ShuttingDown
 from ..engine.interface import ChatModel
 from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded, ReaderBehind
-from ..generation import (
-    ChatRequest,
-    Delta,
-    Final,
-    Prepared,
-    ReasoningDelta,
-    ToolArgumentsDelta,
-    ToolCallBegin,
-    ToolCallDelta,
-    prepare,
-    stream,
-)
+from ..generation import ChatRequest, Final, Prepared, prepare, stream
 from ..middleware import CANCEL_KEY, DISCONNECTED, ERROR_KEY, LEASES_KEY, REPORTER_KEY, TOO_SLOW
 from ..observe import NO_REPORTER, REQUEST_ID_KEY, Observer, Reporter, RequestIds, RequestRouted, record
 from ..registry import Capability, Registry, Route, RoutingError

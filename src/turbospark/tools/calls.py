@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CALL_TRIGGERS",
     "SYNTAXES",
     "Parsed",
     "ToolCall",
@@ -50,6 +51,9 @@ PYTHON_TAG = "<|python_tag|>"
 XML_FUNCTION = "<function="
 #: markers whose appearance in a streamed text means a call has begun
 MARKERS = (HERMES_OPEN, XML_FUNCTION, MISTRAL_MARK, PYTHON_TAG)
+#: the text that opens a call in each syntax that has one: a lazy grammar
+#: switched on by it makes every call the model starts a valid one
+CALL_TRIGGERS = {"hermes": HERMES_OPEN, "mistral": MISTRAL_MARK, "xml": HERMES_OPEN}
 
 
 @dataclass

@@ -192,7 +192,7 @@ class CallReader(_Reader):
     """Reads calls of the grammar's shape from text fed in pieces.
 
     ``names``: read on speculation, with no grammar behind the text (a call
-    that has been held back long enough, ``generation._Router``). Then a call
+    that has been held back long enough, ``answer.Router``). Then a call
     opens only for one of these names and only when its arguments are an
     object (under their key, or as the keys beside the name, which become
     the arguments object); anything else fails the reader: the text is no

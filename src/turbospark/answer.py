@@ -1,0 +1,495 @@
+"""An engine run's output, turned into what a response is made of.
+
+The items every dialect renders: :class:`Delta` (answer text, with its
+tokens' log-probabilities), :class:`ReasoningDelta` (thinking split off the
+answer), :class:`ToolCallBegin` and :class:`ToolArgumentsDelta` (a call
+streaming: its id and name, then its arguments as they are written) and
+:class:`ToolCallDelta` (a complete call, or the close of a streamed one).
+
+:class:`Router` turns one run's raw text into those items as it comes:
+reasoning, answer text, and calls. Calls a grammar holds to their one shape
+stream as they are written (tools/streaming.py); anything else that may be a
+call is held back, for at most :data:`HOLD_SECONDS` in a stream, and left to
+the parsers at the end, unless a reader can take it as it comes. The router
+also says when the run need not go on: a call naming no offered tool
+(``misnamed``) or repeating an answered one (``repeat``), so the generation
+core (generation.py) can stop it and re-ask. :class:`Relayed` does the same
+for an engine that splits reasoning and calls off itself (a remote one).
+Nothing here knows the engine or a wire format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import orjson
+
+from .engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED, Progress, TokenProb
+from .tools import calls as toolcalls
+from .tools import grammar as grammars
+from .tools.guardrails import answered_arguments, squeeze
+from .tools.reasoning import ReasoningSplitter
+from .tools.rescue import may_become_call
+from .tools.streaming import CallReader, Opened, Piece, XmlCallReader, head_name
+
+if TYPE_CHECKING:
+    from .generation import Prepared
+
+#: the longest an answer that begins as a JSON object is held back while it
+#: may still be rescued as a call (a silent stream trips clients' watchdogs)
+HOLD_SECONDS = 3.0
+
+
+@dataclass
+class Delta:
+    """Answer text produced since the previous delta, with the
+    log-probabilities of the tokens behind it (when asked for)."""
+
+    text: str
+    logprobs: Sequence[TokenProb] = ()
+    #: which of the request's choices it belongs to (OpenAI ``n``)
+    choice: int = 0
+
+
+@dataclass
+class ReasoningDelta:
+    """Reasoning (thinking) text produced since the previous one."""
+
+    text: str
+    choice: int = 0
+
+
+@dataclass
+class ToolCallBegin:
+    """A streamed call has begun: its id and name (arguments follow)."""
+
+    index: int
+    id: str
+    name: str
+    choice: int = 0
+
+
+@dataclass
+class ToolArgumentsDelta:
+    """More of a streamed call's arguments (JSON text; the pieces of one
+    call join into its ``arguments``)."""
+
+    index: int
+    text: str
+    choice: int = 0
+
+
+@dataclass
+class ToolCallDelta:
+    """One complete tool call (``call.arguments`` is JSON object text).
+    ``streamed``: its :class:`ToolCallBegin` and arguments went out before
+    it, and this closes it. ``cut``: the token budget ran out inside it (its
+    arguments are incomplete, and it is not one of the turn's calls)."""
+
+    index: int
+    call: toolcalls.ToolCall
+    choice: int = 0
+    streamed: bool = False
+    cut: bool = False
+
+
+Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta
+
+#: what closes the last call read (its object, a list, the closing marker)
+_CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*(?:`{1,3}(?!\S))?\s*")  # a fence cut short too
+#: a key after the arguments, of the call or (past its closing brace) of a
+#: wrapper around it
+_OTHER_KEY = re.compile(r'[\s}]*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
+
+
+def after_call(rest: str) -> str:
+    """What follows a call read on speculation, less what still belongs to
+    it: keys after its arguments (``"id": …``), its closing brace, a list's
+    bracket, the closing marker."""
+    i = 0
+    while (m := _OTHER_KEY.match(rest, i)) is not None:
+        try:
+            _, i = _JSON_DECODER.raw_decode(rest, m.end())
+        except ValueError:
+            break
+    return _CLOSERS.sub("", rest[i:], count=1)
+
+
+_JSON_DECODER = json.JSONDecoder()
+
+
+class Router:
+    """Turns one run's raw text into reasoning, answer text and a tool-call
+    tail, incrementally. The tail is buffered (parsed and validated at the
+    end) unless a grammar holds the calls to their one shape: then they are
+    read as they come (``reader``) and stream."""
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        stream_calls: bool = True,
+        live: bool = False,
+        reask: bool = False,
+        stops: bool = False,
+    ) -> None:
+        self.splitter = ReasoningSplitter(start_in_reasoning=prepared.think_open) if prepared.think else None
+        self.tools = bool(prepared.offered)
+        mode = prepared.call_grammar if stream_calls and self.tools else None
+        self.prepared = prepared
+        #: the calls' reader: from the start when the answer is the call,
+        #: from the call marker on when the lazy grammar waits for it
+        self.reader: CallReader | XmlCallReader | None = self._new_reader() if mode == "forced" else None
+        self.trigger = toolcalls.CALL_TRIGGERS.get(prepared.syntax or "") if mode == "lazy" else None
+        #: the trigger of the engine's opening grammar (a regex matched at the
+        #: answer's start, ``GenerationConfig.opening_trigger``), while the
+        #: answer may still match it
+        opening = prepared.config.opening_trigger if mode == "lazy" else None
+        self.opening = re.compile(opening) if opening else None
+        self.opening_state = OPENING_WATCHED if self.opening is not None else OPENING_OFF
+        #: an answer that begins as a JSON object is held back while it may
+        #: still be a call in the wrong shape (tools/rescue.py), for at most
+        #: :data:`HOLD_SECONDS`: a response never stays silent longer
+        self.hold_json = self.tools and self.reader is None
+        #: when what is held back began to be (None: nothing is held)
+        self.held_since: float | None = None
+        #: a client is reading as it comes (a stream): a call that no grammar
+        #: holds and that is still being written after HOLD_SECONDS is read
+        #: on speculation (its bytes stream; it is validated, not re-asked,
+        #: at the end).
+        self.speculate = live and stream_calls and self.tools
+        #: a guardrail re-ask may follow this answer: a call that names no
+        #: offered tool is held whole (and the run stopped, ``misnamed``);
+        #: without one it is text, as it comes
+        self.reask = reask
+        #: why the held call cannot be one (it names no offered tool), once
+        #: its head is out: the run need not go on for a re-ask to be made
+        self.misnamed: str | None = None
+        #: the run can be stopped for a re-ask (``stops``) and a client reads
+        #: as it comes: a streamed call that may still repeat one whose result
+        #: the conversation has (name -> squeezed arguments) is held back
+        #: while it may (``_hold_repeats``), and is ``repeat`` once whole
+        req = prepared.request
+        repeats = stops and live and req is not None and req.tool_choice not in ("required", "named")
+        self.answered = answered_arguments(req.messages) if repeats and req is not None else {}
+        self.held_call: list[Routed] = []
+        self.held_call_since = 0.0
+        self.repeat: toolcalls.ToolCall | None = None
+        self.pending = ""  # answer text not yet known to be free of a call start
+        self.tail = ""  # from the first call start on
+        self.reasoning: list[str] = []
+        self.content: list[str] = []
+
+    def feed(self, text: str, opening: int = OPENING_OFF) -> list[Routed]:
+        """Route ``text``; ``opening``: where the engine's opening grammar
+        stands after it (``Progress.opening``)."""
+        self.opening_state = opening
+        parts = self.splitter.feed(text) if self.splitter else [("content", text)]
+        return self._route(parts)
+
+    def flush(self) -> list[Routed]:
+        out = self._route(self.splitter.flush()) if self.splitter else []
+        out += self.let_go()
+        if self.hold_json and self.pending and not self.content and not self.tail:
+            # the whole answer was a JSON object: the call parsers decide
+            self.tail, self.pending = self.pending, ""
+        if self.pending and not self.tail:
+            out.append(self._content(self.pending))
+            self.pending = ""
+        return out
+
+    def _new_reader(self, names: tuple[str, ...] | None = None) -> CallReader | XmlCallReader:
+        """The reader of this syntax's calls. ``names``: on speculation (no
+        grammar), where the request's own limits are the reader's: the one
+        tool a named ``tool_choice`` allows, one call without parallel calls."""
+        req = self.prepared.request
+        single = names is not None and req is not None and not req.parallel_tool_calls
+        if names is not None and req is not None and req.tool_choice == "named" and req.tool_name:
+            names = (req.tool_name,)
+        if self.prepared.syntax == "xml":
+            return XmlCallReader(grammars.xml_raw_parameters((req.tools if req else None) or []), names, single)
+        return CallReader(names, single)
+
+    def _held_too_long(self) -> bool:
+        """What is held back has been for :data:`HOLD_SECONDS` since the
+        last byte that went out (a long JSON answer is then text as it
+        comes, a long call read as it comes: a rescue would need it whole)."""
+        now = time.monotonic()
+        if self.held_since is None:
+            self.held_since = now
+        return now - self.held_since > HOLD_SECONDS
+
+    def _opening_gate(self) -> str:
+        """What the answer so far is to the engine's opening grammar:
+        "read" (the grammar holds it and its trigger has matched the text:
+        a reader takes the call from the answer's start), "hold" (the engine
+        still watches whether it opens a call, or holds one whose name is yet
+        to arrive: nothing goes out, however long, or the call would go out
+        as text) or "free" (no call of that shape: the usual rules apply).
+        The engine decides (``Progress.opening``), so a match it did not take
+        (a control token before it, invisible in the text) is left free."""
+        assert self.opening is not None
+        if self.content or self.reasoning:  # the engine watched the raw output: not this
+            self.opening = None
+            return "free"
+        if self.opening_state == OPENING_HELD and self.opening.match(self.pending):
+            self.opening = None
+            self.reader = CallReader()  # the grammar's JSON shape, in every syntax
+            return "read"
+        if self.opening_state == OPENING_OFF:
+            self.opening = None
+            return "free"
+        return "hold"
+
+    @staticmethod
+    def _is_call(text: str) -> bool:
+        """A held-back start that is certainly a call (a complete marker, or
+        enough JSON to see a "name" key); until then it stays pending."""
+        return any(m in text for m in toolcalls.MARKERS) or '"name"' in text
+
+    def _content(self, text: str) -> Delta:
+        self.content.append(text)
+        self.held_since = None
+        return Delta(text)
+
+    @property
+    def streamed_calls(self) -> bool:
+        """Calls went out as they were written."""
+        return self.reader is not None and (bool(self.reader.calls) or self.reader.reading)
+
+    def _read_calls(self, text: str) -> list[Routed]:
+        assert self.reader is not None
+        out: list[Routed] = []
+        for event in self.reader.feed(text):
+            if isinstance(event, Opened):
+                out.append(ToolCallBegin(event.index, event.id, event.name))
+            elif isinstance(event, Piece):
+                out.append(ToolArgumentsDelta(event.index, event.text))
+            else:
+                out.append(ToolCallDelta(event.index, event.call, streamed=True))
+        return self._hold_repeats(out) if self.answered else out
+
+    def _hold_repeats(self, items: list[Routed]) -> list[Routed]:
+        """An answer's first call, to a tool the conversation already has a
+        result from, is held back while its arguments' text may still be one of those calls'
+        (a small model calls again instead of reading the result): once
+        whole and the same, it is ``repeat`` (the run stops and the result is
+        handed back, ``answer_turn``), and what follows it is held too; once
+        it differs, or after :data:`HOLD_SECONDS`, it goes out."""
+        out: list[Routed] = []
+        for item in items:
+            if not self.held_call:
+                if isinstance(item, ToolCallBegin) and item.index == 0 and item.name in self.answered:
+                    self.held_call, self.held_call_since = [item], time.monotonic()
+                else:
+                    out.append(item)
+                continue
+            self.held_call.append(item)
+            if self.repeat is not None:
+                continue
+            first = self.held_call[0]
+            assert isinstance(first, ToolCallBegin)
+            calls = self.answered[first.name]
+            if isinstance(item, ToolCallDelta):
+                if squeeze(item.call.arguments) in calls:
+                    self.repeat = item.call
+                    continue
+                out += self.let_go()
+            elif isinstance(item, ToolArgumentsDelta):
+                so_far = squeeze("".join(d.text for d in self.held_call if isinstance(d, ToolArgumentsDelta)))
+                if not any(c.startswith(so_far) for c in calls):
+                    out += self.let_go()
+        if self.held_call and self.repeat is None and time.monotonic() - self.held_call_since > HOLD_SECONDS:
+            out += self.let_go()
+        return out
+
+    def let_go(self) -> list[Routed]:
+        """What :meth:`_hold_repeats` holds, to go out (no call is held
+        after this)."""
+        held, self.held_call, self.repeat, self.answered = self.held_call, [], None, {}
+        return held
+
+    def _to_tail(self, text: str) -> list[Routed]:
+        """Text from the first call start on: buffered, and read as calls
+        when they stream (the lazy grammar's marker opens the tail; a call
+        held for :data:`HOLD_SECONDS` is read on speculation)."""
+        fresh = not self.tail
+        self.tail += text
+        if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
+            self.reader = self._new_reader()
+        elif self.reader is None and self.speculate and self._held_too_long():
+            self.reader = self._new_reader(self.prepared.offered)
+            return self._released(self._read_calls(self.tail))
+        return self._released(self._read_calls(text)) if self.reader is not None else []
+
+    def _released(self, out: list[Routed]) -> list[Routed]:
+        """A text read on speculation that is no call after all (no head of
+        an offered tool's call where one had to be) is text, from its start
+        and as it comes: a response is never silent for long. Only a call
+        that names no offered tool and will be re-asked stays held."""
+        reader = self.reader
+        if reader is None or not reader.failed or reader.calls or reader.reading or reader.names is None:
+            return out  # (a call that went out in part is closed as it is at the end)
+        if self.misnamed is None:
+            self.misnamed = self._unknown_name(self.tail)
+        if self.reask and self.misnamed is not None:
+            return out
+        text, self.tail, self.reader, self.speculate = self.tail, "", None, False
+        return [*out, self._content(text)]
+
+    def _unknown_name(self, held: str) -> str | None:
+        """Why ``held`` is no call: its head names no offered tool (else None)."""
+        name = head_name(held) if held else None
+        if name is None or toolcalls.resolve_name(name, self.prepared.offered) is not None:
+            return None
+        return f"unknown name {name!r} (offered: {', '.join(self.prepared.offered)})"
+
+    def _watch_name(self) -> list[Routed]:
+        """A held start whose head names no offered tool is no call: with a
+        re-ask to come it is held whole (``misnamed``: the run can stop
+        now), else it is text as soon as it is known to be none."""
+        held = self.tail or self.pending
+        self.misnamed = self._unknown_name(held)
+        if self.misnamed is None:
+            return []
+        if self.reask:
+            self.tail, self.pending = held, ""
+            return []
+        return self._as_text()
+
+    def _as_text(self) -> list[Routed]:
+        """What is held back is no call: text, as what follows it will be
+        (when a client reads as it comes; else the parsers decide at the end)."""
+        if not self.speculate:
+            return []
+        held, self.tail, self.pending = self.tail + self.pending, "", ""
+        self.reader, self.speculate, self.hold_json = None, False, False
+        return [self._content(held)] if held else []
+
+    def no_reask(self) -> list[Routed]:
+        """The re-ask this router held a call for cannot be made (no room
+        for it): what was held goes out."""
+        self.reask = False
+        out = self.let_go()
+        return out + self._as_text() if self.misnamed is not None else out
+
+    def _route(self, parts: list[tuple[str, str]]) -> list[Routed]:
+        out: list[Routed] = []
+        for channel, text in parts:
+            if not text:
+                continue
+            if channel == "reasoning":
+                self.reasoning.append(text)
+                out.append(ReasoningDelta(text))
+            elif self.tail or self.reader is not None:
+                out += self._to_tail(text)
+            elif not self.tools:
+                out.append(self._content(text))
+            else:
+                out += self._answer(text)
+            if self.misnamed is None and (self.tail or self.pending) and (self.reader is None or self.reader.failed):
+                out += self._watch_name()
+        return out
+
+    def _answer(self, text: str) -> list[Routed]:
+        """Answer text while tools are offered and no call has started:
+        ``call_start`` wants the whole answer so far (line starts matter); a
+        possible start is held back until it is decided."""
+        out: list[Routed] = []
+        self.pending += text
+        gate = self._opening_gate() if self.opening is not None else "free"
+        if gate == "read":
+            out += self._to_tail(self.pending)
+            self.pending = ""
+        if gate != "free":
+            return out
+        if self.hold_json and not self.content:
+            if may_become_call(self.pending) and not self._held_too_long():
+                return out
+            self.hold_json = False
+        sent = "".join(self.content)
+        start = toolcalls.call_start(sent + self.pending, len(sent))
+        if start is None:
+            out.append(self._content(self.pending))
+            self.pending = ""
+            return out
+        start = max(0, start - len(sent))
+        if start > 0:
+            out.append(self._content(self.pending[:start]))
+        rest = self.pending[start:]
+        self.pending = ""
+        if self._is_call(rest):
+            out += self._to_tail(rest)
+        elif self._held_too_long():  # no call has shown itself: text
+            out.append(self._content(rest))
+        else:
+            self.pending = rest  # maybe a call: decide with more text
+        return out
+
+
+class Relayed:
+    """Reasoning and tool calls an engine split off itself (a remote
+    engine's ``reasoning_content`` and ``tool_calls`` deltas), relayed as
+    they come: a call's first piece opens it (:class:`ToolCallBegin`), the
+    rest are argument pieces."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, tuple[str, str, list[str]]] = {}
+
+    def feed(self, item: Progress, router: Router) -> list[Routed]:
+        out: list[Routed] = []
+        if item.reasoning:
+            router.reasoning.append(item.reasoning)
+            out.append(ReasoningDelta(item.reasoning))
+        piece = item.call
+        if piece is None:
+            return out
+        index = piece.index
+        if index not in self.calls:
+            call_id = piece.id or toolcalls.new_call_id()
+            self.calls[index] = (call_id, piece.name or "", [])
+            out.append(ToolCallBegin(len(self.calls) - 1, call_id, piece.name or ""))
+        call_id, name, args = self.calls[index]
+        if piece.arguments:
+            args.append(piece.arguments)
+            out.append(ToolArgumentsDelta(list(self.calls).index(index), piece.arguments))
+        return out
+
+    def finish(self) -> list[toolcalls.ToolCall]:
+        out = []
+        for call_id, name, args in self.calls.values():
+            try:
+                parsed = orjson.loads("".join(args) or "{}")
+            except orjson.JSONDecodeError:
+                parsed = None
+            # arguments that are not a JSON object are none (the renderers
+            # and validation read them as one)
+            text = orjson.dumps(parsed if isinstance(parsed, dict) else {}).decode()
+            out.append(toolcalls.ToolCall(call_id, name, text))
+        return out
+
+
+class ProbsCarrier:
+    """Gives each answer delta the log-probabilities of the tokens behind
+    it: those of the progress it came from, plus any of earlier progress
+    whose text was held back (a possible stop string or tool call, a split
+    character). Tokens that became reasoning carry none."""
+
+    def __init__(self) -> None:
+        self.carry: list[TokenProb] = []
+
+    def attach(self, logprobs: Sequence[TokenProb], deltas: list[Routed]) -> list[Routed]:
+        self.carry += logprobs
+        if not self.carry:
+            return deltas
+        answer = [d for d in deltas if isinstance(d, Delta)]
+        if answer:
+            answer[0].logprobs = self.carry
+            self.carry = []
+        elif deltas:  # reasoning or calls only
+            self.carry = []
+        return deltas
