@@ -278,3 +278,19 @@ def test_heads_the_readers_know():
     assert not reader.failed and isinstance(events[0], Opened) and reader.calls[0].arguments == '{"command": "ls"}'
     reader = CallReader(names=("Bash",))
     assert reader.feed('{"id": "call_1", "arguments": {') == [] and reader.failed  # no name first: none coming
+
+
+def test_prose_after_a_call_read_on_speculation_streams(short_hold: float):
+    """A call no grammar holds, read on speculation, then an explanation:
+    the explanation is text as it is written, not held to the answer's end
+    (it can open no other call)."""
+    call = '{"name": "Bash", "arguments": {"command": "ls"}}'
+    prose = ["\nThis ", "lists ", "the ", "files", *([" here"] * 60), "."]
+    srv, _, _ = scripted(Script([call[:20], call[20:], *prose], delay=0.05), guardrails=False)  # about 3.3 s
+    with srv:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH]}
+        got = stream_chat(srv.url, body, timeout=60)
+        whole = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    assert got.names == ["Bash"] and json.loads(got.arguments) == {"command": "ls"}, got
+    assert got.content == "".join(prose).lstrip("\n") == whole["content"], (got.content, whole)
+    assert got.first_content_at is not None and got.first_content_at < got.total - 1, got

@@ -180,6 +180,9 @@ class Router:
         self.held_call_since = 0.0
         self.repeat: toolcalls.ToolCall | None = None
         self.pending = ""  # answer text not yet known to be free of a call start
+        #: the text after the calls read on speculation is no call: it went
+        #: out as text, and so does everything after it
+        self.rest_streams = False
         self.tail = ""  # from the first call start on
         self.reasoning: list[str] = []
         self.content: list[str] = []
@@ -319,6 +322,8 @@ class Router:
         held for :data:`HOLD_SECONDS` is read on speculation)."""
         fresh = not self.tail
         self.tail += text
+        if self.rest_streams:
+            return [self._content(text)]
         if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
             self.reader = self._new_reader()
         elif self.reader is None and self.speculate and self._held_too_long():
@@ -332,8 +337,12 @@ class Router:
         and as it comes: a response is never silent for long. Only a call
         that names no offered tool and will be re-asked stays held."""
         reader = self.reader
-        if reader is None or not reader.failed or reader.calls or reader.reading or reader.names is None:
+        if reader is None or not reader.failed or reader.reading or reader.names is None:
             return out  # (a call that went out in part is closed as it is at the end)
+        if reader.calls:  # text after the calls read: it, and all that follows, as it comes
+            self.rest_streams = True
+            rest = after_call(reader.rest)
+            return [*out, self._content(rest)] if rest else out
         if self.misnamed is None:
             self.misnamed = self._unknown_name(self.tail)
         if self.reask and self.misnamed is not None:

@@ -709,7 +709,7 @@ async def _one_choice(
             problems.append(f"the answer ended inside the call to {cut.name!r}")
             # a body that is not streamed keeps the unfinished call as text
             router.content.append(router.reader.partial_text)
-        elif (rest := after_call(router.reader.rest)).strip():
+        elif not router.rest_streams and (rest := after_call(router.reader.rest)).strip():
             # what followed the calls read (text a grammar would not have let
             # through): more calls, sent whole, and text
             more, more_problems, leftover = _calls_of(rest, prepared)

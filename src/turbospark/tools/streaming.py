@@ -44,6 +44,10 @@ _FREE_HEAD = re.compile(_LEAD + _NAME + r'"(?:arguments|parameters)"\s*:\s*(?=\{
 _BESIDE = re.compile(_LEAD + _NAME + r'(?="(?!(?:arguments|parameters)")(?:[^"\\]|\\.)*"\s*:)')
 #: a head not found in this much text is not coming (the reader gives up)
 _HEAD_LIMIT = 1024
+#: after a call, text that can open no other (read on speculation: prose
+#: after the last call, which the reader leaves at once; a quote may be a
+#: key after the arguments)
+_NO_MORE = re.compile(r"[\s,}\]]*(?:</tool_call>\s*)?(?:```[ \t]*(?:\n\s*|(?=[^\s`j])))?" r'[^\s,}\]`<\[{"]')
 #: an object whose first key (after an id and a type) says no head is coming (read on speculation:
 #: ``{"arguments": …, "name": …}`` fails the reader at once)
 _NO_HEAD = re.compile(
@@ -245,7 +249,9 @@ class CallReader(_Reader):
                 return ""
         if m is None:
             self.buffer = text
-            hopeless = self.names is not None and _NO_HEAD.match(text) is not None
+            hopeless = self.names is not None and (
+                _NO_HEAD.match(text) is not None or (bool(self.calls) and _NO_MORE.match(text) is not None)
+            )
             self.failed = hopeless or len(text.lstrip()) > _HEAD_LIMIT
             return ""
         try:
