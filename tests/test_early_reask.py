@@ -294,3 +294,33 @@ def test_prose_after_a_call_read_on_speculation_streams(short_hold: float):
     assert got.names == ["Bash"] and json.loads(got.arguments) == {"command": "ls"}, got
     assert got.content == "".join(prose).lstrip("\n") == whole["content"], (got.content, whole)
     assert got.first_content_at is not None and got.first_content_at < got.total - 1, got
+
+
+def test_a_second_call_the_reader_cannot_take_is_still_parsed_at_the_end(short_hold: float):
+    """After a call read on speculation, a second call in a shape the reader
+    does not stream (its name after its arguments) is no prose: it is held
+    and parsed at the end, sent whole, not sent as text."""
+    first = '{"name": "Bash", "arguments": {"command": "' + "echo hi; " * 30 + 'true"}}'
+    pieces = [first[i : i + 12] for i in range(0, len(first), 12)] + [
+        '\n{"arguments": {"command": "ls"}, "name": "Bash"}'
+    ]
+    srv, _, _ = scripted(Script(pieces, delay=0.05), guardrails=False)  # about 1.5 s
+    with srv:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH]}
+        got = stream_chat(srv.url, body, timeout=60)
+    assert got.content.strip() == "" and got.names == ["Bash", "Bash"], got
+    assert json.loads(got.calls[1]) == {"command": "ls"}
+
+
+def test_prose_after_a_held_repeat_does_not_go_out_before_the_re_ask(short_hold: float):
+    """Read on speculation, the repeated call and prose after it come in one
+    piece: the prose belongs to the abandoned attempt and never reaches the
+    client."""
+    call = '{"name": "Bash", "arguments": {"command": "ls"}}'
+    pieces = [call[:20], call[20:], "\nDone", *([" and more"] * 40)]
+    answer = ["The ", "files ", "are ", "a.txt ", "and ", "b.txt."]
+    srv, _, obs = scripted(Script(pieces, delay=0.05), Script(answer))
+    with srv:
+        got = stream_chat(srv.url, {"model": "scripted", "messages": LS, "tools": [BASH]}, timeout=60)
+    assert got.content == "".join(answer) and not got.names, got
+    assert len([e for e in obs.events if e.kind == "generated"]) == 2

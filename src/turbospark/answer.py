@@ -339,7 +339,11 @@ class Router:
         reader = self.reader
         if reader is None or not reader.failed or reader.reading or reader.names is None:
             return out  # (a call that went out in part is closed as it is at the end)
-        if reader.calls:  # text after the calls read: it, and all that follows, as it comes
+        if self.held_call or self.repeat is not None:
+            return out  # (a repeat held for a re-ask: nothing after it goes out before it)
+        if reader.calls:  # after the calls read: prose, and all that follows, as it comes
+            if not reader.prose:
+                return out  # (more calls the reader cannot take: the parsers', at the end)
             self.rest_streams = True
             rest = after_call(reader.rest)
             return [*out, self._content(rest)] if rest else out

@@ -317,7 +317,8 @@ def _grammar(req: ChatRequest, syntax: str | None, specials: dict[str, int]) -> 
     except ValueError as exc:  # a tool list the grammar cannot express (duplicate names ...)
         raise AdmissionError(str(exc), "tools") from None
     except RecursionError:
-        raise AdmissionError("the schema is nested too deeply for a grammar", "response_format") from None
+        where = "tools" if req.tool_choice in ("required", "named") and req.tools else "response_format"
+        raise AdmissionError("the schema is nested too deeply for a grammar", where) from None
     return None
 
 
@@ -839,8 +840,14 @@ def _reask(
         example = toolcalls.render_call(prepared.syntax or "hermes", names[0], {"...": "..."}) if names else ""
         turn = corrective_turn(raw, problems, names, example)
         # the corrective turn asks for a call: where a grammar can hold the
-        # second attempt to a valid one (the prompt is the same), it does
-        choice = "required" if choice == "auto" else choice
+        # second attempt to one valid call (the prompt is the same), it does;
+        # not where the first made valid calls beside the bad one, nor for a
+        # model that may reason first (the call would be its reasoning), a
+        # remote engine (it may refuse "required") or structured output
+        reasons = "<think>" in _template_source(model)
+        plain = not (reasons or req.json_schema is not None or req.json_object or calls)
+        if choice == "auto" and plain and not getattr(model, "takes_messages", False):
+            choice = "required"
     elif results and not required:
         turn = answer_turn(raw, results)
     else:

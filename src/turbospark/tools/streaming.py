@@ -155,6 +155,8 @@ class _Reader:
         self.calls: list[ToolCall] = []
         self.buffer = ""  # text not yet placed
         self.failed = False  # no call where one had to be: not a call text
+        #: it failed on prose after its calls (text that can open no other call)
+        self.prose = False
         self.names = names  # read on speculation: only calls to these
         self.single = single  # one call at most: what follows it is left as text
         self._rest = ""  # the text after the last closed call
@@ -249,9 +251,8 @@ class CallReader(_Reader):
                 return ""
         if m is None:
             self.buffer = text
-            hopeless = self.names is not None and (
-                _NO_HEAD.match(text) is not None or (bool(self.calls) and _NO_MORE.match(text) is not None)
-            )
+            self.prose = self.names is not None and bool(self.calls) and _NO_MORE.match(text) is not None
+            hopeless = self.prose or (self.names is not None and _NO_HEAD.match(text) is not None)
             self.failed = hopeless or len(text.lstrip()) > _HEAD_LIMIT
             return ""
         try:
