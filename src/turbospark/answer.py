@@ -32,7 +32,7 @@ import orjson
 from .engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED, Progress, TokenProb
 from .tools import calls as toolcalls
 from .tools import grammar as grammars
-from .tools.guardrails import answered_arguments, squeeze
+from .tools.guardrails import answered_arguments, canonical_arguments
 from .tools.reasoning import ReasoningSplitter
 from .tools.rescue import may_become_call
 from .tools.streaming import CallReader, Opened, Piece, XmlCallReader, head_name
@@ -170,9 +170,10 @@ class Router:
         #: its head is out: the run need not go on for a re-ask to be made
         self.misnamed: str | None = None
         #: the run can be stopped for a re-ask (``stops``) and a client reads
-        #: as it comes: a streamed call that may still repeat one whose result
-        #: the conversation has (name -> squeezed arguments) is held back
-        #: while it may (``_hold_repeats``), and is ``repeat`` once whole
+        #: as it comes: a streamed call to a tool whose result the
+        #: conversation has (name -> canonical arguments of its answered
+        #: calls) is held back until whole (``_hold_repeats``), and is
+        #: ``repeat`` when it is one of them
         req = prepared.request
         repeats = stops and live and req is not None and req.tool_choice not in ("required", "named")
         self.answered = answered_arguments(req.messages) if repeats and req is not None else {}
@@ -278,11 +279,12 @@ class Router:
 
     def _hold_repeats(self, items: list[Routed]) -> list[Routed]:
         """An answer's first call, to a tool the conversation already has a
-        result from, is held back while its arguments' text may still be one of those calls'
-        (a small model calls again instead of reading the result): once
-        whole and the same, it is ``repeat`` (the run stops and the result is
-        handed back, ``answer_turn``), and what follows it is held too; once
-        it differs, or after :data:`HOLD_SECONDS`, it goes out."""
+        result from, is held back until it is whole (a small model calls
+        again instead of reading the result): the same call as one answered
+        (key order and blanks aside) is ``repeat`` (the run stops and the
+        result is handed back, ``answer_turn``), and what follows it is held
+        too; any other goes out, and so does one still being written after
+        :data:`HOLD_SECONDS`."""
         out: list[Routed] = []
         for item in items:
             if not self.held_call:
@@ -292,19 +294,12 @@ class Router:
                     out.append(item)
                 continue
             self.held_call.append(item)
-            if self.repeat is not None:
-                continue
-            first = self.held_call[0]
-            assert isinstance(first, ToolCallBegin)
-            calls = self.answered[first.name]
-            if isinstance(item, ToolCallDelta):
-                if squeeze(item.call.arguments) in calls:
+            if self.repeat is None and isinstance(item, ToolCallDelta):
+                first = self.held_call[0]
+                assert isinstance(first, ToolCallBegin)
+                if canonical_arguments(item.call.arguments) in self.answered[first.name]:
                     self.repeat = item.call
-                    continue
-                out += self.let_go()
-            elif isinstance(item, ToolArgumentsDelta):
-                so_far = squeeze("".join(d.text for d in self.held_call if isinstance(d, ToolArgumentsDelta)))
-                if not any(c.startswith(so_far) for c in calls):
+                else:
                     out += self.let_go()
         if self.held_call and self.repeat is None and time.monotonic() - self.held_call_since > HOLD_SECONDS:
             out += self.let_go()

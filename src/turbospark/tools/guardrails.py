@@ -93,35 +93,20 @@ def answered_calls(messages: list[dict[str, Any]]) -> dict[tuple[str, str], str]
     return {(name, _canonical(args)): result for name, args, result in _answered(messages)}
 
 
-def answered_arguments(messages: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """The arguments of the calls that already have a result, by name, as
-    :func:`squeeze` JSON texts: what a call being written is compared with
-    (it may repeat one while its text is a prefix of one of these)."""
-    out: dict[str, list[str]] = {}
+def answered_arguments(messages: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """The arguments of the calls that already have a result, by name, in
+    canonical form (:func:`canonical_arguments`): what a call just written is
+    compared with."""
+    out: dict[str, set[str]] = {}
     for name, args, _ in _answered(messages):
-        text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-        out.setdefault(name, []).append(squeeze(text))
+        out.setdefault(name, set()).add(_canonical(args))
     return out
 
 
-def squeeze(text: str) -> str:
-    """JSON text without the blanks between its tokens (strings as written)."""
-    out: list[str] = []
-    string = escape = False
-    for ch in text:
-        if string:
-            if escape:
-                escape = False
-            elif ch == "\\":
-                escape = True
-            elif ch == '"':
-                string = False
-        elif ch == '"':
-            string = True
-        elif ch in " \t\r\n":
-            continue
-        out.append(ch)
-    return "".join(out)
+def canonical_arguments(arguments: str) -> str:
+    """A call's arguments (JSON text) as :func:`answered_arguments` has them:
+    key order and blanks do not matter."""
+    return _canonical(arguments)
 
 
 def repeated(calls: list[Any], messages: list[dict[str, Any]]) -> list[str]:
