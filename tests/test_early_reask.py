@@ -15,16 +15,9 @@ import orjson
 import pytest
 
 from tests.support import Script, generated, scripted, stream_chat
+from tests.test_tool_rescue import BASH
 from turbospark.engine.types import CancelFlag
 
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "Bash",
-        "description": "Run a bash command",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-    },
-}
 #: a call to a tool nobody offered whose arguments take 100 pieces to write
 MISNAMED = ['{"name": "UpdateConfig", ', '"arguments": {"value": "', *(["x "] * 100), '"}}']
 GOOD = ['{"name": "Bash", "arguments": {"command": "ls"}}']
@@ -221,12 +214,10 @@ def test_a_repeat_with_its_keys_in_another_order_is_a_repeat():
     history = [dict(m) for m in LS]
     history[1] = {**LS[1], "tool_calls": [{"id": "c1", "type": "function",
                   "function": {"name": "Bash", "arguments": {"timeout": 5, "command": "ls"}}}]}  # fmt: skip
-    tool = {"type": "function", "function": {**BASH["function"], "parameters": {"type": "object", "properties": {
-        "command": {"type": "string"}, "timeout": {"type": "integer"}}}}}  # fmt: skip
     again = ["<tool_call>\n", '{"name": "Bash", ', '"arguments": {"command":"ls",  "timeout": 5}}\n</tool_call>']
     srv, _, obs = _grammar_model(Script(again), Script(["Two ", "files."]))
     with srv:
-        got = stream_chat(srv.url, {"model": "scripted", "messages": history, "tools": [tool]}, timeout=60)
+        got = stream_chat(srv.url, {"model": "scripted", "messages": history, "tools": [BASH]}, timeout=60)
     assert got.content == "Two files." and not got.names, got
     assert len([e for e in obs.events if e.kind == "generated"]) == 2
 
@@ -340,3 +331,19 @@ def test_prose_after_a_held_repeat_does_not_go_out_before_the_re_ask(short_hold:
         got = stream_chat(srv.url, {"model": "scripted", "messages": LS, "tools": [BASH]}, timeout=60)
     assert got.content == "".join(answer) and not got.names, got
     assert len([e for e in obs.events if e.kind == "generated"]) == 2
+
+
+def test_a_tool_beyond_the_forced_grammar_is_re_asked_unforced():
+    """The forced re-ask's grammar cannot take a schema keyword the lazy one
+    works around (``propertyNames``): the re-ask is made all the same,
+    unforced, rather than dropped."""
+    schema = {"type": "object", "properties": {"command": {"type": "string"}}, "propertyNames": {"pattern": "^[a-z]+$"}}
+    loose = {"type": "function", "function": {"name": "Bash", "parameters": schema}}
+    srv, model, obs = scripted(Script(MISNAMED[:3]), Script(GOOD))
+    with srv:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "list"}], "tools": [loose]}
+        msg = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    assert msg["tool_calls"][0]["function"]["name"] == "Bash", msg
+    assert len([e for e in obs.events if e.kind == "generated"]) == 2
+    second = [c["config"] for c in model.calls if "config" in c][-1]
+    assert second.grammar_trigger is not None  # the lazy grammar again, not the forced one

@@ -855,7 +855,6 @@ def _reask(
     retry_req = dataclasses.replace(
         req,
         messages=[*req.messages, *turn],
-        tool_choice=choice,
         # a copy: prepare sets the retry's own budget, grammar and call check
         config=dataclasses.replace(prepared.config),
         # a budget that was clipped to the room in the context (not set by the
@@ -864,16 +863,13 @@ def _reask(
         max_tokens_explicit=req.max_tokens_explicit,
         default_max_tokens=prepared.config.max_new_tokens,
     )
-    try:
-        return prepare(model, retry_req)
-    except AdmissionError as exc:
-        if choice != req.tool_choice and exc.param == "tools":  # a tool beyond the forced grammar: unforced
-            return _reask_unforced(model, retry_req, req.tool_choice)
-        return None  # no room for a second attempt: the first answer stands
-
-
-def _reask_unforced(model: ChatModel, retry_req: ChatRequest, choice: str) -> Prepared | None:
-    try:
-        return prepare(model, dataclasses.replace(retry_req, tool_choice=choice))
-    except AdmissionError:
-        return None
+    # the forced choice first; a tool beyond its grammar (a "tools" refusal)
+    # falls back to the client's own; anything else (no room for a second
+    # attempt) lets the first answer stand
+    for attempt in dict.fromkeys((choice, req.tool_choice)):
+        try:
+            return prepare(model, dataclasses.replace(retry_req, tool_choice=attempt))
+        except AdmissionError as exc:
+            if attempt == req.tool_choice or exc.param != "tools":
+                return None
+    return None
