@@ -9,6 +9,7 @@ Qwen model is made to name a tool it was not offered."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import orjson
@@ -347,3 +348,28 @@ def test_a_tool_beyond_the_forced_grammar_is_re_asked_unforced():
     assert len([e for e in obs.events if e.kind == "generated"]) == 2
     second = [c["config"] for c in model.calls if "config" in c][-1]
     assert second.grammar_trigger is not None  # the lazy grammar again, not the forced one
+
+
+def test_a_client_gone_during_the_re_ask_stops_it():
+    """The client leaves while the second attempt streams: that run is
+    cancelled too (no engine time leaks), and the request ends once, as a
+    disconnect, after both runs' ``generated``."""
+    answer = ["I ", "cannot ", *(["wait "] * 200)]
+    srv, _, obs = scripted(Script(MISNAMED[:3]), Script(answer, delay=0.05))  # the second: 10 s
+    with srv:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "x"}], "tools": [BASH], "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
+            rid = int(s.headers["x-request-id"])
+            for line in s.iter_lines():
+                if '"content":"cannot "' in line:
+                    break  # gone mid-way through the re-ask
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(e.kind == "requestFinished" for e in obs.of(rid)):
+            time.sleep(0.05)
+        time.sleep(0.2)  # anything recorded late would show now
+        kinds = [e.kind for e in obs.of(rid)]
+    gens = [e for e in obs.of(rid) if e.kind == "generated"]
+    # (the first, three pieces long, may end before the stop reaches it)
+    assert len(gens) == 2 and gens[1].stop_reason == "cancelled" and gens[1].new_tokens < 100, gens
+    assert kinds.count("requestFinished") == 1 and kinds[-1] == "requestFinished", kinds
+    assert obs.of(rid)[-1].error == "client disconnected"
