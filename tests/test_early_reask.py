@@ -17,6 +17,7 @@ import pytest
 
 from tests.support import Script, generated, scripted, stream_chat
 from tests.test_tool_rescue import BASH
+from turbospark.answer import after_call
 from turbospark.engine.types import CancelFlag
 
 #: a call to a tool nobody offered whose arguments take 100 pieces to write
@@ -288,20 +289,66 @@ def test_heads_the_readers_know():
     assert reader.feed('{"id": "call_1", "arguments": {') == [] and reader.failed  # no name first: none coming
 
 
-def test_prose_after_a_call_read_on_speculation_streams(short_hold: float):
+@pytest.mark.parametrize("parallel", [True, False])
+def test_prose_after_a_call_read_on_speculation_streams(short_hold: float, parallel: bool):
     """A call no grammar holds, read on speculation, then an explanation:
     the explanation is text as it is written, not held to the answer's end
-    (it can open no other call)."""
+    (it can open no other call), with parallel calls or one call only."""
     call = '{"name": "Bash", "arguments": {"command": "ls"}}'
     prose = ["\nThis ", "lists ", "the ", "files", *([" here"] * 60), "."]
     srv, _, _ = scripted(Script([call[:20], call[20:], *prose], delay=0.05), guardrails=False)  # about 3.3 s
     with srv:
-        body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH]}
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH],
+                "parallel_tool_calls": parallel}  # fmt: skip
         got = stream_chat(srv.url, body, timeout=60)
         whole = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
     assert got.names == ["Bash"] and json.loads(got.arguments) == {"command": "ls"}, got
     assert got.content == "".join(prose).lstrip("\n") == whole["content"], (got.content, whole)
     assert got.first_content_at is not None and got.first_content_at < got.total - 1, got
+
+
+@pytest.mark.parametrize(
+    "text,single",
+    [
+        # a key after the arguments, then prose
+        ('{"name": "Bash", "arguments": {"command": "ls"}, "id": "call_1"}\nThis lists the files.', False),
+        # one call only (parallel_tool_calls false): prose after it
+        ('{"name": "Bash", "arguments": {"command": "ls"}}\nThis lists the files.', True),
+        ('<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>\nThis lists the files.', True),
+    ],
+)
+def test_prose_after_a_call_read_on_speculation_fails_the_reader_as_it_comes(text: str, single: bool):
+    """What the router streams as text the moment it is known (a key that
+    still belongs to the call, or one call only, does not keep prose held
+    to the answer's end); a second call in either case is no prose."""
+    from turbospark.tools.streaming import CallReader
+
+    reader = CallReader(names=("Bash",), single=single)
+    cut = text.index("This") + 1
+    for ch in text[:cut]:
+        reader.feed(ch)
+    assert reader.prose and reader.failed and len(reader.calls) == 1, reader.rest
+    assert after_call(reader.rest).startswith("T")
+    reader = CallReader(names=("Bash",), single=single)
+    reader.feed(text[: text.index("This")] + '\n{"name": "Bash", "arguments": {"command": "pwd"}}')
+    assert not reader.prose and (len(reader.calls) == 1 or not single)  # (held for the parsers, or read)
+
+
+def test_prose_after_an_xml_call_read_on_speculation_fails_the_reader_as_it_comes():
+    from turbospark.tools.grammar import xml_raw_parameters
+    from turbospark.tools.streaming import XmlCallReader
+
+    ls = {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}
+    call = "<tool_call>\n<function=ls>\n<parameter=path>\n/tmp\n</parameter>\n</function>\n</tool_call>\n"
+    for single in (False, True):
+        reader = XmlCallReader(xml_raw_parameters([ls]), ("ls",), single)
+        for ch in call + "T":
+            reader.feed(ch)
+        assert reader.prose and reader.failed and len(reader.calls) == 1
+        assert after_call(reader.rest) == "T"
+        reader = XmlCallReader(xml_raw_parameters([ls]), ("ls",), single)
+        reader.feed(call + "<tool_call>\n<function=ls>\n")
+        assert not reader.prose and not reader.failed
 
 
 def test_a_second_call_the_reader_cannot_take_is_still_parsed_at_the_end(short_hold: float):

@@ -20,7 +20,6 @@ Nothing here knows the engine or a wire format.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Sequence
@@ -35,7 +34,7 @@ from .tools import grammar as grammars
 from .tools.guardrails import answered_arguments, canonical_arguments
 from .tools.reasoning import ReasoningSplitter
 from .tools.rescue import may_become_call
-from .tools.streaming import CallReader, Opened, Piece, XmlCallReader, head_name
+from .tools.streaming import CallReader, Opened, Piece, XmlCallReader, head_name, past_keys
 
 if TYPE_CHECKING:
     from .generation import Prepared
@@ -102,25 +101,13 @@ Routed = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallD
 
 #: what closes the last call read (its object, a list, the closing marker)
 _CLOSERS = re.compile(r"\A[\s,}\]]*(?:</tool_call>)?\s*(?:`{1,3}(?!\S))?\s*")  # a fence cut short too
-#: a key after the arguments, of the call or (past its closing brace) of a
-#: wrapper around it
-_OTHER_KEY = re.compile(r'[\s}]*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
 
 
 def after_call(rest: str) -> str:
     """What follows a call read on speculation, less what still belongs to
     it: keys after its arguments (``"id": …``), its closing brace, a list's
     bracket, the closing marker."""
-    i = 0
-    while (m := _OTHER_KEY.match(rest, i)) is not None:
-        try:
-            _, i = _JSON_DECODER.raw_decode(rest, m.end())
-        except ValueError:
-            break
-    return _CLOSERS.sub("", rest[i:], count=1)
-
-
-_JSON_DECODER = json.JSONDecoder()
+    return _CLOSERS.sub("", rest[past_keys(rest) :], count=1)
 
 
 class Router:

@@ -48,6 +48,26 @@ _HEAD_LIMIT = 1024
 #: after the last call, which the reader leaves at once; a quote may be a
 #: key after the arguments)
 _NO_MORE = re.compile(r"[\s,}\]]*(?:</tool_call>\s*)?(?:```[ \t]*(?:\n\s*|(?=[^\s`j])))?" r'[^\s,}\]`<\[{"]')
+#: the same after an xml call (a tag may open the next one)
+_XML_NO_MORE = re.compile(r"\s*(?:</function>\s*)?(?:</tool_call>\s*)?[^\s<]")
+#: a key after a call's arguments (``"id": …``), of the call or (past its
+#: closing brace) of a wrapper around it
+_OTHER_KEY = re.compile(r'[\s}]*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
+_DECODER = json.JSONDecoder()
+
+
+def past_keys(rest: str) -> int:
+    """Where the text after a call's arguments is past the whole keys that
+    still belong to the call (``, "id": "call_1"``)."""
+    i = 0
+    while (m := _OTHER_KEY.match(rest, i)) is not None:
+        try:
+            _, i = _DECODER.raw_decode(rest, m.end())
+        except ValueError:
+            break
+    return i
+
+
 #: an object whose first key (after an id and a type) says no head is coming (read on speculation:
 #: ``{"arguments": …, "name": …}`` fails the reader at once)
 _NO_HEAD = re.compile(
@@ -181,6 +201,19 @@ class _Reader:
         read on speculation leaves to the parsers at the end."""
         return self._rest
 
+    def _is_prose(self, text: str) -> bool:
+        """``text`` follows calls read on speculation and can open no other
+        call (this syntax's ``no_more``): prose, which fails the reader at
+        once (it goes out as text)."""
+        raise NotImplementedError
+
+    def _after_single(self, text: str) -> None:
+        """One call at most, and it is read: what follows is no call of this
+        answer; prose fails the reader (and streams), anything else waits
+        for the parsers at the end (which drop more calls)."""
+        if self._is_prose(text):
+            self.prose = self.failed = True
+
     def _emit(self, out: list[Event], piece: str) -> None:
         self._args.append(piece)
         out.append(Piece(len(self.calls), piece))
@@ -232,11 +265,16 @@ class CallReader(_Reader):
         while text and not self.failed:
             if self._open is None:
                 if self.single and self.calls:
+                    self.buffer += text
+                    self._after_single(self.buffer)
                     break
                 text = self._head(self.buffer + text, out)
             else:
                 text = self._arguments(text, out)
         return out
+
+    def _is_prose(self, text: str) -> bool:
+        return self.names is not None and bool(self.calls) and _NO_MORE.match(text, past_keys(text)) is not None
 
     def _head(self, text: str, out: list[Event]) -> str:
         beside = False
@@ -251,7 +289,7 @@ class CallReader(_Reader):
                 return ""
         if m is None:
             self.buffer = text
-            self.prose = self.names is not None and bool(self.calls) and _NO_MORE.match(text) is not None
+            self.prose = self._is_prose(text)
             hopeless = self.prose or (self.names is not None and _NO_HEAD.match(text) is not None)
             self.failed = hopeless or len(text.lstrip()) > _HEAD_LIMIT
             return ""
@@ -434,6 +472,7 @@ class XmlCallReader(_Reader):
             before = (self.buffer, self._open, self._param)
             if self._open is None:
                 if self.single and self.calls:
+                    self._after_single(self.buffer)
                     break
                 self._head(out)
             elif self._param is None:
@@ -444,6 +483,9 @@ class XmlCallReader(_Reader):
                 break
         return out
 
+    def _is_prose(self, text: str) -> bool:
+        return self.names is not None and bool(self.calls) and _XML_NO_MORE.match(text) is not None
+
     def _take(self, n: int) -> str:
         taken, self.buffer = self.buffer[:n], self.buffer[n:]
         self._text.append(taken)
@@ -452,7 +494,8 @@ class XmlCallReader(_Reader):
     def _head(self, out: list[Event]) -> None:
         m = _XML_HEAD.match(self.buffer)
         if m is None:
-            self.failed = len(self.buffer.lstrip()) > _HEAD_LIMIT
+            self.prose = self._is_prose(self.buffer)
+            self.failed = self.prose or len(self.buffer.lstrip()) > _HEAD_LIMIT
             return
         name: str | None = m.group(1).strip()
         if name and self.names is not None:
