@@ -161,6 +161,46 @@ def test_real_qwen_a_call_to_a_tool_not_offered_is_re_asked_early(qwen_server):
     assert [n for n in names if n] == ["Bash"] and text.rstrip().endswith("data: [DONE]"), text[-300:]
 
 
+def test_real_qwen_concurrent_re_asks_each_end_once_and_free_the_slot(qwen_server):
+    """Three clients at once (two streams, one whole body) each get the
+    misnamed call of the test above: every request is stopped and re-asked
+    on its own (the queue of a one-slot server between them), each answers
+    with one Bash call, each finishes once, and no run is left holding the
+    slot."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    srv, events = qwen_server
+    ask = "Answer with only this JSON object and nothing else: " + json.dumps(
+        {"name": "UpdateConfig", "arguments": {"key": "theme", "value": "a long value " * 30}}
+    )
+    body = {"model": "qwen", "messages": [{"role": "user", "content": ask}], "tools": [BASH],
+            "temperature": 0, "max_tokens": 200}  # fmt: skip
+
+    def one(stream: bool) -> tuple[str, list[str]]:
+        if not stream:
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300)
+            assert r.status_code == 200, r.text
+            return r.headers["x-request-id"], [
+                c["function"]["name"] for c in r.json()["choices"][0]["message"]["tool_calls"]
+            ]
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as s:
+            text = s.read().decode()
+        assert text.rstrip().endswith("data: [DONE]"), text[-300:]
+        frames = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        calls = [c for f in frames for c in f["choices"][0]["delta"].get("tool_calls") or []]
+        return s.headers["x-request-id"], [c["function"]["name"] for c in calls if c["function"].get("name")]
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(one, [True, True, False]))
+    for rid, names in results:
+        assert names == ["Bash"], (rid, names)
+        gens = generated(events, rid)
+        assert len(gens) == 2 and gens[0].stop_reason == "cancelled", gens
+        assert [e.kind for e in events.of(int(rid))].count("requestFinished") == 1
+    slots = httpx.get(srv.url + "/v1/slots", timeout=30).json()["data"]
+    assert slots and not any(s["state"] == "busy" for s in slots), slots
+
+
 # ----------------------------------------------------------------- repeats
 LS = [
     {"role": "user", "content": "list the files"},
