@@ -460,3 +460,56 @@ def test_a_client_gone_during_the_re_ask_stops_it():
     assert len(gens) == 2 and gens[1].stop_reason == "cancelled" and gens[1].new_tokens < 100, gens
     assert kinds.count("requestFinished") == 1 and kinds[-1] == "requestFinished", kinds
     assert obs.of(rid)[-1].error == "client disconnected"
+
+
+@pytest.mark.parametrize("drain", [30.0, 0.5])
+def test_a_shutdown_during_the_re_ask_lets_it_finish_or_cuts_it_cleanly(drain: float):
+    """``Server.stop()`` (what SIGTERM does) while the second attempt
+    streams: within the drain timeout the re-ask's answer is whole; past it
+    the stream ends with the shutdown's error frame. Either way both runs
+    report ``generated`` and the request finishes once."""
+    import threading
+
+    from tests.fakes import ScriptedModel
+    from tests.support import Server
+    from turbospark.observe.memory import ListObserver
+
+    answer = ["I ", "cannot ", *(["wait "] * (40 if drain > 1 else 200)), "."]  # 2 s, or 10 s
+    model = ScriptedModel(scripts=[Script(MISNAMED[:3]), Script(answer, delay=0.05)])
+    obs = ListObserver()
+    srv = Server(models=[model], observer=obs, drain_timeout=drain).start()
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "x"}], "tools": [BASH], "stream": True}
+    lines: list[str] = []
+    re_asking = threading.Event()
+    got: dict[str, int] = {}
+
+    def read() -> None:
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
+            got["rid"] = int(s.headers["x-request-id"])
+            for line in s.iter_lines():
+                lines.append(line)
+                if '"content":"cannot "' in line:
+                    re_asking.set()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    try:
+        assert re_asking.wait(60), lines
+    finally:
+        srv.stop()
+    thread.join(30)
+    text = "\n".join(lines).rstrip()
+    content = "".join(
+        c for line in lines if line.startswith("data: {")
+        for c in [(orjson.loads(line[6:]).get("choices") or [{}])[0].get("delta", {}).get("content") or ""]
+    )  # fmt: skip
+    rid = got["rid"]
+    gens = generated(obs, rid)
+    kinds = [e.kind for e in obs.of(rid)]
+    assert len(gens) == 2 and kinds.count("requestFinished") == 1 and kinds[-1] == "requestFinished", kinds
+    if drain > 1:
+        assert content == "".join(answer) and text.endswith("data: [DONE]"), text[-300:]
+        assert obs.of(rid)[-1].error is None
+    else:
+        assert "shutting_down" in text and "data: [DONE]" not in text, text[-300:]
+        assert gens[1].new_tokens < 200 and obs.of(rid)[-1].error, gens
