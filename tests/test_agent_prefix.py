@@ -9,10 +9,8 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import Hub
 from turbospark.dialects.stamps import strip_stamps
 from turbospark.routes.admin import session_hash
-from turbospark.server import Server
 
 LONG_SYSTEM = (
     "You are a careful coding agent working in a terminal. Read files before you change them, keep edits "
@@ -74,25 +72,57 @@ def test_a_new_session_reuses_the_prompt_past_its_stamp(qwen_server):
 
 
 @pytest.fixture(scope="module")
-def unnormalized():
-    """Its own event hub: request ids are per server."""
-    events = Hub()
-    srv = Server(observer=events, normalize_client_stamps=False).start()
-    yield srv, events
-    srv.stop()
+def unnormalized(tmp_path_factory):
+    """``turbospark serve --normalize-client-stamps off`` on the Qwen model
+    (the flag as a user types it): ``(url, event log)``."""
+    import subprocess
+    import threading
+
+    from tests.test_cli import listening_url, turbospark
+
+    log = tmp_path_factory.mktemp("unnormalized") / "events.jsonl"
+    args = ["serve", "--model", "qwen2.5-coder-0.5b", "--port", "0", "--ctx", "4096", "--parallel", "1"]
+    proc = subprocess.Popen(
+        turbospark(*args, "--normalize-client-stamps", "off", "--event-log", str(log)),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        url = listening_url(proc)
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # (never let its pipe fill)
+        yield url, log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _logged(log, rid: int, kind: str) -> dict:
+    """Event ``kind`` of request ``rid`` from a server's event log (written
+    in batches, behind the request)."""
+    import json
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines() if log.exists() else []:
+            e = json.loads(line)
+            if e.get("id") == rid and e.get("kind") == kind:
+                return e
+        time.sleep(0.1)
+    raise AssertionError(f"no {kind} for request {rid} in the event log")
 
 
 def test_with_normalization_off_the_stamp_ends_reuse_and_says_where(unnormalized):
-    srv, hub = unnormalized
-    _ask(srv.url, "a5145", "List the files.")
-    second = _ask(srv.url, "9f0c2", "List the files.")
+    url, log = unnormalized
+    _ask(url, "a5145", "List the files.")
+    second = _ask(url, "9f0c2", "List the files.")
     rid = int(second.headers["x-request-id"])
-    routed = hub.wait_kind(rid, "requestRouted")
-    assert routed.normalized_stamps == 0 and "normalizedStamps" not in routed.to_dict()
-    gen = generated_of(hub, rid)
-    assert gen.prefix_miss_at is not None and 0 < gen.prefix_miss_at < 40
-    assert gen.reused_prefix_tokens <= gen.prefix_miss_at
-    assert gen.to_dict()["prefixMissAt"] == gen.prefix_miss_at
+    routed = _logged(log, rid, "requestRouted")
+    assert "normalizedStamps" not in routed, routed
+    gen = _logged(log, rid, "generated")
+    assert gen["prefixMissAt"] is not None and 0 < gen["prefixMissAt"] < 40, gen
+    assert gen["reusedPrefixTokens"] <= gen["prefixMissAt"]
 
 
 def test_prefix_miss_is_where_the_prompt_changed(base_url, hub):
@@ -110,14 +140,44 @@ def test_prefix_miss_is_where_the_prompt_changed(base_url, hub):
     assert gen.reused_prefix_tokens == gen.prefix_miss_at
 
 
-def test_claude_code_session_header_picks_the_slot(base_url):
+def test_agent_session_keys_pick_the_slot_on_qwen(qwen_server):
+    """Claude Code's session header picks the slot even though its body
+    names a user (``metadata.user_id``, the device: every session on it
+    sends the same), and Codex's ``prompt_cache_key`` picks it over the
+    Responses API; each conversation's next turn reuses its own slot."""
+    import openai
+
+    srv, hub = qwen_server
+
+    def slot_keys() -> list[str | None]:
+        return [s["session_key"] for s in httpx.get(srv.url + "/v1/slots", timeout=30).json()["data"]]
+
     body = {
         "model": "m",
         "max_tokens": 2,
+        "metadata": {"user_id": '{"device_id":"7e0d915c","account_uuid":"","session_id":"x"}'},
         "messages": [{"role": "user", "content": "hello there"}],
     }
     headers = {"anthropic-version": "2023-06-01", "x-claude-code-session-id": "cc-session-7"}
-    r = httpx.post(base_url + "/v1/messages", json=body, headers=headers, timeout=60)
-    assert r.status_code == 200
-    slots = httpx.get(base_url + "/v1/slots", timeout=30).json()["data"]
-    assert any(s["session_key"] == session_hash("cc-session-7") for s in slots)
+    r = httpx.post(srv.url + "/v1/messages", json=body, headers=headers, timeout=120)
+    assert r.status_code == 200, r.text
+    assert session_hash("cc-session-7") in slot_keys()
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    first = oai.responses.with_raw_response.create(
+        model="m", input="Say hi.", max_output_tokens=4, prompt_cache_key="codex-thread-3", temperature=0
+    )
+    assert session_hash("codex-thread-3") in slot_keys()
+    again = oai.responses.with_raw_response.create(
+        model="m",
+        input=[
+            {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": first.parse().output_text},
+            {"role": "user", "content": "Again."},
+        ],
+        max_output_tokens=4,
+        prompt_cache_key="codex-thread-3",
+        temperature=0,
+    )
+    before = generated_of(hub, int(first.headers["x-request-id"]))
+    gen = generated_of(hub, int(again.headers["x-request-id"]))
+    assert gen.reused_prefix_tokens >= before.prompt_tokens - 1, (before, gen)

@@ -1,5 +1,5 @@
 """Recorded conformance: requests the real agent CLIs sent (Claude Code
-2.1.197 and Codex 0.171.0, recorded by ``scripts/record_agents.py``; long
+2.1.197 and Codex 0.171.0, recorded by ``scripts/agents.py record``; long
 texts trimmed, every field and the structure kept; two entries derived from
 the recorded ones are marked ``derived``) replayed against a real server on
 the real model. Every reply is 2xx and framed exactly as the CLI's parser
@@ -165,3 +165,24 @@ def test_codex_replays(replay):
     assert r.status_code == 200, r.text
     response = check_codex_stream(r.text)
     assert response["usage"]["output_tokens"] <= 1
+
+
+def test_codex_replays_end_completed_when_the_model_ends_its_turn():
+    """The real model above may spend the replay's whole budget (then the
+    stream ends ``response.incomplete``, which Codex reports as an error);
+    Codex sets no budget, so its turns end ``response.completed``: the same
+    recorded bodies on a model that ends its turn end so, with the usage
+    details Codex reads."""
+    from tests.fakes import Script, ScriptedModel
+
+    first, tool_result, _ = recorded("codex")
+    model = ScriptedModel(scripts=[Script(["It ", "printed ", "hi."])], context=65536)
+    with Server(models=[model]) as srv:
+        for rec in (first, tool_result):
+            r = send(srv, rec)
+            assert r.status_code == 200, r.text
+            assert sse(r.text)[-1][0] == "response.completed"
+            response = check_codex_stream(r.text)
+            assert (
+                response["status"] == "completed" and response["output"][-1]["content"][0]["text"] == "It printed hi."
+            )

@@ -320,6 +320,22 @@ def test_beta_client_and_version_headers(ant, base_url, hub):
     assert n == ant.messages.count_tokens(model="m", messages=HELLO).input_tokens
 
 
+def test_tool_fields_of_newer_clients_are_accepted(ant, base_url):
+    """Claude Code's tools carry ``strict``, ``defer_loading``,
+    ``cache_control`` and ``input_examples``: accepted (the tool is still
+    offered, so it is counted in the prompt), never a 400."""
+    schema = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
+    tool = {"name": "Bash", "description": "Run a shell command", "input_schema": schema}
+    extra = {"strict": True, "defer_loading": True, "cache_control": {"type": "ephemeral"},
+             "input_examples": [{"command": "ls"}]}  # fmt: skip
+    body = {"model": "m", "max_tokens": 3, "messages": HELLO, "tools": [{**tool, **extra}]}
+    headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "advanced-tool-use-2025-11-20", "x-api-key": "k"}
+    r = httpx.post(base_url + "/v1/messages?beta=true", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    counted = ant.messages.count_tokens(model="m", messages=HELLO, tools=[tool]).input_tokens
+    assert r.json()["usage"]["input_tokens"] + r.json()["usage"].get("cache_read_input_tokens", 0) == counted
+
+
 def test_prompt_over_the_context_is_400_in_shape(ant):
     with pytest.raises(anthropic.BadRequestError) as exc:
         ant.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "word " * 5000}])

@@ -40,7 +40,10 @@ def test_console_shows_requests_from_the_event_stream(server):
                 await until(pilot, lambda: app.source.connected and app.fold.models == ["smollm2-135m"])
                 missing = await asyncio.to_thread(httpx.get, srv.url + "/v1/nope", headers=auth, timeout=30)
                 streamed = await asyncio.to_thread(chat, srv.url, model="smollm2-135m", stream=True, headers=auth)
-                fallback = await asyncio.to_thread(chat, srv.url, model="gpt-4o", max_tokens=5, headers=auth)
+                # (its prompt leaves the stream's after "Say hello": a miss to show)
+                fallback = await asyncio.to_thread(
+                    chat, srv.url, model="gpt-4o", max_tokens=5, content="Say hello, please.", headers=auth
+                )
                 assert (missing.status_code, streamed.status_code, fallback.status_code) == (404, 200, 200)
                 ids = [int(r.headers["x-request-id"]) for r in (missing, streamed, fallback)]
                 table = app.query_one("#requests")
@@ -67,8 +70,10 @@ def test_console_shows_requests_from_the_event_stream(server):
                     assert row[COL["prompt"]] == str(g.prompt_tokens)
                     assert row[COL["new"]] == str(g.new_tokens)
                     assert row[COL["reused"]] == str(g.reused_prefix_tokens)
+                    assert row[COL["miss"]] == ("–" if g.prefix_miss_at is None else str(g.prefix_miss_at))
                     assert row[COL["prefill"]] == f"{g.prefill_seconds * 1000:.1f}"
                     assert row[COL["decode"]] == f"{g.decode_seconds * 1000:.1f}"
+                assert gens[ids[2]].prefix_miss_at is not None
                 assert rfall[COL["new"]] == "5" or gens[ids[2]].stop_reason != "maxTokens"
                 assert rstream[COL["queued"]] != "–" and rfall[COL["queued"]] != "–"  # the engine's, streams too
 

@@ -1,4 +1,4 @@
-"""Context truth for agent clients, on the real model: every model listing a
+"""Context truth for agent clients, on the real Qwen model: every model listing a
 client reads says the context the model is served with, and a request over
 it gets each dialect's standard error, worded and coded the way Claude Code
 (compaction, a lower ``max_tokens``) and Codex (``context_length_exceeded``)
@@ -14,15 +14,25 @@ import ollama
 import openai
 import pytest
 
-CTX = 4096  # the test server's context (conftest's Server defaults)
+CTX = 4096  # the Qwen test server's context (conftest's ``qwen_server``)
 TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
 BUDGET = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
 LONG_TEXT = "word " * 5000
 
 
 @pytest.fixture(scope="module")
-def ant(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+def base_url(qwen_server):
+    return qwen_server[0].url
+
+
+@pytest.fixture(scope="module")
+def ant(base_url):
+    return anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def oai(base_url):
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=120)
 
 
 def test_openai_model_listing_says_the_context(oai):
@@ -43,7 +53,7 @@ def test_anthropic_model_listing_says_the_context(ant):
 
 
 def test_ollama_show_says_the_context_and_tools(base_url):
-    show = ollama.Client(host=base_url).show("smollm2-135m")
+    show = ollama.Client(host=base_url).show("qwen")
     assert "tools" in show.capabilities
     assert any(k.endswith(".context_length") and v == CTX for k, v in show.modelinfo.items())
 
@@ -61,10 +71,15 @@ def test_openai_overflow_is_context_length_exceeded(oai):
     assert budget == 10_000 and limit == CTX and prompt + budget > limit
 
 
-def test_responses_overflow_is_context_length_exceeded(oai):
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_overflow_is_context_length_exceeded(oai, stream: bool):
+    """Codex streams: its request over the context is refused before the
+    stream, with the code it acts on and the numbers."""
     with pytest.raises(openai.BadRequestError) as exc:
-        oai.responses.create(model="m", input=LONG_TEXT)
+        oai.responses.create(model="m", input=LONG_TEXT, stream=stream)
     assert exc.value.code == "context_length_exceeded"
+    n, limit = map(int, TOO_LONG.search(exc.value.body["message"]).groups())
+    assert n > limit == CTX
 
 
 def test_anthropic_overflow_is_worded_as_the_api_words_it(ant):

@@ -28,7 +28,9 @@ def dashed(server):
     seen = ListObserver()
     with fresh_server(server, observers=[seen], api_keys=[KEY]) as srv:
         fallback = chat(srv.url, model="gpt-4o", max_tokens=6, headers=AUTH)
-        streamed = chat(srv.url, model="smollm2-135m", stream=True, max_tokens=6, headers=AUTH)
+        # (its prompt leaves the first one's after "Say hello": a miss to show)
+        streamed = chat(srv.url, model="smollm2-135m", stream=True, max_tokens=6, content="Say hello, please.",
+                        headers=AUTH)  # fmt: skip
         missing = httpx.get(srv.url + "/v1/nope", headers=AUTH, timeout=30)
         ids = [int(r.headers["x-request-id"]) for r in (fallback, streamed, missing)]
         deadline = time.monotonic() + 30
@@ -61,6 +63,10 @@ def test_dashboard_dom_and_screenshot(dashed):
     for cells, rid in ((f, fallback), (s, streamed)):
         g = generated(seen, rid)
         assert (cells[6], cells[7]) == (str(g.prompt_tokens), str(g.new_tokens))
+        # reused, and where the prompt left the cache ("miss at")
+        miss = "–" if g.prefix_miss_at is None else str(g.prefix_miss_at)
+        assert (cells[13], cells[14]) == (str(g.reused_prefix_tokens), miss), cells
+    assert generated(seen, streamed).prefix_miss_at is not None
     assert re.search(r'<b id="requests">3</b>', dom) and re.search(r'<b id="errors">1</b>', dom)
     assert re.search(r'<b id="state" class="live">live</b>', dom)
     assert re.search(r'<b id="models">smollm2-135m</b>', dom)

@@ -207,6 +207,39 @@ def test_responses_streams_a_long_forced_call(qwen_server):
     assert len(generated(events, raw.headers["x-request-id"])) == 1
 
 
+def test_ollama_stays_heard_while_a_long_call_is_written(qwen_server):
+    """Ollama's wire sends a call only whole (its arguments are an object):
+    while the long call is written, lines with empty content keep coming
+    (one a second), so the stream is never silent; then the call's line."""
+    import ollama
+
+    from turbospark.dialects.ollama import KEEPALIVE_SECONDS
+
+    srv, events = qwen_server
+    client = ollama.Client(host=srv.url, timeout=300)
+    tool = chat_tool(WRITE_FUNCTION)
+    text = " ".join(f"Line {i}: the tide comes in and the tide goes out again." for i in range(12))
+    ask = [{"role": "user", "content": f"Write exactly this text into the file sea.txt: {text}"}]
+    stream = client.chat(model="qwen", messages=ask, tools=[tool], stream=True,
+                         options={"temperature": 0, "num_predict": BUDGET})  # fmt: skip
+    times: list[float] = []
+    calls = []
+    for chunk in stream:
+        times.append(time.monotonic())
+        if chunk.message.tool_calls:
+            calls += chunk.message.tool_calls
+            call_at = len(times) - 1
+    assert [c.function.name for c in calls] == ["write_file"], calls
+    assert len(calls[0].function.arguments["content"]) >= 500
+    # lines kept coming while the call was written (about 200 tokens: its
+    # decode time, from the engine), none after a gap longer than a
+    # keepalive and a few tokens' time
+    decode = next(e for e in reversed(events.events) if e.kind == "generated").decode_seconds
+    assert call_at >= int(decode / KEEPALIVE_SECONDS) - 1, (call_at, decode)
+    quiet = [b - a for a, b in zip(times[:call_at], times[1 : call_at + 1])]
+    assert not quiet or max(quiet) < 5 * KEEPALIVE_SECONDS, quiet
+
+
 def test_a_call_the_budget_cuts_short_closes_with_what_it_has(qwen_server):
     """The budget runs out inside the call: the streamed call ends where the
     model stopped (as the APIs do: the arguments are incomplete and the

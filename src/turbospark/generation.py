@@ -48,6 +48,7 @@ from .answer import (
 )
 from .engine.channel import Run
 from .engine.interface import ChatModel
+from .engine.template import TemplateError, fold_inner_system
 from .engine.types import (
     AdmissionError,
     CancelFlag,
@@ -261,10 +262,18 @@ def _render(model: ChatModel, req: ChatRequest) -> tuple[list[int], str | None, 
     if req.reasoning is not None:
         kwargs.setdefault("reasoning_effort", req.reasoning)
     has_history_calls = any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+    offered: list[dict[str, Any]] | None = tools
     if (tools or has_history_calls) and not template_knows_tools(source):
-        messages = inline_tools(messages, tools, syntax or "hermes")
-        return model.render_chat(messages, tools=None, **kwargs), syntax, think
-    return model.render_chat(messages, tools=tools, **kwargs), syntax, think
+        messages, offered = inline_tools(messages, tools, syntax or "hermes"), None
+    try:
+        return model.render_chat(messages, tools=offered, **kwargs), syntax, think
+    except TemplateError:
+        # system entries inside the conversation (Claude Code sends them) where
+        # the template takes one only at the start: folded where it can
+        folded = fold_inner_system(messages)
+        if folded is None:
+            raise
+        return model.render_chat(folded, tools=offered, **kwargs), syntax, think
 
 
 def fim_ids(model: ChatModel, fill: FillIn) -> list[int]:

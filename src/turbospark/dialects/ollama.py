@@ -407,6 +407,11 @@ def wire_call(index: int, call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "function": {"index": index, "name": call.name, "arguments": orjson.loads(call.arguments)}}
 
 
+#: the most seconds a stream stays silent while a call is written (it goes
+#: out only whole)
+KEEPALIVE_SECONDS = 1.0
+
+
 class Renderer:
     """Renders one ``/api/chat`` or ``/api/generate`` answer: the whole
     object, or NDJSON lines (a :class:`~turbospark.dialects.render.Renderer`).
@@ -421,6 +426,8 @@ class Renderer:
         self.started_ns = started_ns or time.perf_counter_ns()
         #: set by the route when this request loaded the model
         self.load_ns = 0
+        #: since when nothing went out while a call is being written
+        self._quiet_since = 0.0
 
     def _wall_ns(self) -> int:
         return time.perf_counter_ns() - self.started_ns
@@ -461,10 +468,18 @@ class Renderer:
         return ndjson(self._line("", False, thinking=delta.text))
 
     def tool_call_begin(self, delta: ToolCallBegin) -> None:
-        return None
+        self._quiet_since = time.monotonic()
 
-    def tool_arguments(self, delta: ToolArgumentsDelta) -> None:
-        return None
+    def tool_arguments(self, delta: ToolArgumentsDelta) -> bytes | None:
+        """Ollama sends a call only whole (its arguments are an object): while
+        a long one is written, a line with empty content goes out every
+        :data:`KEEPALIVE_SECONDS` (as Ollama's own empty lines do), so the
+        stream is never silent while tokens come."""
+        now = time.monotonic()
+        if now - self._quiet_since < KEEPALIVE_SECONDS:
+            return None
+        self._quiet_since = now
+        return ndjson(self._line("", False))
 
     def tool_call(self, delta: ToolCallDelta) -> bytes | None:
         """Each call in a line of its own the moment it is complete (its

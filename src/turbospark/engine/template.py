@@ -37,6 +37,46 @@ TURN_END_MARKERS = (
 )
 
 
+def _text_of(content: Any) -> str:
+    """A message's text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return "" if content is None else str(content)
+
+
+def fold_inner_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """For a template that renders a system message only at the start (Gemma's
+    insists the rest alternate user/assistant): each system entry after the
+    first non-system one joins the user message before it (after its text:
+    what comes before it in the prompt stays as it was, so a cached prefix
+    still holds), else the leading system message. None when there is none
+    to fold."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    if not any(m.get("role") == "system" for m in messages[lead:]):
+        return None
+    out = [dict(m) for m in messages[:lead]]
+    for m in messages[lead:]:
+        if m.get("role") != "system":
+            out.append(dict(m))
+            continue
+        text = _text_of(m.get("content"))
+        user = next((o for o in reversed(out) if o.get("role") == "user"), None)
+        if user is None:
+            if out and out[0].get("role") == "system":
+                out[0]["content"] = _text_of(out[0].get("content")) + "\n\n" + text
+            else:
+                out.insert(0, {"role": "system", "content": text})
+        elif isinstance(user.get("content"), list):
+            user["content"] = [*user["content"], {"type": "text", "text": text}]
+        else:
+            user["content"] = _text_of(user.get("content")) + "\n\n" + text
+    return out
+
+
 class TemplateError(AdmissionError):
     """The template refused the conversation (e.g. roles must alternate)."""
 

@@ -97,17 +97,20 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 def bind_request(req: Any, request: Request) -> Any:
     """Fill what the HTTP envelope knows into a ChatRequest's config: the
-    tenant (KV reuse never crosses API keys) and an ``x-session-id`` (or
-    Claude Code's ``x-claude-code-session-id``) header when the body named no
+    tenant (KV reuse never crosses API keys) and the session: Claude Code's
+    ``x-claude-code-session-id`` (it names the session, where the body's
+    ``metadata.user_id`` it always sends names the device, shared by every
+    session run on it), or an ``x-session-id`` header when the body named no
     session."""
     cfg = req.config
     cfg.owner = request.scope.get("state", {}).get(TENANT_KEY, "")
     if getattr(req, "guardrails", False) is None:
         req.guardrails = state_of(request).guardrails
-    if cfg.session_key is None:
-        header = request.headers.get("x-session-id") or request.headers.get("x-claude-code-session-id")
-        if header:
-            cfg.session_key = header
+    header = request.headers.get("x-claude-code-session-id")
+    if header is None and cfg.session_key is None:
+        header = request.headers.get("x-session-id")
+    if header:
+        cfg.session_key = header
     normalize(req, request)
     return req
 
