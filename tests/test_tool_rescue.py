@@ -179,8 +179,8 @@ def test_real_qwen_positional_arguments_become_a_call(qwen_server):
     """Asked to print a shell command's JSON with a shell tool offered,
     Qwen2.5-Coder-0.5B writes ``{"name": "shell", "arguments": ["echo", "hi"]}``
     (the arguments as a list): the first attempt is already a valid call, so
-    no re-ask is needed. (Told to, it does not write the bare-arguments or
-    name-beside shapes; the scripted tests above cover those.)"""
+    no re-ask is needed. (Told to, it does not write the name-beside shape
+    here; the opening grammar holds it, below, and scripted tests cover it.)"""
     srv, events = qwen_server
     body = {
         "model": "qwen",
@@ -196,6 +196,50 @@ def test_real_qwen_positional_arguments_become_a_call(qwen_server):
     assert call["name"] == "shell" and json.loads(call["arguments"]) == {"command": ["echo", "hi"]}
     gens = [e for e in events.of(int(r.headers["x-request-id"])) if e.kind == "generated"]
     assert len(gens) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_real_qwen_bare_arguments_become_a_call_over_responses(qwen_server, monkeypatch, stream: bool):
+    """Codex's run: with its shell tool offered, Qwen2.5-Coder-0.5B answered
+    with the bare arguments ``{"command": ["echo", "hi"]}`` (no name, no
+    marker). Told in a system message that commands are run so, it answers
+    that way here too, through the Responses API Codex uses: the answer is
+    one JSON object valid for exactly one offered tool, so it is rescued as a
+    call to it (the rescue's own verdict, spied on), streamed or not."""
+    import openai
+
+    import turbospark.generation as generation
+
+    rescued: list[tuple[str, bool]] = []
+    real = generation.rescue_call
+
+    def spy(text, tools):
+        call, why = real(text, tools)
+        rescued.append((text, call is not None))
+        return call, why
+
+    monkeypatch.setattr(generation, "rescue_call", spy)
+    srv, events = qwen_server
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    shell = {"type": "function", "name": "shell", "description": "Runs a shell command and returns its output.",
+             "parameters": SHELL["function"]["parameters"]}  # fmt: skip
+    ask = [
+        {"role": "system", "content": 'To run a command, reply with a JSON object {"command": [argv...]}.'},
+        {"role": "user", "content": "Run echo hi."},
+    ]
+    kw = {"model": "qwen", "input": ask, "tools": [shell], "temperature": 0, "max_output_tokens": 60}
+    if stream:
+        with client.responses.stream(**kw) as s:  # type: ignore[arg-type]
+            done = [e.item for e in s if e.type == "response.output_item.done"]
+            response = s.get_final_response()
+    else:
+        response = client.responses.create(**kw)  # type: ignore[arg-type]
+        done = list(response.output)
+    assert rescued and rescued[-1] == ('{"command": ["echo", "hi"]}', True), rescued
+    assert [(o.type, o.name, json.loads(o.arguments)) for o in done] == [
+        ("function_call", "shell", {"command": ["echo", "hi"]})
+    ], done
+    assert [o.type for o in response.output] == ["function_call"]
 
 
 def test_the_speculative_reader_reads_objects_only_for_offered_names():
