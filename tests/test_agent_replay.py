@@ -1,7 +1,8 @@
 """Recorded conformance: requests the real agent CLIs sent (Claude Code
 2.1.197 and Codex 0.171.0, recorded by ``scripts/agents.py record``; long
-texts trimmed, every field and the structure kept; two entries derived from
-the recorded ones are marked ``derived``) replayed against a real server on
+texts trimmed, every field and the structure kept; Codex's empty-input probe,
+which no recorded run sent, is derived from its recorded turns and marked
+``derived``) replayed against a real server on
 the real model. Every reply is 2xx and framed exactly as the CLI's parser
 needs it.
 
@@ -147,8 +148,14 @@ def test_claude_code_replays(replay):
     # the second turn is the first one's prefix plus the tool round: reused
     gens = [e for e in events.events if e.kind == "generated"]
     assert gens[-1].reused_prefix_tokens > gens[-1].prompt_tokens // 2
+    # Claude Code's /context counts its tools' share (messages "foo", no
+    # system): the count is what the same request prefills
+    assert count["body"]["tools"] and "token-counting-2024-11-01" in count["headers"]["anthropic-beta"]
     counted = send(srv, count)
-    assert counted.status_code == 200 and counted.json()["input_tokens"] == gens[0].prompt_tokens
+    assert counted.status_code == 200, counted.text
+    same = send(srv, {**count, "path": "/v1/messages", "body": {**count["body"], "max_tokens": 1}})
+    usage = same.json()["usage"]
+    assert counted.json()["input_tokens"] == usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0) > 0
 
 
 def test_codex_replays(replay):
