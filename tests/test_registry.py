@@ -252,6 +252,9 @@ def test_max_resident_evicts_least_recently_used():
     with Server(models=[opts("first"), opts("second")], observer=obs, max_resident=1) as srv:
         assert srv.registry.lookup("first").model is not None
         assert srv.registry.lookup("second").model is None  # configured, loads on first use
+        # its listing says the context it will be served with all the same
+        cards = {m["id"]: m for m in httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]}
+        assert cards["second"]["state"] != "loaded" and cards["second"]["context_length"] == SMALL["ctx"]
         assert chat(srv, "second").status_code == 200
         assert srv.registry.lookup("first").model is None
         assert srv.registry.lookup("second").model is not None

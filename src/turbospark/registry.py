@@ -259,6 +259,11 @@ class Registry:
                 "path": spec.path,
                 "size_bytes": _file_size(spec.path),
             }
+            # the context it will be served with, when its options fix one (a
+            # chat model's ``ctx``; 0: the model's own, known once it is loaded)
+            ctx = getattr(spec.options, "ctx", 0)
+            if spec.kind == "chat" and isinstance(ctx, int) and ctx > 0:
+                entry.info["context"] = ctx
             self._entries[entry.id] = entry
         return entry
 
