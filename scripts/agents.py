@@ -11,7 +11,9 @@ trimmed): the source of ``tests/fixtures/agents/``.
 
 ``e2e`` (``make e2e-agents``): the same two runs against the real Qwen2.5-Coder
 model with a 32k context, printing each CLI's exit code and answer and every
-route and status it hit (from the server's events).
+route and status it hit (from the server's events); then both again with a
+context smaller than their first prompt, printing what each CLI makes of the
+error (it must recognise it as the context's, not as a failure to retry).
 
     python scripts/agents.py record --bin .agents/node_modules/.bin --out /tmp/agents.jsonl
     python scripts/agents.py e2e --bin .agents/node_modules/.bin
@@ -46,6 +48,9 @@ from turbospark.server import Server  # noqa: E402
 
 SECRET_HEADERS = {"authorization", "x-api-key", "cookie"}
 TASK = "Run the shell command `echo hi` and tell me what it printed."
+#: a context below both CLIs' first prompt (Claude Code's is about 18k
+#: tokens, Codex's about 6k)
+OVERFLOW_CTX = 4096
 
 
 def _calls(tool: str, args: dict[str, Any]) -> str:
@@ -270,6 +275,13 @@ def e2e(args: argparse.Namespace) -> None:
     print("routes and statuses the CLIs hit:")
     for line in routes.lines:
         print("  ", line)
+    # context truth: a context smaller than each CLI's first prompt; the
+    # error is one the CLI recognises (its own words about the context)
+    print(f"\nover the context (--ctx {OVERFLOW_CTX}): what each CLI makes of the error", flush=True)
+    routes = Routes(live=True)
+    small = ModelOptions(path=path, id="qwen2.5-coder-0.5b", ctx=OVERFLOW_CTX, parallel=1)
+    with Server(models=[small], observer=routes) as srv:
+        run_clients(args.bin, srv.url, args.only, args.timeout)
 
 
 def main() -> int:
