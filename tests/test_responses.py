@@ -216,13 +216,21 @@ def test_image_parts_dropped_with_warning(base_url):
 
 
 def test_hosted_tools_dropped_with_warning(base_url):
+    """Codex's other tool types (hosted search, its local shell, a freeform
+    ``custom`` tool with a grammar, an MCP server) are ignored with a
+    warning, never a 400; the function tools are served."""
+    patch = {"type": "custom", "name": "apply_patch", "description": "Apply a patch",
+             "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}  # fmt: skip
+    mcp = {"type": "mcp", "server_label": "docs", "server_url": "http://127.0.0.1:9/mcp"}
+    hosted = [{"type": "web_search"}, {"type": "local_shell"}, patch, mcp]
     r = httpx.post(
         base_url + URL,
         timeout=60,
-        json={"model": "m", "max_output_tokens": 4, "input": "hi", "tools": [{"type": "web_search"}, WEATHER_TOOL]},
+        json={"model": "m", "max_output_tokens": 4, "input": "hi", "tools": [*hosted, WEATHER_TOOL]},
     )
     assert r.status_code == 200, r.text
-    assert "web_search" in r.headers["x-turbospark-warning"]
+    warning = r.headers["x-turbospark-warning"]
+    assert all(kind in warning for kind in ("web_search", "local_shell", "custom", "mcp")), warning
     assert [t["name"] for t in r.json()["tools"]] == ["get_weather"]
 
 
