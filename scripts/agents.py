@@ -282,6 +282,9 @@ def e2e(args: argparse.Namespace) -> None:
     small = ModelOptions(path=path, id="qwen2.5-coder-0.5b", ctx=OVERFLOW_CTX, parallel=1)
     with Server(models=[small], observer=routes) as srv:
         run_clients(args.bin, srv.url, args.only, args.timeout)
+    print("routes and statuses the CLIs hit over the context:")
+    for line in routes.lines:
+        print("  ", line)
 
 
 def main() -> int:

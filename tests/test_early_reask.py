@@ -374,6 +374,19 @@ def test_prose_after_a_call_read_on_speculation_fails_the_reader_as_it_comes(tex
     assert not reader.prose and (len(reader.calls) == 1 or not single)  # (held for the parsers, or read)
 
 
+def test_a_number_after_the_arguments_is_no_prose_until_it_ends():
+    """``, "confidence": 0`` then ``.9``: the ``.`` is the number's, not
+    prose (a value is whole only once what follows it says so)."""
+    from turbospark.tools.streaming import CallReader
+
+    reader = CallReader(names=("Bash",))
+    for piece in ['{"name": "Bash", "arguments": {"command": "ls"}', ', "confidence": 0', ".", "9}"]:
+        reader.feed(piece)
+        assert not reader.failed, piece
+    reader.feed("\nDone.")
+    assert reader.prose and after_call(reader.rest) == "Done."
+
+
 def test_prose_after_an_xml_call_read_on_speculation_fails_the_reader_as_it_comes():
     from turbospark.tools.grammar import xml_raw_parameters
     from turbospark.tools.streaming import XmlCallReader

@@ -47,15 +47,33 @@ def test_fold_inner_system_joins_the_user_turn_before_it():
     ]
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}]}, {"role": "system", "content": "b"}]
     assert fold_inner_system(parts) == [
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "\n\nb"}]}
     ]
-    # no user turn before it: the leading system message takes it
+    # after an answer: the next user turn, at its start (the order holds)
+    later = [INNER[0], INNER[2], {"role": "system", "content": "S"}, INNER[3]]
+    assert fold_inner_system(later) == [INNER[0], INNER[2], {"role": "user", "content": "S\n\nAgain."}]
+    # none after it: the last one before it
+    last = [INNER[0], INNER[2], {"role": "system", "content": "S"}]
+    assert fold_inner_system(last) == [{"role": "user", "content": "Say hello.\n\nS"}, INNER[2]]
+    # no user turn at all: the leading system message takes it, or becomes it
     lead = [
         {"role": "system", "content": "A"},
         {"role": "assistant", "content": "x"},
         {"role": "system", "content": "B"},
     ]
     assert fold_inner_system(lead) == [{"role": "system", "content": "A\n\nB"}, {"role": "assistant", "content": "x"}]
+    alone = [
+        {"role": "assistant", "content": "x"},
+        {"role": "system", "content": "B"},
+        {"role": "system", "content": "C"},
+    ]
+    assert fold_inner_system(alone) == [{"role": "system", "content": "B\n\nC"}, {"role": "assistant", "content": "x"}]
+    # lead (the model has a default system prompt): the leading one, always
+    assert fold_inner_system(INNER, lead=True) == [
+        {"role": "system", "content": INNER[1]["content"]},
+        INNER[0],
+        *INNER[2:],
+    ]
     assert fold_inner_system(INNER) is not None and INNER[0]["content"] == "Say hello."  # the input is not changed
 
 

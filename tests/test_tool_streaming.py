@@ -393,6 +393,19 @@ def test_arguments_reach_every_dialect_long_before_the_call_ends(slow):
         assert total > 3 and first < 0.5 * total, (path, first, total)
 
 
+def test_ollama_keeps_talking_while_a_call_is_written(slow):
+    """Ollama has no partial call: while the 3 s call is written, lines with
+    empty content go out about every second, then the call's own line."""
+    weather = WEATHER_FUNCTION | {"parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    body = {"model": "scripted", "messages": ASK, "tools": [chat_tool(weather)]}
+    with httpx.stream("POST", slow.url + "/api/chat", json=body, timeout=60) as r:
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    at = next(i for i, line in enumerate(lines) if line["message"].get("tool_calls"))
+    assert lines[at]["message"]["tool_calls"][0]["function"]["arguments"] == {"city": "Par" * 30 + "is"}
+    empty = [line for line in lines[:at] if line["message"]["content"] == "" and not line["done"]]
+    assert len(empty) >= 2 and empty == lines[:at], lines[:at]
+
+
 #: what the script below has written of the call when the engine fails
 CUT_ARGS = '{"city": "' + "Par" * 5
 

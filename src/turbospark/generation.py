@@ -267,13 +267,17 @@ def _render(model: ChatModel, req: ChatRequest) -> tuple[list[int], str | None, 
         messages, offered = inline_tools(messages, tools, syntax or "hermes"), None
     try:
         return model.render_chat(messages, tools=offered, **kwargs), syntax, think
-    except TemplateError:
+    except TemplateError as refused:
         # system entries inside the conversation (Claude Code sends them) where
-        # the template takes one only at the start: folded where it can
-        folded = fold_inner_system(messages)
+        # the template takes one only at the start: folded where it can (into
+        # the leading one when the model would otherwise add its default)
+        folded = fold_inner_system(messages, lead=bool(getattr(model, "default_system", None)))
         if folded is None:
             raise
-        return model.render_chat(folded, tools=offered, **kwargs), syntax, think
+        try:
+            return model.render_chat(folded, tools=offered, **kwargs), syntax, think
+        except TemplateError:
+            raise refused from None  # (the conversation the client sent is what was refused)
 
 
 def fim_ids(model: ChatModel, fill: FillIn) -> list[int]:

@@ -46,34 +46,48 @@ def _text_of(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def fold_inner_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def _join(message: dict[str, Any], text: str, before: bool) -> None:
+    """Add ``text`` to a message's content, before or after what it says."""
+    content = message.get("content")
+    if isinstance(content, list):
+        part = {"type": "text", "text": text + "\n\n" if before else "\n\n" + text}
+        message["content"] = [part, *content] if before else [*content, part]
+    else:
+        said = _text_of(content)
+        message["content"] = text + "\n\n" + said if before else said + "\n\n" + text
+
+
+def fold_inner_system(messages: list[dict[str, Any]], lead: bool = False) -> list[dict[str, Any]] | None:
     """For a template that renders a system message only at the start (Gemma's
     insists the rest alternate user/assistant): each system entry after the
-    first non-system one joins the user message before it (after its text:
-    what comes before it in the prompt stays as it was, so a cached prefix
-    still holds), else the leading system message. None when there is none
-    to fold."""
-    lead = 0
-    while lead < len(messages) and messages[lead].get("role") == "system":
-        lead += 1
-    if not any(m.get("role") == "system" for m in messages[lead:]):
+    first non-system message joins a user turn where it stands: the one it
+    follows directly, else the next one (at its start), else the last one
+    before it; with none, or with ``lead``, the leading system message (so
+    the conversation still has one: a model's default system prompt is not
+    added). Joined to a user turn, what comes before the entry's place in
+    the prompt stays as it was. None when there is nothing to fold."""
+    first = 0
+    while first < len(messages) and messages[first].get("role") == "system":
+        first += 1
+    if not any(m.get("role") == "system" for m in messages[first:]):
         return None
-    out = [dict(m) for m in messages[:lead]]
-    for m in messages[lead:]:
-        if m.get("role") != "system":
-            out.append(dict(m))
-            continue
-        text = _text_of(m.get("content"))
-        user = next((o for o in reversed(out) if o.get("role") == "user"), None)
-        if user is None:
-            if out and out[0].get("role") == "system":
-                out[0]["content"] = _text_of(out[0].get("content")) + "\n\n" + text
+    out = [dict(m) for m in messages]
+    while (i := next((k for k in range(first, len(out)) if out[k].get("role") == "system"), None)) is not None:
+        text = _text_of(out.pop(i).get("content"))
+        users = [j for j, m in enumerate(out) if m.get("role") == "user"]
+        after = next((j for j in users if j >= i), None)  # (what followed it is at i now)
+        before = next((j for j in reversed(users) if j < i), None)
+        if lead or (before is None and after is None):
+            if first:
+                _join(out[0], text, before=False)
             else:
                 out.insert(0, {"role": "system", "content": text})
-        elif isinstance(user.get("content"), list):
-            user["content"] = [*user["content"], {"type": "text", "text": text}]
+                first = 1
+        elif before is not None and (before == i - 1 or after is None):
+            _join(out[before], text, before=False)
         else:
-            user["content"] = _text_of(user.get("content")) + "\n\n" + text
+            assert after is not None
+            _join(out[after], text, before=True)
     return out
 
 

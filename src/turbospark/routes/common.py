@@ -106,7 +106,7 @@ def bind_request(req: Any, request: Request) -> Any:
     cfg.owner = request.scope.get("state", {}).get(TENANT_KEY, "")
     if getattr(req, "guardrails", False) is None:
         req.guardrails = state_of(request).guardrails
-    header = request.headers.get("x-claude-code-session-id")
+    header = request.headers.get("x-claude-code-session-id") or None
     if header is None and cfg.session_key is None:
         header = request.headers.get("x-session-id")
     if header:

@@ -54,17 +54,24 @@ _XML_NO_MORE = re.compile(r"\s*(?:</function>\s*)?(?:</tool_call>\s*)?[^\s<]")
 #: closing brace) of a wrapper around it
 _OTHER_KEY = re.compile(r'[\s}]*,\s*"(?:[^"\\]|\\.)*"\s*:\s*')
 _DECODER = json.JSONDecoder()
+#: what may follow a whole value inside an object
+_VALUE_ENDS = frozenset(" \t\r\n,}]")
 
 
 def past_keys(rest: str) -> int:
     """Where the text after a call's arguments is past the whole keys that
-    still belong to the call (``, "id": "call_1"``)."""
+    still belong to the call (``, "id": "call_1"``). A value is whole only
+    once what follows it shows it ended (a number's ``0`` may go on as
+    ``0.9``)."""
     i = 0
     while (m := _OTHER_KEY.match(rest, i)) is not None:
         try:
-            _, i = _DECODER.raw_decode(rest, m.end())
+            _, end = _DECODER.raw_decode(rest, m.end())
         except ValueError:
             break
+        if end >= len(rest) or rest[end] not in _VALUE_ENDS:
+            break
+        i = end
     return i
 
 
@@ -180,6 +187,7 @@ class _Reader:
         self.names = names  # read on speculation: only calls to these
         self.single = single  # one call at most: what follows it is left as text
         self._rest = ""  # the text after the last closed call
+        self._settled = False  # what follows the one call is left to the parsers
         self._open: tuple[str, str] | None = None  # (id, name) of the call being read
         self._args: list[str] = []
 
@@ -208,10 +216,13 @@ class _Reader:
         raise NotImplementedError
 
     def _after_single(self, text: str) -> None:
-        """One call at most, and it is read: what follows is no call of this
-        answer; prose fails the reader (and streams), anything else waits
-        for the parsers at the end (which drop more calls)."""
-        if self._is_prose(text):
+        """One call at most, and it is read: what follows it (``text``) is no
+        call of this answer; prose fails the reader (and streams), anything
+        else waits for the parsers at the end (which drop more calls). Not
+        decided within :data:`_HEAD_LIMIT` characters, it is left to them."""
+        if self._settled or len(text) > _HEAD_LIMIT:
+            self._settled = True
+        elif self._is_prose(text):
             self.prose = self.failed = True
 
     def _emit(self, out: list[Event], piece: str) -> None:
@@ -265,8 +276,7 @@ class CallReader(_Reader):
         while text and not self.failed:
             if self._open is None:
                 if self.single and self.calls:
-                    self.buffer += text
-                    self._after_single(self.buffer)
+                    self._after_single(self._rest)
                     break
                 text = self._head(self.buffer + text, out)
             else:
