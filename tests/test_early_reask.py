@@ -250,6 +250,50 @@ def test_a_call_to_an_answered_tool_with_new_arguments_streams(short_hold: float
     assert len([e for e in obs.events if e.kind == "generated"]) == 1
 
 
+#: a long command the conversation already ran (Claude Code's run: the
+#: model called its Agent tool ten times with the same 400-token input)
+LONG_COMMAND = "echo " + " ".join(f"word{i}" for i in range(60))
+LONG_LS = [
+    LS[0],
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+     "function": {"name": "Bash", "arguments": json.dumps({"command": LONG_COMMAND})}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "word0 word1 …"},
+]  # fmt: skip
+
+
+def _long_call(command: str) -> list[str]:
+    words = command.split(" ")
+    return ["<tool_call>\n", '{"name": "Bash", ', '"arguments": {"command": "', words[0],
+            *[" " + w for w in words[1:]], '"}}', "\n</tool_call>"]  # fmt: skip
+
+
+def test_a_long_repeat_is_held_past_the_hold_while_it_stays_the_same(short_hold: float):
+    """Written slowly (3 s, three times the hold), the call stays the same as
+    the answered one character for character: it is held to its end and is
+    a repeat (nothing of it goes out, the result is handed back)."""
+    answer = ["It ", "printed ", "the ", "words."]
+    srv, model, obs = _grammar_model(Script(_long_call(LONG_COMMAND), delay=0.05), Script(answer))
+    with srv:
+        got = stream_chat(srv.url, {"model": "scripted", "messages": LONG_LS, "tools": [BASH]}, timeout=60)
+    assert got.content == "".join(answer) and not got.names, got
+    assert len([e for e in obs.events if e.kind == "generated"]) == 2
+    assert "The function result is: word0 word1" in model.calls[-1]["messages"][-1]["content"]
+
+
+def test_a_long_call_that_differs_late_goes_out_when_it_differs(short_hold: float):
+    """The same call until its 40th word, then another: it is held while it
+    may be the repeat and goes out (whole so far, then as it comes) the
+    moment it differs, not at its end."""
+    changed = LONG_COMMAND.replace("word40", "other40")
+    srv, _, obs = _grammar_model(Script([*_long_call(changed), *(["\n"] * 20)], delay=0.05))
+    with srv:
+        got = stream_chat(srv.url, {"model": "scripted", "messages": LONG_LS, "tools": [BASH]}, timeout=60)
+    assert got.names == ["Bash"] and json.loads(got.arguments) == {"command": changed}, got
+    # out at the 40th word (about 2.2 s in), well before the answer's end (4 s)
+    assert got.first_call_at is not None and got.first_call_at < got.total - 1, (got.first_call_at, got.total)
+    assert len([e for e in obs.events if e.kind == "generated"]) == 1
+
+
 def test_a_repeat_with_its_keys_in_another_order_is_a_repeat():
     """Claude Code sends a call's input back as it parsed it: the repeat is
     compared as JSON (key order and blanks aside), not as text."""

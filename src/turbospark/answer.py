@@ -31,7 +31,7 @@ import orjson
 from .engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED, Progress, TokenProb
 from .tools import calls as toolcalls
 from .tools import grammar as grammars
-from .tools.guardrails import answered_arguments, canonical_arguments
+from .tools.guardrails import Compact, answered_arguments, answered_texts, canonical_arguments
 from .tools.reasoning import ReasoningSplitter
 from .tools.rescue import may_become_call
 from .tools.streaming import CallReader, Opened, Piece, XmlCallReader, head_name, past_keys
@@ -164,8 +164,13 @@ class Router:
         req = prepared.request
         repeats = stops and live and req is not None and req.tool_choice not in ("required", "named")
         self.answered = answered_arguments(req.messages) if repeats and req is not None else {}
+        #: the same calls' arguments as written (compact JSON): a held call
+        #: still the same as one of them, character for character, is held past
+        #: HOLD_SECONDS (it can be no longer than that call)
+        self.answered_texts = answered_texts(req.messages) if self.answered and req is not None else {}
         self.held_call: list[Routed] = []
         self.held_call_since = 0.0
+        self.held_text = Compact()
         self.repeat: toolcalls.ToolCall | None = None
         self.pending = ""  # answer text not yet known to be free of a call start
         #: the text after the calls read on speculation is no call: it went
@@ -276,11 +281,13 @@ class Router:
         for item in items:
             if not self.held_call:
                 if isinstance(item, ToolCallBegin) and item.index == 0 and item.name in self.answered:
-                    self.held_call, self.held_call_since = [item], time.monotonic()
+                    self.held_call, self.held_call_since, self.held_text = [item], time.monotonic(), Compact()
                 else:
                     out.append(item)
                 continue
             self.held_call.append(item)
+            if isinstance(item, ToolArgumentsDelta):
+                self.held_text.feed(item.text)
             if self.repeat is None and isinstance(item, ToolCallDelta):
                 first = self.held_call[0]
                 assert isinstance(first, ToolCallBegin)
@@ -289,13 +296,25 @@ class Router:
                 else:
                     out += self.let_go()
         if self.held_call and self.repeat is None and time.monotonic() - self.held_call_since > HOLD_SECONDS:
-            out += self.let_go()
+            if not self._same_so_far():
+                out += self.let_go()
         return out
+
+    def _same_so_far(self) -> bool:
+        """The held call's arguments so far begin one the conversation has a
+        result for, character for character (blanks between tokens aside):
+        a long repeat, held to its end however long that takes (no longer
+        than the answered call took), let go the moment it differs."""
+        first = self.held_call[0]
+        assert isinstance(first, ToolCallBegin)
+        text = self.held_text.text
+        return bool(text) and any(t.startswith(text) for t in self.answered_texts.get(first.name, ()))
 
     def let_go(self) -> list[Routed]:
         """What :meth:`_hold_repeats` holds, to go out (no call is held
         after this)."""
         held, self.held_call, self.repeat, self.answered = self.held_call, [], None, {}
+        self.answered_texts = {}
         return held
 
     def _to_tail(self, text: str) -> list[Routed]:

@@ -103,6 +103,48 @@ def answered_arguments(messages: list[dict[str, Any]]) -> dict[str, set[str]]:
     return out
 
 
+def answered_texts(messages: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """The arguments of the calls that already have a result, by name, as
+    compact JSON in the order they were written (:class:`Compact` of a
+    model's text is compared with these as it comes)."""
+    out: dict[str, set[str]] = {}
+    for name, args, _ in _answered(messages):
+        try:
+            value = json.loads(args) if isinstance(args, str) else args
+            out.setdefault(name, set()).add(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+        except (TypeError, ValueError, RecursionError):
+            continue
+    return out
+
+
+class Compact:
+    """JSON text fed in pieces, less the blanks between its tokens (those
+    inside strings kept): what :func:`answered_texts` has, so far."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._in_string = False
+        self._escaped = False
+
+    def feed(self, piece: str) -> str:
+        kept = []
+        for ch in piece:
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch in " \t\r\n":
+                continue
+            kept.append(ch)
+        self.text += "".join(kept)
+        return self.text
+
+
 def canonical_arguments(arguments: str) -> str:
     """A call's arguments (JSON text) as :func:`answered_arguments` has them:
     key order and blanks do not matter."""
