@@ -31,10 +31,10 @@ import orjson
 from .engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED, Progress, TokenProb
 from .tools import calls as toolcalls
 from .tools import grammar as grammars
-from .tools.guardrails import Compact, answered_arguments, answered_texts, canonical_arguments
+from .tools.guardrails import answered_arguments, canonical_arguments
 from .tools.reasoning import ReasoningSplitter
 from .tools.rescue import may_become_call
-from .tools.streaming import CallReader, Opened, Piece, XmlCallReader, head_name, past_keys
+from .tools.streaming import CallReader, Compact, Opened, Piece, XmlCallReader, head_name, past_keys
 
 if TYPE_CHECKING:
     from .generation import Prepared
@@ -159,17 +159,15 @@ class Router:
         #: the run can be stopped for a re-ask (``stops``) and a client reads
         #: as it comes: a streamed call to a tool whose result the
         #: conversation has (name -> canonical arguments of its answered
-        #: calls) is held back until whole (``_hold_repeats``), and is
-        #: ``repeat`` when it is one of them
+        #: calls -> the same as written) is held back until whole
+        #: (``_hold_repeats``), and is ``repeat`` when it is one of them
         req = prepared.request
         repeats = stops and live and req is not None and req.tool_choice not in ("required", "named")
         self.answered = answered_arguments(req.messages) if repeats and req is not None else {}
-        #: the same calls' arguments as written (compact JSON): a held call
-        #: still the same as one of them, character for character, is held past
-        #: HOLD_SECONDS (it can be no longer than that call)
-        self.answered_texts = answered_texts(req.messages) if self.answered and req is not None else {}
         self.held_call: list[Routed] = []
         self.held_call_since = 0.0
+        #: the held call's arguments so far, compacted: while they begin an
+        #: answered call's as written, it is held past HOLD_SECONDS
         self.held_text = Compact()
         self.repeat: toolcalls.ToolCall | None = None
         self.pending = ""  # answer text not yet known to be free of a call start
@@ -308,13 +306,12 @@ class Router:
         first = self.held_call[0]
         assert isinstance(first, ToolCallBegin)
         text = self.held_text.text
-        return bool(text) and any(t.startswith(text) for t in self.answered_texts.get(first.name, ()))
+        return bool(text) and any(t.startswith(text) for t in self.answered.get(first.name, {}).values())
 
     def let_go(self) -> list[Routed]:
         """What :meth:`_hold_repeats` holds, to go out (no call is held
         after this)."""
         held, self.held_call, self.repeat, self.answered = self.held_call, [], None, {}
-        self.answered_texts = {}
         return held
 
     def _to_tail(self, text: str) -> list[Routed]:

@@ -93,56 +93,24 @@ def answered_calls(messages: list[dict[str, Any]]) -> dict[tuple[str, str], str]
     return {(name, _canonical(args)): result for name, args, result in _answered(messages)}
 
 
-def answered_arguments(messages: list[dict[str, Any]]) -> dict[str, set[str]]:
-    """The arguments of the calls that already have a result, by name, in
-    canonical form (:func:`canonical_arguments`): what a call just written is
-    compared with."""
-    out: dict[str, set[str]] = {}
+def answered_arguments(messages: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """The arguments of the calls that already have a result, by name: their
+    canonical form (:func:`canonical_arguments`, what a whole call just written
+    is compared with) -> the same as compact JSON in the order they were
+    written (what a call is compared with as it comes,
+    :class:`~turbospark.tools.streaming.Compact`; empty when not JSON)."""
+    out: dict[str, dict[str, str]] = {}
     for name, args, _ in _answered(messages):
-        out.setdefault(name, set()).add(_canonical(args))
+        out.setdefault(name, {})[_canonical(args)] = _compact(args)
     return out
 
 
-def answered_texts(messages: list[dict[str, Any]]) -> dict[str, set[str]]:
-    """The arguments of the calls that already have a result, by name, as
-    compact JSON in the order they were written (:class:`Compact` of a
-    model's text is compared with these as it comes)."""
-    out: dict[str, set[str]] = {}
-    for name, args, _ in _answered(messages):
-        try:
-            value = json.loads(args) if isinstance(args, str) else args
-            out.setdefault(name, set()).add(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
-        except (TypeError, ValueError, RecursionError):
-            continue
-    return out
-
-
-class Compact:
-    """JSON text fed in pieces, less the blanks between its tokens (those
-    inside strings kept): what :func:`answered_texts` has, so far."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        self._in_string = False
-        self._escaped = False
-
-    def feed(self, piece: str) -> str:
-        kept = []
-        for ch in piece:
-            if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif ch == "\\":
-                    self._escaped = True
-                elif ch == '"':
-                    self._in_string = False
-            elif ch == '"':
-                self._in_string = True
-            elif ch in " \t\r\n":
-                continue
-            kept.append(ch)
-        self.text += "".join(kept)
-        return self.text
+def _compact(arguments: Any) -> str:
+    try:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        return ""
 
 
 def canonical_arguments(arguments: str) -> str:

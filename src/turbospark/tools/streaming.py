@@ -128,41 +128,51 @@ class Closed:
 Event = Opened | Piece | Closed
 
 
+class _Strings:
+    """Whether each character of JSON text, read one at a time, belongs to a
+    string (its quotes included)."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self._escape = False
+
+    def step(self, ch: str) -> bool:
+        if self.inside:
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self.inside = False
+            return True
+        self.inside = ch == '"'
+        return self.inside
+
+
 class _Value:
     """Where one JSON value ends, read a character at a time."""
 
     def __init__(self) -> None:
         self.depth = 0
-        self.string = False
-        self.escape = False
+        self.strings = _Strings()
         self.started = False
         self.scalar = False
 
     def step(self, ch: str) -> bool:
         """Take ``ch``; False when ``ch`` is past the value (not part of it)."""
-        if self.string:
-            if self.escape:
-                self.escape = False
-            elif ch == "\\":
-                self.escape = True
-            elif ch == '"':
-                self.string = False
-            return True
+        if self.strings.inside:
+            return self.strings.step(ch)
         if not self.started:
             self.started = True
             if ch in "{[":
                 self.depth = 1
-            elif ch == '"':
-                self.string = True
-            else:
+            elif not self.strings.step(ch):
                 self.scalar = True
             return True
         if self.depth == 0:  # a scalar, or a string that has closed
-            if self.scalar and ch not in ",}] \t\r\n":
-                return True
-            return False
-        if ch == '"':
-            self.string = True
+            return self.scalar and ch not in ",}] \t\r\n"
+        if self.strings.step(ch):
+            pass
         elif ch in "{[":
             self.depth += 1
         elif ch in "}]":
@@ -171,7 +181,22 @@ class _Value:
 
     @property
     def done(self) -> bool:
-        return self.started and self.depth == 0 and not self.string and not self.scalar
+        return self.started and self.depth == 0 and not self.strings.inside and not self.scalar
+
+
+class Compact:
+    """JSON text fed in pieces, less the blanks between its tokens (those
+    inside strings kept): a call's arguments as it comes, in the form
+    ``guardrails.answered_arguments`` gives the answered ones."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._strings = _Strings()
+
+    def feed(self, piece: str) -> str:
+        kept = (ch for ch in piece if self._strings.step(ch) or ch not in " \t\r\n")
+        self.text += "".join(kept)
+        return self.text
 
 
 class _Reader:
