@@ -335,6 +335,41 @@ def test_real_qwen_a_repeated_call_in_a_stream_gets_its_result_back(qwen_server)
     assert len(gens) == 2, gens  # the repeat (held, never sent), then the answer
 
 
+def test_real_qwen_a_long_repeat_is_held_to_its_end(qwen_server, monkeypatch: pytest.MonkeyPatch):
+    """Claude Code's run, on the real model: after a long call's result
+    Qwen2.5-Coder-0.5B writes the same 166-token call again. It takes far
+    longer than the hold (0.2 s here) but stays the same as the answered
+    call as it comes, so it is held to its end, found a repeat, and the
+    result is handed back: no call goes out (without the longer hold the
+    call streamed after the hold and went out)."""
+    import turbospark.answer as answer
+
+    monkeypatch.setattr(answer, "HOLD_SECONDS", 0.2)
+    srv, events = qwen_server
+    shell = {"type": "function", "function": {"name": "shell", "description": "Run a command",
+             "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+                            "required": ["command"]}}}  # fmt: skip
+    words = ["echo"] + [f"line{i}" for i in range(40)]
+    call = {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": json.dumps({"command": words})}}
+    msgs = [
+        {
+            "role": "user",
+            "content": "Run echo with the words line0 to line39 in the shell and tell me what it printed.",
+        },
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": " ".join(words[1:]) + "\n"},
+    ]
+    body = {"model": "qwen", "messages": msgs, "tools": [shell], "temperature": 0, "max_tokens": 300, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=300) as s:
+        text = s.read().decode()
+    frames = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    deltas = [f["choices"][0]["delta"] for f in frames if f["choices"]]
+    assert not any(d.get("tool_calls") for d in deltas), text[-500:]
+    assert "line39" in "".join(d.get("content") or "" for d in deltas)
+    gens = generated(events, s.headers["x-request-id"])
+    assert len(gens) == 2 and gens[0].new_tokens > 100, gens  # the long repeat (held, never sent), the answer
+
+
 def test_a_misnamed_head_that_comes_after_the_hold_is_still_re_asked(short_hold: float):
     """The speculative reader is already reading when the name turns out to
     be no offered tool's: the held text is re-asked, not sent as text."""
