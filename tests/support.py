@@ -145,6 +145,8 @@ class ChatStream:
     first_call_at: float | None = None
     first_content_at: float | None = None
     total: float = 0.0
+    rid: str = ""  # the response's x-request-id
+    done: bool = False  # it ended with ``data: [DONE]``
 
     @property
     def arguments(self) -> str:
@@ -155,7 +157,9 @@ def stream_chat(url: str, body: dict[str, Any], timeout: float = 300) -> ChatStr
     """POST ``body`` to ``/v1/chat/completions`` streamed, and read it all."""
     out, start = ChatStream(), time.monotonic()
     with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=timeout) as s:
+        out.rid = s.headers.get("x-request-id", "")
         for line in s.iter_lines():
+            out.done = out.done or line == "data: [DONE]"
             if not line.startswith("data: {"):
                 continue
             choices = orjson.loads(line[6:])["choices"]

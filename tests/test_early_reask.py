@@ -183,12 +183,9 @@ def test_real_qwen_concurrent_re_asks_each_end_once_and_free_the_slot(qwen_serve
             return r.headers["x-request-id"], [
                 c["function"]["name"] for c in r.json()["choices"][0]["message"]["tool_calls"]
             ]
-        with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as s:
-            text = s.read().decode()
-        assert text.rstrip().endswith("data: [DONE]"), text[-300:]
-        frames = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
-        calls = [c for f in frames for c in f["choices"][0]["delta"].get("tool_calls") or []]
-        return s.headers["x-request-id"], [c["function"]["name"] for c in calls if c["function"].get("name")]
+        got = stream_chat(srv.url, body)
+        assert got.done, got
+        return got.rid, got.names
 
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(one, [True, True, False]))
@@ -202,6 +199,10 @@ def test_real_qwen_concurrent_re_asks_each_end_once_and_free_the_slot(qwen_serve
 
 
 # ----------------------------------------------------------------- repeats
+#: Codex's shell tool as the real-model repeat tests offer it
+SHELL = {"type": "function", "function": {"name": "shell", "description": "Run a command",
+         "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+                        "required": ["command"]}}}  # fmt: skip
 LS = [
     {"role": "user", "content": "list the files"},
     {"role": "assistant", "content": None,
@@ -314,24 +315,17 @@ def test_real_qwen_a_repeated_call_in_a_stream_gets_its_result_back(qwen_server)
     call is held while it repeats, so the result is handed back and the
     answer is text, not the same call once more."""
     srv, events = qwen_server
-    shell = {"type": "function", "function": {"name": "shell", "description": "Run a command",
-             "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},
-                            "required": ["command"]}}}  # fmt: skip
     echo = {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"command": ["echo", "hi"]}'}}
     msgs = [
         {"role": "user", "content": "Run echo hi in the shell and tell me what it printed."},
         {"role": "assistant", "content": None, "tool_calls": [echo]},
         {"role": "tool", "tool_call_id": "c1", "content": "hi\n"},
     ]
-    body = {"model": "qwen", "messages": msgs, "tools": [shell], "temperature": 0, "max_tokens": 100, "stream": True}
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=300) as s:
-        text = s.read().decode()
-    frames = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
-    deltas = [f["choices"][0]["delta"] for f in frames if f["choices"]]
-    assert not any(d.get("tool_calls") for d in deltas), text[-500:]
-    content = "".join(d.get("content") or "" for d in deltas)
-    assert "hi" in content, content
-    gens = generated(events, s.headers["x-request-id"])
+    got = stream_chat(
+        srv.url, {"model": "qwen", "messages": msgs, "tools": [SHELL], "temperature": 0, "max_tokens": 100}
+    )
+    assert not got.names and "hi" in got.content, got
+    gens = generated(events, got.rid)
     assert len(gens) == 2, gens  # the repeat (held, never sent), then the answer
 
 
@@ -346,9 +340,6 @@ def test_real_qwen_a_long_repeat_is_held_to_its_end(qwen_server, monkeypatch: py
 
     monkeypatch.setattr(answer, "HOLD_SECONDS", 0.2)
     srv, events = qwen_server
-    shell = {"type": "function", "function": {"name": "shell", "description": "Run a command",
-             "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},
-                            "required": ["command"]}}}  # fmt: skip
     words = ["echo"] + [f"line{i}" for i in range(40)]
     call = {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": json.dumps({"command": words})}}
     msgs = [
@@ -359,14 +350,11 @@ def test_real_qwen_a_long_repeat_is_held_to_its_end(qwen_server, monkeypatch: py
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": " ".join(words[1:]) + "\n"},
     ]
-    body = {"model": "qwen", "messages": msgs, "tools": [shell], "temperature": 0, "max_tokens": 300, "stream": True}
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=300) as s:
-        text = s.read().decode()
-    frames = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
-    deltas = [f["choices"][0]["delta"] for f in frames if f["choices"]]
-    assert not any(d.get("tool_calls") for d in deltas), text[-500:]
-    assert "line39" in "".join(d.get("content") or "" for d in deltas)
-    gens = generated(events, s.headers["x-request-id"])
+    got = stream_chat(
+        srv.url, {"model": "qwen", "messages": msgs, "tools": [SHELL], "temperature": 0, "max_tokens": 300}
+    )
+    assert not got.names and "line39" in got.content, got
+    gens = generated(events, got.rid)
     assert len(gens) == 2 and gens[0].new_tokens > 100, gens  # the long repeat (held, never sent), the answer
 
 
