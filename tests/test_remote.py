@@ -647,6 +647,68 @@ def test_replica_never_retried_after_a_token(front, scripted_upstream) -> None:
     assert len(routed(obs, rid)) == 1
 
 
+def test_a_full_replica_sends_the_request_elsewhere_and_stays_up(upstreams) -> None:
+    """A real upstream whose wait list is full answers 503 with Retry-After:
+    alone, that reaches an Anthropic client as ``overloaded_error`` with the
+    header; in a group, the request goes to the other replica and the busy
+    one stays up (it answered; marking it down would leave a burst of traffic
+    nowhere to go)."""
+    _, b = upstreams
+    full = Upstream("--parallel", "1", "--max-queue", "1").start()
+    hold: list[httpx.Response] = []
+    clients: list[httpx.Client] = []
+    try:
+        busy = {"model": "smollm2-135m", "messages": LONG, "max_tokens": 1500, "stream": True, "ignore_eos": True}
+        for _ in range(2):  # one runs in its only sequence, one waits: the list is full
+            client = httpx.Client(timeout=120)
+            clients.append(client)
+            r = client.send(client.build_request("POST", full.url + "/v1/chat/completions", json=busy), stream=True)
+            hold.append(r)
+
+        def metric(name: str) -> float:
+            for line in httpx.get(full.url + "/metrics").text.splitlines():
+                if line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+            return 0.0
+
+        wait_until(lambda: metric("turbospark_num_requests_waiting") >= 1, what="the upstream's wait list full")
+        obs = ListObserver()
+        solo = RemoteOptions(id="solo", base_url=full.url + "/v1", model="smollm2-135m", ctx=2048)
+        pool = GroupOptions(
+            "pool",
+            [
+                ("full", RemoteOptions(id="x", base_url=full.url + "/v1", model="smollm2-135m", ctx=2048)),
+                ("b", RemoteOptions(id="x", base_url=b.url + "/v1", model="smollm2-135m", ctx=2048)),
+            ],
+            health_interval=3600,
+        )
+        with Server([solo, pool], observer=obs) as srv:
+            with pytest.raises(anthropic.APIStatusError) as err:
+                ant(srv).messages.create(model="solo", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+            assert err.value.status_code == 503
+            assert err.value.body["error"]["type"] == "overloaded_error"
+            assert int(err.value.response.headers["retry-after"]) >= 1
+            group = srv.assembly.registry.lookup("pool").group
+            keys = [k for k in (f"s{i}" for i in range(500)) if group.pick("session:" + k).name == "full"][:2]
+            for key, streamed in zip(keys, (False, True)):  # fresh keys: a key follows where it was served
+                r = httpx.post(
+                    srv.url + "/v1/chat/completions",
+                    json={"model": "pool", "messages": MESSAGES, "max_tokens": 4, "stream": streamed},
+                    headers={"x-session-id": key},
+                    timeout=120,
+                )
+                assert r.status_code == 200, r.text
+                assert routed(obs, r.headers["x-request-id"]) == ["pool@full", "pool@b"]
+            assert group.by_name("full").up
+            assert not [e for e in obs.events if e.kind == "modelHealth" and e.model == "pool@full"]
+    finally:
+        for r in hold:
+            r.close()
+        for client in clients:
+            client.close()
+        full.kill()
+
+
 def test_embeddings_over_a_remote_model(upstreams) -> None:
     """A remote model marked ``embeddings`` serves OpenAI's and Ollama's
     embedding routes from the upstream's ``/v1/embeddings``."""

@@ -223,8 +223,10 @@ class Failover:
 
     def failed(self, exc: UpstreamError) -> None:
         """A failure of the replica itself (no answer, 5xx) takes it out
-        for the cooldown; a 429 only sends this request elsewhere."""
-        if self.route.group is not None and self.route.replica is not None and exc.status != 429 and exc.retryable:
+        for the cooldown. A busy one (a 429, or a 503 with Retry-After: its
+        wait list is full) only sends this request elsewhere: taking it out
+        would push a burst onto the others until none is left up."""
+        if self.route.group is not None and self.route.replica is not None and exc.retryable and not exc.busy:
             self.route.group.failed(self.route.replica, exc.message)
 
     async def next(self) -> tuple[Any, Prepared] | None:

@@ -46,6 +46,12 @@ class UpstreamError(EngineError):
         self.retry_after = retry_after
         self.retryable = retryable
 
+    @property
+    def busy(self) -> bool:
+        """The upstream answered that it is busy (a 429, or a 503 that says
+        when to come back): it is alive, only full for now."""
+        return self.status == 429 or (self.status == 503 and self.retry_after is not None)
+
 
 @dataclass
 class Endpoint:
