@@ -138,6 +138,8 @@ class ScriptedUpstream:
     """An OpenAI-compatible server answering from ``self.mode``:
     ``rate_limited`` (429 + Retry-After), ``text_call`` (a Hermes call left
     in the content), ``mid_stream`` (one piece, then an error event),
+    ``cut`` (one piece, then the stream closes without an end), ``cut_empty``
+    (an event stream that closes before its first chunk),
     ``ok`` (a short answer). It records the bodies and headers it got."""
 
     def __init__(self, tls: tuple[str, str] | None = None) -> None:
@@ -240,6 +242,8 @@ class ScriptedUpstream:
             return JSONResponse(err, status_code=429, headers={"Retry-After": "7"})
         if mode == "text_call":
             pieces = ["<tool_call>", '{"name": "get_weather", ', '"arguments": {"city": "Paris"}}', "</tool_call>"]
+        elif mode == "cut_empty":  # a 200 event stream that closes before anything
+            return StreamingResponse(iter([b": opened\n\n"]), media_type="text/event-stream")
         elif mode == "bad_text_call":  # an argument the schema does not have
             pieces = ['<tool_call>{"name": "get_weather", "arguments": {"town": "Paris"}}</tool_call>']
         else:
@@ -253,6 +257,8 @@ class ScriptedUpstream:
                     "choices": [{"index": 0, "delta": {"content": p}}],
                 }
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+                if mode == "cut" and i == 0:  # closes cleanly: no finish_reason, no [DONE]
+                    return
                 if mode == "mid_stream" and i == 0:
                     err = {"error": {"message": "the GPU fell over", "type": "server_error"}}
                     yield b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"

@@ -471,6 +471,72 @@ def test_upstream_failure_mid_stream_is_an_error_frame(front, scripted_upstream)
     assert "the GPU fell over" in (finished.error or "")
 
 
+def test_an_upstream_stream_that_closes_before_its_end_is_an_error_not_an_answer(front, scripted_upstream) -> None:
+    """A stream that closes with neither a finish_reason nor ``[DONE]`` (a
+    proxy's cut, a crash between chunks) was not answered in full: a stream
+    ends with an error frame, a whole answer is a 502, and before the first
+    token a group's request goes to another replica."""
+    srv, obs = front
+    scripted_upstream.mode = "cut"
+    with httpx.stream(
+        "POST",
+        srv.url + "/v1/messages",
+        json={"model": "scripted", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=60,
+    ) as r:
+        raw = r.read().decode()
+        rid = r.headers["x-request-id"]
+    assert r.status_code == 200 and "Hello" in raw
+    assert "event: error" in raw and "message_stop" not in raw
+    finished = wait_event(obs, rid, "requestFinished")
+    assert "before its end" in (finished.error or "")
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"model": "scripted", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=60,
+    )
+    assert r.status_code == 502 and "before its end" in r.json()["error"]["message"]
+    registry = srv.assembly.registry
+    if registry.lookup("cutpool") is None:
+        from turbospark.loading import attach_group
+
+        one = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096)
+        attach_group(registry, GroupOptions("cutpool", [("one", one), ("two", one)], health_interval=3600))
+    scripted_upstream.mode = "ok"
+    scripted_upstream.queue = ["cut_empty"]
+    raw_body = oai(srv).chat.completions.with_raw_response.create(
+        model="cutpool", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    text = "".join(ch.choices[0].delta.content or "" for ch in raw_body.parse() if ch.choices)
+    assert text == "Hello there"
+    assert len(routed(obs, raw_body.headers["x-request-id"])) == 2
+
+
+def test_an_upstream_killed_mid_stream_ends_the_stream_with_an_error(upstreams) -> None:
+    """A real upstream process killed while it streams: the client's stream
+    ends with an error frame (not a clean end), and the request's events say
+    it failed."""
+    doomed = Upstream().start()
+    try:
+        obs = ListObserver()
+        opts = RemoteOptions(id="doomed", base_url=doomed.url + "/v1", model="smollm2-135m", ctx=2048)
+        with Server([opts], observer=obs) as srv:
+            body = {"model": "doomed", "messages": LONG, "max_tokens": 1500, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=120) as r:
+                lines = r.iter_lines()
+                head = [next(lines) for _ in range(6)]
+                doomed.kill()
+                rest = list(lines)
+                rid = r.headers["x-request-id"]
+            assert any(ln.startswith("data: {") and '"content"' in ln for ln in head + rest)  # it was streaming
+            last = [ln for ln in rest if ln][-2:]
+            assert last[0] == "event: error" and '"error"' in last[1], last  # no [DONE]: not a clean end
+            finished = wait_event(obs, rid, "requestFinished")
+            assert finished.error and "unreachable" in finished.error, finished.to_dict()
+    finally:
+        doomed.kill()
+
+
 # ------------------------------------------------------------ keys
 def test_the_upstream_key_is_sent_and_never_shown(front, upstreams, caplog: pytest.LogCaptureFixture) -> None:
     srv, obs = front

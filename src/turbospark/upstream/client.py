@@ -24,6 +24,11 @@ from .wire import error_message
 ERROR_BODY_LIMIT = 64 * 1024
 
 
+#: the code of :class:`UpstreamError` for a stream that closed without its
+#: ``[DONE]`` (whole if a ``finish_reason`` came before it)
+CUT = "upstream_stream_cut"
+
+
 class UpstreamError(EngineError):
     """An upstream answered with an error, or could not be reached.
     ``status`` is what the caller gets (the upstream's own, or 502/504 when
@@ -216,6 +221,10 @@ class Connection:
                         raise UpstreamError(502, f"the upstream failed mid-stream: {message}", code)
                     event = ""
                     yield obj
+                # closed with no [DONE]: a proxy's cut, a crash between chunks
+                raise UpstreamError(
+                    502, f"the upstream's stream ({e.base_url}) closed before its end", CUT, retryable=True
+                )
         except httpx.TimeoutException as exc:
             raise UpstreamError(
                 504, f"upstream {e.base_url} timed out ({type(exc).__name__})", retryable=True

@@ -32,7 +32,7 @@ from ..engine.types import (
     StopReason,
 )
 from . import wire
-from .client import Connection, Endpoint, UpstreamError
+from .client import CUT, Connection, Endpoint, UpstreamError
 
 #: pieces a reader may leave unread before the run is failed (as the local engine's)
 MAX_UNREAD = 1024
@@ -224,11 +224,11 @@ class RemoteModel:
                     if cancel.cancelled:
                         break
         except UpstreamError as exc:
-            if first is not None:
-                exc.retryable = False  # output went out: never retried
-                exc.status = 502 if exc.status < 500 else exc.status
-            put(exc)
-            return
+            if exc.code == CUT and reading.finish is not None:
+                pass  # it said how it ended, then closed without [DONE]: whole
+            else:
+                self._failed(exc, first is not None, put)
+                return
         except asyncio.CancelledError:
             cut = True  # the cancel flag (or the loop closing): the connection is closed
         except Exception as exc:  # noqa: BLE001 - every failure ends the run
@@ -251,6 +251,15 @@ class RemoteModel:
                 reasoning_tokens=reasoning,
             )
         )
+
+    @staticmethod
+    def _failed(exc: UpstreamError, after_output: bool, put: Callable[[Any], None]) -> None:
+        """End the run with ``exc``; once output went out it is never
+        retried, and is the upstream's failure (5xx) whatever it answered."""
+        if after_output:
+            exc.retryable = False
+            exc.status = 502 if exc.status < 500 else exc.status
+        put(exc)
 
     def count_prompt(self, body: dict[str, Any]) -> int:
         """The prompt's length in the upstream's own tokens: a one-token
