@@ -5,6 +5,7 @@ cannot be made to do (a 429, a call left as text, a failure mid-stream)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -134,13 +135,18 @@ def peer_binary() -> tuple[str, dict[str, str]] | None:
 
 
 # ------------------------------------------------------------ scripted upstream
+#: seconds a stalling scripted upstream says nothing
+STALL = 4.0
+
+
 class ScriptedUpstream:
     """An OpenAI-compatible server answering from ``self.mode``:
     ``rate_limited`` (429 + Retry-After), ``text_call`` (a Hermes call left
     in the content), ``mid_stream`` (one piece, then an error event),
     ``cut`` (one piece, then the stream closes without an end), ``cut_empty``
-    (an event stream that closes before its first chunk),
-    ``ok`` (a short answer). It records the bodies and headers it got."""
+    (an event stream that closes before its first chunk), ``stall`` and
+    ``stall_mid`` (silent for :data:`STALL` seconds before the answer, or
+    after its first piece), ``ok`` (a short answer). It records the bodies and headers it got."""
 
     def __init__(self, tls: tuple[str, str] | None = None) -> None:
         #: (certfile, keyfile): served over TLS by hypercorn, which offers
@@ -233,6 +239,8 @@ class ScriptedUpstream:
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
         mode = self.queue.pop(0) if self.queue else self.mode
+        if mode == "stall":  # says nothing for longer than a short read timeout, then answers
+            await asyncio.sleep(STALL)
         if mode == "json":  # ignores ``stream``
             return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]})
         if mode == "parsed_call":  # the upstream's own tool parser: a structured call, in pieces
@@ -257,6 +265,8 @@ class ScriptedUpstream:
                     "choices": [{"index": 0, "delta": {"content": p}}],
                 }
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+                if mode == "stall_mid" and i == 0:
+                    await asyncio.sleep(STALL)
                 if mode == "cut" and i == 0:  # closes cleanly: no finish_reason, no [DONE]
                     return
                 if mode == "mid_stream" and i == 0:

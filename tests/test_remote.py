@@ -30,7 +30,7 @@ from turbospark.engine.model import ModelOptions
 from turbospark.loading import GroupOptions
 from turbospark.upstream.model import RemoteOptions
 
-from .remote_support import ScriptedUpstream, Upstream, free_port, peer_binary, wait_up
+from .remote_support import STALL, ScriptedUpstream, Upstream, free_port, peer_binary, wait_up
 from .support import WEATHER_FUNCTION, chat_tool, wait_event, wait_until
 
 SECRET = "sk-upstream-secret-4242"
@@ -510,6 +510,41 @@ def test_an_upstream_stream_that_closes_before_its_end_is_an_error_not_an_answer
     text = "".join(ch.choices[0].delta.content or "" for ch in raw_body.parse() if ch.choices)
     assert text == "Hello there"
     assert len(routed(obs, raw_body.headers["x-request-id"])) == 2
+
+
+def test_an_upstream_that_goes_silent_past_its_read_timeout(scripted_upstream) -> None:
+    """``read_timeout`` bounds an upstream's silence: before the first token
+    a 504 (and a group's request moves to the other replica), after it an
+    error frame, each within the timeout, not when the upstream wakes."""
+    opts = RemoteOptions(
+        id="slow", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096, read_timeout=0.5
+    )
+    one = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096, read_timeout=0.5)
+    obs = ListObserver()
+    with Server(
+        [opts, GroupOptions("slowpool", [("one", one), ("two", one)], health_interval=3600)], observer=obs
+    ) as srv:
+        scripted_upstream.mode = "stall"
+        started = time.monotonic()
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "slow", "messages": MESSAGES}, timeout=60)
+        assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
+        assert time.monotonic() - started < STALL
+        scripted_upstream.mode = "stall_mid"
+        started = time.monotonic()
+        with httpx.stream(
+            "POST",
+            srv.url + "/v1/messages",
+            json={"model": "slow", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=60,
+        ) as s:
+            raw = s.read().decode()
+        assert "Hello" in raw and "event: error" in raw and "timed out" in raw and "message_stop" not in raw
+        assert time.monotonic() - started < STALL
+        scripted_upstream.mode = "ok"
+        scripted_upstream.queue = ["stall"]
+        raw_body = oai(srv).chat.completions.with_raw_response.create(model="slowpool", messages=MESSAGES)
+        assert raw_body.parse().choices[0].message.content == "Hello there"
+        assert len(routed(obs, raw_body.headers["x-request-id"])) == 2
 
 
 def test_an_upstream_killed_mid_stream_ends_the_stream_with_an_error(upstreams) -> None:
