@@ -12,7 +12,7 @@ from rich.text import Text
 from turbospark.console.app import COLUMNS, ConsoleApp
 from turbospark.observe import ListObserver
 
-from .views_support import chat, fresh_server
+from .views_support import chat, fresh_server, group_with_a_replica_down
 
 COL = {key: i for i, (_, key) in enumerate(COLUMNS)}
 
@@ -112,5 +112,27 @@ def test_console_shows_requests_from_the_event_stream(server):
                 times = app.query_one("#times").render()
                 assert "smollm2-135m" in rates.plain and "tok/s" in rates.plain
                 assert f"#{ids[1]}" in times.plain and f"#{ids[2]}" in times.plain
+
+        asyncio.run(main())
+
+
+def test_console_shows_a_replica_down(server):
+    """A replica marked down (a ``modelHealth`` event) is shown in red with
+    its state among the models, its group and the other replica as usual."""
+    with group_with_a_replica_down(server) as srv:
+
+        async def main() -> None:
+            app = ConsoleApp(srv.url)
+            async with app.run_test(size=(200, 50)) as pilot:
+                await until(pilot, lambda: app.source.connected and "pool@b" in app.fold.unwell)
+                await pilot.pause(0.4)
+                band = app.query_one("#band").render()  # a Textual Content: plain text and spans
+                plain = band.plain  # type: ignore[union-attr]
+                assert "pool@a, pool@b down, pool" in plain  # members attach first
+                down, up = plain.index("pool@b down"), plain.index("pool@a")
+                spans = band.spans  # type: ignore[union-attr]
+                assert any("red" in str(sp.style) for sp in spans if sp.start <= down < sp.end), spans
+                assert not any("red" in str(sp.style) for sp in spans if sp.start <= up < sp.end), spans
+                assert app.fold.unwell["pool@b"][0] == "down" and "unreachable" in app.fold.unwell["pool@b"][1]
 
         asyncio.run(main())

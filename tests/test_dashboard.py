@@ -15,7 +15,7 @@ import pytest
 from turbospark.observe import ListObserver
 
 from .chromium import LivePage, run_once
-from .views_support import chat, fresh_server
+from .views_support import chat, fresh_server, group_with_a_replica_down
 
 ARTIFACTS = os.path.join(os.path.dirname(__file__), "artifacts")
 KEY = "dash-key"
@@ -69,7 +69,7 @@ def test_dashboard_dom_and_screenshot(dashed):
     assert generated(seen, streamed).prefix_miss_at is not None
     assert re.search(r'<b id="requests">3</b>', dom) and re.search(r'<b id="errors">1</b>', dom)
     assert re.search(r'<b id="state" class="live">live</b>', dom)
-    assert re.search(r'<b id="models">smollm2-135m</b>', dom)
+    assert re.search(r'<b id="models"><span>smollm2-135m</span></b>', dom)
     assert re.search(r'<canvas id="rateChart"[^>]*data-points="2"', dom), "decode-rate chart drew nothing"
     assert re.search(r'<canvas id="timeChart"[^>]*data-points="2"', dom), "time chart drew nothing"
 
@@ -129,3 +129,16 @@ def test_dashboard_updates_live_without_feeding_on_itself(dashed):
         assert page.js("document.querySelectorAll('#rows tr').length") == len(ids) + 1
         os.makedirs(ARTIFACTS, exist_ok=True)
         assert_drawn(page.screenshot(os.path.join(ARTIFACTS, "dashboard-live.png")))
+
+
+def test_dashboard_shows_a_replica_down(server):
+    """A replica marked down is shown in red with its state among the
+    models, and the reason in its tooltip."""
+    with group_with_a_replica_down(server) as srv:
+        dom = run_once(f"{srv.url}/dashboard", "--virtual-time-budget=8000", "--dump-dom")
+        m = re.search(r'<b id="models">(.*?)</b>', dom, re.S)
+        assert m, dom[-2000:]
+        models = m.group(1)
+        assert re.sub(r"<[^>]+>", "", models) == "pool@a, pool@b down, pool"  # members attach first
+        down = re.search(r'<span class="s5 unwell" title="([^"]*)">pool@b down</span>', models)
+        assert down and "unreachable" in down.group(1), models

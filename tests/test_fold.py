@@ -13,7 +13,15 @@ from rich.text import Text
 from turbospark.console.charts import rate_chart, sparkline, time_chart
 from turbospark.console.client import SSEParser
 from turbospark.fold import Fold, percentile
-from turbospark.observe import Generated, ModelAttached, ModelDetached, RequestFinished, RequestRouted, RequestStarted
+from turbospark.observe import (
+    Generated,
+    ModelAttached,
+    ModelDetached,
+    ModelHealth,
+    RequestFinished,
+    RequestRouted,
+    RequestStarted,
+)
 from turbospark.sinks.live import LiveEvents
 
 
@@ -135,6 +143,23 @@ def test_fold_bounds_records_counts_gaps_and_joins_mid_stream():
     late.feed(gen(98))
     s = late.summary()
     assert s["requests"] == 0 and s["errors"] == 0 and s["newTokens"] == 10
+
+
+def test_fold_keeps_the_models_that_are_down_and_a_tenants_fold_starts_with_them():
+    live = LiveEvents()
+    for m in ("pool@a", "pool@b", "pool"):
+        live.record(ModelAttached(at_ms=0, model=m))
+    live.record(ModelHealth(at_ms=1, model="pool@b", state="down", reason="unreachable (ConnectError)"))
+    live.record(ModelHealth(at_ms=2, model="pool@a", state="down", reason="health check failed: 500"))
+    live.record(ModelHealth(at_ms=3, model="pool@a", state="ok"))
+    s = live.summary()
+    assert s["modelStates"] == {"pool@b": {"state": "down", "reason": "unreachable (ConnectError)"}}
+    # a tenant's fold, made after those events, knows the same
+    assert live.summary(tenant="t1")["modelStates"] == s["modelStates"]
+    live.record(ModelDetached(at_ms=4, model="pool@b"))
+    assert live.summary()["modelStates"] == {} and live.summary(tenant="t1")["modelStates"] == {}
+    fold = Fold().feed_all([{"kind": "modelHealth", "model": "m", "state": "stalled", "reason": "no step"}])
+    assert fold.unwell == {"m": ("stalled", "no step")} and fold.fresh().unwell == fold.unwell
 
 
 def test_sse_parser():

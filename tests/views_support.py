@@ -24,6 +24,35 @@ def fresh_server(shared: Server, **kw: Any) -> Iterator[Server]:
         srv.stop()
 
 
+@contextlib.contextmanager
+def group_with_a_replica_down(shared: Server, **kw: Any) -> Iterator[Server]:
+    """A server whose model ``pool`` has two replicas: ``a``, the shared
+    server (a real upstream on loopback), and ``b``, a port nothing listens
+    on. A request sent to ``b`` finds it unreachable: it is marked down (a
+    ``modelHealth`` event) and the request is answered by ``a``."""
+    from turbospark.loading import GroupOptions
+    from turbospark.upstream.model import RemoteOptions
+
+    from .remote_support import free_port
+
+    def remote(url: str) -> RemoteOptions:
+        return RemoteOptions(id="x", base_url=url + "/v1", model="smollm2-135m", ctx=2048)
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    group = GroupOptions("pool", [("a", remote(shared.url)), ("b", remote(dead))], health_interval=3600, cooldown=3600)
+    srv = Server([group], **kw).start()
+    try:
+        replicas = srv.assembly.registry.lookup("pool").group
+        key = next(k for k in (f"s{i}" for i in range(500)) if replicas.pick("session:" + k).name == "b")
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "pool", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "Say hi."}]}, headers={"x-session-id": key}, timeout=120)  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert not replicas.by_name("b").up
+        yield srv
+    finally:
+        srv.stop()
+
+
 def chat(
     url: str,
     *,

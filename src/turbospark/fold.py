@@ -152,6 +152,9 @@ class Fold:
     errors: int = 0
     usage: Usage = field(default_factory=Usage)
     models: list[str] = field(default_factory=list)
+    #: models whose last health report was not ``ok`` (a replica marked
+    #: down, a stalled engine): name -> (state, reason)
+    unwell: dict[str, tuple[str, str]] = field(default_factory=dict)
     per_model: dict[str, ModelTotals] = field(default_factory=dict)
     _records: OrderedDict[int, RequestRecord] = field(default_factory=OrderedDict)
     _open: set[int] = field(default_factory=set)
@@ -164,6 +167,11 @@ class Fold:
         self._prefill_ms = deque(maxlen=self.samples)
         self._queue_ms = deque(maxlen=self.samples)
         self._overhead_ms = deque(maxlen=self.samples)
+
+    def fresh(self) -> Fold:
+        """An empty fold that knows the models this one knows, and their
+        states (for a view that missed those events)."""
+        return Fold(models=list(self.models), unwell=dict(self.unwell))
 
     # -- feeding ---------------------------------------------------------
     def feed_all(self, events: Iterable[Mapping[str, Any]]) -> Fold:
@@ -186,6 +194,13 @@ class Fold:
         if kind == "modelDetached":
             if event["model"] in self.models:
                 self.models.remove(event["model"])
+            self.unwell.pop(event["model"], None)
+            return None
+        if kind == "modelHealth":
+            if event.get("state") == "ok":
+                self.unwell.pop(event["model"], None)
+            else:
+                self.unwell[event["model"]] = (str(event.get("state")), str(event.get("reason") or ""))
             return None
         rid: int | None = event.get("id")
         if rid is None or rid in self._hidden:
@@ -289,6 +304,7 @@ class Fold:
             "draftedTokens": u.drafted_tokens,
             "acceptedTokens": u.accepted_tokens,
             "models": list(self.models),
+            "modelStates": {m: {"state": st, "reason": why} for m, (st, why) in self.unwell.items()},
             "perModel": {name: t.to_dict() for name, t in sorted(self.per_model.items())},
             "records": [r.to_dict() for r in recs],
         }

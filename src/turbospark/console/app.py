@@ -46,6 +46,21 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _models_text(f: Fold) -> Text:
+    """The attached models; one whose last health report was not ``ok`` (a
+    replica marked down, a stalled engine) in red, with that state."""
+    out = Text()
+    for i, name in enumerate(f.models):
+        if i:
+            out.append(", ")
+        state = f.unwell.get(name)
+        if state is None:
+            out.append(name, style="bold")
+        else:
+            out.append(f"{name} {state[0]}", style="bold red")
+    return out if f.models else Text("–", style="bold")
+
+
 def status_text(rec: RequestRecord) -> Text:
     if rec.status is None:
         return Text(rec.state, style="blue")
@@ -215,7 +230,7 @@ class ConsoleApp(App[None]):
         for label, value, vstyle in (
             ("state", state, style),
             ("address", self.url, ""),
-            ("models", ", ".join(f.models) or "–", ""),
+            ("models", _models_text(f), ""),
             ("requests", str(f.requests), ""),
             ("in flight", str(f.in_flight), ""),
             ("errors", str(f.errors), "red" if f.errors else ""),
@@ -225,7 +240,10 @@ class ConsoleApp(App[None]):
             ("log gaps", str(f.dropped_events), "yellow" if f.dropped_events else ""),
         ):
             band.append(f"{label} ", style="dim")
-            band.append(value, style=vstyle or "bold")
+            if isinstance(value, Text):
+                band.append(value)
+            else:
+                band.append(value, style=vstyle or "bold")
             band.append("   ")
         if filters:
             band.append("filter: " + ", ".join(filters), style="magenta")

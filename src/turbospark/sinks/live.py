@@ -243,7 +243,7 @@ class LiveEvents:
     def _view(self, tenant: str) -> TenantView:
         view = self._views.get(tenant)
         if view is None:
-            fold = Fold(models=list(self.fold.models))  # it missed the attach events
+            fold = self.fold.fresh()  # it missed the model events
             view = self._views[tenant] = TenantView(fold, deque(maxlen=self.max_events))
             if len(self._views) > self.max_tenants:
                 self._views.popitem(last=False)
@@ -345,7 +345,7 @@ class LiveEvents:
                 fold = self.fold
             else:
                 view = self._views.get(tenant)
-                fold = view.fold if view is not None else Fold(models=list(self.fold.models))
+                fold = view.fold if view is not None else self.fold.fresh()
             out = fold.summary(max_requests)
             out["seq"] = self._seq
         return out
