@@ -810,6 +810,47 @@ def test_a_full_replica_sends_the_request_elsewhere_and_stays_up(upstreams) -> N
         full.kill()
 
 
+def test_a_full_local_replica_sends_the_request_to_another_replica(upstreams) -> None:
+    """A local replica (a GGUF this process runs) whose wait list is full
+    refuses at admission: in a group the request goes to the other replica
+    (OpenAI and Ollama), and the full one stays up."""
+    from turbospark.catalog import resolve_model
+
+    _, b = upstreams
+    gguf, _ = resolve_model("smollm2-135m")
+    local = ModelOptions(path=gguf, ctx=2048, parallel=1, threads=1, max_queue=1)
+    remote = RemoteOptions(id="x", base_url=b.url + "/v1", model="smollm2-135m", ctx=2048)
+    obs = ListObserver()
+    with Server(
+        [GroupOptions("busy", [("here", local), ("there", remote)], health_interval=3600)], observer=obs
+    ) as srv:
+        group = srv.assembly.registry.lookup("busy").group
+        keys = [k for k in (f"s{i}" for i in range(500)) if group.pick("session:" + k).name == "here"][:3]
+        # load the local replica, then fill it: one runs in its only sequence, one waits
+        warm = httpx.post(srv.url + "/v1/chat/completions", json={"model": "busy", "messages": MESSAGES,
+                          "max_tokens": 2}, headers={"x-session-id": keys[0]}, timeout=120)  # fmt: skip
+        assert warm.status_code == 200 and routed(obs, warm.headers["x-request-id"]) == ["busy@here"]
+        busy = {"model": "busy@here", "messages": LONG, "max_tokens": 1500, "stream": True, "ignore_eos": True}
+        with httpx.Client(timeout=120) as c1, httpx.Client(timeout=120) as c2:
+            held = [c.send(c.build_request("POST", srv.url + "/v1/chat/completions", json=busy), stream=True)
+                    for c in (c1, c2)]  # fmt: skip
+            try:
+                model = srv.assembly.registry.lookup("busy@here").model
+                wait_until(lambda: model.load()["waiting"] >= 1, what="the local replica's wait list full")
+                r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "busy", "messages": MESSAGES,
+                               "max_tokens": 4}, headers={"x-session-id": keys[1]}, timeout=120)  # fmt: skip
+                assert r.status_code == 200, r.text
+                assert routed(obs, r.headers["x-request-id"]) == ["busy@here", "busy@there"]
+                ask = {"model": "busy", "messages": MESSAGES, "stream": False, "options": {"num_predict": 4}}
+                o = httpx.post(srv.url + "/api/chat", json=ask, headers={"x-session-id": keys[2]}, timeout=120)
+                assert o.status_code == 200 and o.json()["done"], o.text
+                assert routed(obs, o.headers["x-request-id"]) == ["busy@here", "busy@there"]
+                assert group.by_name("here").up
+            finally:
+                for h in held:
+                    h.close()
+
+
 def test_embeddings_over_a_remote_model(upstreams) -> None:
     """A remote model marked ``embeddings`` serves OpenAI's and Ollama's
     embedding routes from the upstream's ``/v1/embeddings``."""

@@ -170,9 +170,7 @@ async def route_and_prepare(
     ``prepare``), all before any byte of the response is sent."""
     bind_request(req, request)
     model, route = await route_chat(request, req, requested, streamed)
-    prepared = await prepare_and_admit(request, model, req, prepare_fn)
-    arm_failover(request, req, requested, streamed, route, prepare_fn)
-    return model, route, prepared
+    return await admit(request, model, req, requested, streamed, route, prepare_fn)
 
 
 def _key_of(req: ChatRequest) -> Callable[[], str | None]:
@@ -188,18 +186,31 @@ async def route_chat(request: Request, req: ChatRequest, requested: str | None, 
     return await route_model(request, requested, "chat", streamed, req.normalized, _key_of(req))
 
 
-def arm_failover(
+async def admit(
     request: Request,
+    model: Any,
     req: ChatRequest,
     requested: str | None,
     streamed: bool,
     route: Route,
     prepare_fn: Callable[[Any, ChatRequest], Prepared] = prepare,
-) -> None:
-    """A request routed to a replica may move to another one (:class:`Failover`)."""
-    if route.group is not None:
-        failover = Failover(request, req, requested, streamed, prepare_fn, route, _key_of(req))
-        request.scope["state"][FAILOVER_KEY] = failover
+) -> tuple[Any, Route, Prepared]:
+    """Prepare ``req`` on the routed ``model`` and take its place on the
+    wait list. A request routed to a replica may move to another one
+    (:class:`Failover`): a local replica whose wait list is full sends it
+    there at once, as a busy remote one does, and stays up."""
+    if route.group is None:
+        return model, route, await prepare_and_admit(request, model, req, prepare_fn)
+    failover = Failover(request, req, requested, streamed, prepare_fn, route, _key_of(req))
+    request.scope["state"][FAILOVER_KEY] = failover
+    try:
+        return model, route, await prepare_and_admit(request, model, req, prepare_fn)
+    except Overloaded:
+        moved = await failover.next()
+        if moved is None:
+            raise
+        log.warning("replica %s is full; sent to %s", route.served, failover.route.served)
+        return moved[0], failover.route, moved[1]
 
 
 class Failover:

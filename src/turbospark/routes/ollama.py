@@ -20,10 +20,9 @@ from ..dialects.errors import ollama_error
 from ..dialects.translate import Translation
 from .common import (
     JSONResponse,
-    arm_failover,
+    admit,
     bind_request,
     endpoint,
-    prepare_and_admit,
     read_json,
     respond,
     route_chat,
@@ -50,8 +49,7 @@ async def _answer(request: Request, requested: str, tr: Translation, renderer: o
     renderer.load_ns = int(route.load_seconds * 1e9)
     if req is None:
         return JSONResponse(renderer.loaded(tr.extras["done_reason"]), headers=warning_headers(tr.warnings))
-    prepared = await prepare_and_admit(request, model, req)
-    arm_failover(request, req, name, tr.stream, route)
+    model, route, prepared = await admit(request, model, req, name, tr.stream, route)
     return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
 
 
