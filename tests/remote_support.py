@@ -141,7 +141,8 @@ STALL = 4.0
 
 class ScriptedUpstream:
     """An OpenAI-compatible server answering from ``self.mode``:
-    ``rate_limited`` (429 + Retry-After), ``text_call`` (a Hermes call left
+    ``rate_limited`` (429 + Retry-After), ``server_error`` (a 500 with an
+    error body), ``text_call`` (a Hermes call left
     in the content), ``mid_stream`` (one piece, then an error event),
     ``cut`` (one piece, then the stream closes without an end), ``cut_empty``
     (an event stream that closes before its first chunk), ``stall`` and
@@ -245,6 +246,9 @@ class ScriptedUpstream:
             return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]})
         if mode == "parsed_call":  # the upstream's own tool parser: a structured call, in pieces
             return StreamingResponse(self._parsed_call(), media_type="text/event-stream")
+        if mode == "server_error":  # this request failed there (an engine's own 500, with its error body)
+            err = {"error": {"message": "failed to apply the chat template", "type": "server_error"}}
+            return JSONResponse(err, status_code=500)
         if mode == "rate_limited":
             err = {"error": {"message": "slow down", "type": "rate_limit_error", "code": "rate_limited"}}
             return JSONResponse(err, status_code=429, headers={"Retry-After": "7"})

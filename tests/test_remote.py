@@ -512,6 +512,32 @@ def test_an_upstream_stream_that_closes_before_its_end_is_an_error_not_an_answer
     assert len(routed(obs, raw_body.headers["x-request-id"])) == 2
 
 
+def test_an_error_a_replica_answers_moves_the_request_and_leaves_it_up(front, scripted_upstream) -> None:
+    """A 500 a replica answers (an engine's error for this request) sends the
+    request to another replica once, but does not take the replica out: one
+    bad request must not leave a group with no replica up."""
+    srv, obs = front
+    registry = srv.assembly.registry
+    if registry.lookup("errpool") is None:
+        from turbospark.loading import attach_group
+
+        one = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096)
+        attach_group(registry, GroupOptions("errpool", [("one", one), ("two", one)], health_interval=3600))
+    group = registry.lookup("errpool").group
+    scripted_upstream.mode = "ok"
+    scripted_upstream.queue = ["server_error"]
+    raw = oai(srv).chat.completions.with_raw_response.create(model="errpool", messages=MESSAGES)
+    assert raw.parse().choices[0].message.content == "Hello there"
+    assert len(routed(obs, raw.headers["x-request-id"])) == 2
+    scripted_upstream.mode = "server_error"  # on every replica: the client gets the error, with its status
+    with pytest.raises(openai.InternalServerError) as err:
+        oai(srv).chat.completions.create(model="errpool", messages=MESSAGES, stream=True)
+    assert err.value.status_code == 500 and "failed to apply the chat template" in str(err.value)
+    scripted_upstream.mode = "ok"
+    assert all(r.up for r in group.replicas)
+    assert not [e for e in obs.events if e.kind == "modelHealth" and e.model.startswith("errpool@")]
+
+
 def test_an_upstream_that_goes_silent_past_its_read_timeout(scripted_upstream) -> None:
     """``read_timeout`` bounds an upstream's silence: before the first token
     a 504 (and a group's request moves to the other replica), after it an

@@ -233,11 +233,12 @@ class Failover:
         self.used = False
 
     def failed(self, exc: UpstreamError) -> None:
-        """A failure of the replica itself (no answer, 5xx) takes it out
-        for the cooldown. A busy one (a 429, or a 503 with Retry-After: its
-        wait list is full) only sends this request elsewhere: taking it out
-        would push a burst onto the others until none is left up."""
-        if self.route.group is not None and self.route.replica is not None and exc.retryable and not exc.busy:
+        """A failure of the replica itself (no answer, a 502/503/504) takes
+        it out for the cooldown. An error it answered for this request (a
+        500) or a busy signal (a 429, or a 503 with Retry-After: its wait
+        list is full) only sends this request elsewhere: taking it out would
+        let one bad request, or a burst, leave no replica up."""
+        if self.route.group is not None and self.route.replica is not None and exc.retryable and exc.down:
             self.route.group.failed(self.route.replica, exc.message)
 
     async def next(self) -> tuple[Any, Prepared] | None:

@@ -43,6 +43,7 @@ class UpstreamError(EngineError):
         code: str | None = None,
         retry_after: str | None = None,
         retryable: bool = False,
+        answered: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -50,12 +51,22 @@ class UpstreamError(EngineError):
         self.code = code
         self.retry_after = retry_after
         self.retryable = retryable
+        #: the upstream answered with this status (False: unreachable, timed
+        #: out, or its stream was cut)
+        self.answered = answered
 
     @property
     def busy(self) -> bool:
         """The upstream answered that it is busy (a 429, or a 503 that says
         when to come back): it is alive, only full for now."""
         return self.status == 429 or (self.status == 503 and self.retry_after is not None)
+
+    @property
+    def down(self) -> bool:
+        """The replica itself looks out of service: no answer, or a 502, 503
+        or 504 (a gateway in front of it, an engine not ready) that is not
+        a busy signal. An error it answered for this request (a 500) is not."""
+        return not self.busy and (not self.answered or self.status in (502, 503, 504))
 
 
 @dataclass
@@ -218,7 +229,7 @@ class Connection:
                         continue
                     if event == "error" or ("error" in obj and "choices" not in obj):
                         message, code = error_message(500, data.encode())
-                        raise UpstreamError(502, f"the upstream failed mid-stream: {message}", code)
+                        raise UpstreamError(502, f"the upstream failed mid-stream: {message}", code, answered=True)
                     event = ""
                     yield obj
                 # closed with no [DONE]: a proxy's cut, a crash between chunks
@@ -268,7 +279,12 @@ def answer_error(status: int, raw: bytes, headers: httpx.Headers) -> UpstreamErr
     message, code = error_message(status, raw)
     retry = headers.get("retry-after")
     return UpstreamError(
-        status, message, code, retry if status in (429, 503) else None, retryable=status == 429 or status >= 500
+        status,
+        message,
+        code,
+        retry if status in (429, 503) else None,
+        retryable=status == 429 or status >= 500,
+        answered=True,
     )
 
 
