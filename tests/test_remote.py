@@ -925,7 +925,8 @@ def test_a_group_of_a_local_and_a_remote_replica(upstreams) -> None:
 # ------------------------------------------------------------ admin attach
 def test_attach_and_detach_a_remote_model(front, upstreams) -> None:
     srv, obs = front
-    _, b = upstreams
+    a, b = upstreams
+    assert a.key is not None
     body = {"id": "late", "kind": "remote", "base_url": b.url + "/v1", "model": "smollm2-135m", "ctx": 2048}
     r = httpx.post(srv.url + "/v1/admin/models", json=body)
     assert r.status_code == 201, r.text
@@ -948,6 +949,19 @@ def test_attach_and_detach_a_remote_model(front, upstreams) -> None:
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("'ca_file' is read from the config")
     r = httpx.post(srv.url + "/v1/admin/models", json={**body, "id": "x6", "replicas": 3})
     assert r.status_code == 400 and "'replicas' must be" in r.json()["error"]["message"]
+    # the key in api_key_env goes to the body's base_url: only a variable the
+    # operator allowed (here: the one the configured models name) may be named
+    for name in ("HOME", "TS_NOT_SET_ANYWHERE"):
+        member = {"base_url": b.url + "/v1", "api_key_env": name}
+        for probe in ({**body, "id": "x7", "api_key_env": name}, {**body, "id": "x8", "replicas": [member]}):
+            r = httpx.post(srv.url + "/v1/admin/models", json=probe)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "key_env_not_allowed", r.text
+            assert r.json()["error"]["message"].startswith(f"'api_key_env' {name!r} is not a variable")
+    keyed = {**body, "id": "keyed", "base_url": upstreams[0].url + "/v1", "api_key_env": KEY_ENV}
+    r = httpx.post(srv.url + "/v1/admin/models", json=keyed)
+    assert r.status_code == 201, r.text
+    assert oai(srv).chat.completions.create(model="keyed", messages=MESSAGES, max_tokens=2).choices  # a refuses keyless
+    assert httpx.delete(srv.url + "/v1/admin/models/keyed").status_code == 200
     group = httpx.post(
         srv.url + "/v1/admin/models",
         json={
@@ -965,6 +979,22 @@ def test_attach_and_detach_a_remote_model(front, upstreams) -> None:
         assert httpx.delete(srv.url + f"/v1/admin/models/{model_id}").status_code == 200
     ids = [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]]
     assert "late" not in ids and "late-pool@b" not in ids
+
+
+def test_a_key_variable_the_operator_allowed_may_be_named_by_an_attach_body(upstreams) -> None:
+    a, b = upstreams
+    os.environ["TS_TEST_ALLOWED_KEY"] = SECRET
+    try:
+        plain = RemoteOptions(id="plain", base_url=b.url + "/v1", model="smollm2-135m", ctx=2048)
+        with Server([plain], remote_key_envs=["TS_TEST_ALLOWED_KEY"]) as srv:
+            body = {"id": "k", "kind": "remote", "base_url": a.url + "/v1", "model": "smollm2-135m", "ctx": 2048}
+            r = httpx.post(srv.url + "/v1/admin/models", json={**body, "api_key_env": "TS_TEST_ALLOWED_KEY"})
+            assert r.status_code == 201, r.text
+            assert oai(srv).chat.completions.create(model="k", messages=MESSAGES, max_tokens=2).choices
+            r = httpx.post(srv.url + "/v1/admin/models", json={**body, "id": "k2", "api_key_env": KEY_ENV})
+            assert r.status_code == 403 and r.json()["error"]["code"] == "key_env_not_allowed"
+    finally:
+        os.environ.pop("TS_TEST_ALLOWED_KEY", None)
 
 
 # ------------------------------------------------------------ llama-server

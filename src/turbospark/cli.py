@@ -167,6 +167,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
         ("allowed_hosts", "allowed_host"),
         ("cors_origins", "cors_origin"),
         ("models_dirs", "models_dir"),
+        ("remote_key_envs", "remote_key_env"),
     ):
         setattr(args, flag, list(getattr(args, flag) or []) + list(server.get(key, [])))
     if args.max_body is None:
@@ -245,6 +246,7 @@ def _serve(args: argparse.Namespace) -> int:
             guardrails=args.guardrails == "on",
             normalize_client_stamps=args.normalize_client_stamps == "on",
             model_folders=args.models_dir or None,
+            remote_key_envs=args.remote_key_env,
             model_defaults=args.model_defaults,
             progress_for=progress_for,
             on_loaded=loaded,
@@ -474,6 +476,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="a folder admin attach may load GGUF files from (repeatable; default: "
         "the model cache and the folders of the models given at start)",
+    )
+    s.add_argument(
+        "--remote-key-env",
+        action="append",
+        metavar="NAME",
+        help="an environment variable an attach body may name in api_key_env (repeatable; besides "
+        "those the configured remote models name): the key in it is sent to the body's base_url",
     )
     s.add_argument(
         "--guardrails",

@@ -72,6 +72,7 @@ def assemble(
     guardrails: bool = True,
     normalize_client_stamps: bool = True,
     model_folders: Sequence[str] | None = None,
+    remote_key_envs: Sequence[str] = (),
     model_defaults: dict[str, Any] | None = None,
     progress_for: Callable[[ModelSpec], Callable[[float], None] | None] | None = None,
     on_loaded: Callable[[Any], None] | None = None,
@@ -116,6 +117,7 @@ def assemble(
         guardrails=guardrails,
         normalize_client_stamps=normalize_client_stamps,
         model_folders=tuple(model_folders) if model_folders is not None else default_model_folders(registry),
+        remote_key_envs=tuple(remote_key_envs),
         model_defaults=dict(model_defaults or {}),
     )
     app = build_app(state, auth, policy)

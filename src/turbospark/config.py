@@ -15,6 +15,7 @@
     cors_origins = ["http://localhost:3000"] # web pages that may call the API ("*": any)
     max_body = 33554432                      # bytes (default 32 MiB)
     models_dirs = ["/srv/models"]            # where admin attach may load GGUF files from
+    remote_key_envs = ["GPU_BOX_KEY"]        # variables an attach body may name in api_key_env
     drain_timeout = 30                       # seconds requests in flight get at SIGTERM
     stall_timeout = 60                       # seconds without an engine step before /health degrades
     send_timeout = 60                        # seconds a client may read nothing before it is dropped
@@ -116,6 +117,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "cors_origins": (list,),
     "max_body": (int,),
     "models_dirs": (list,),
+    "remote_key_envs": (list,),
     "drain_timeout": (int, float),
     "stall_timeout": (int, float),
     "send_timeout": (int, float),

@@ -60,6 +60,7 @@ class Server:
         cors_origins: Iterable[str] = (),
         max_body: int | None = None,
         models_dirs: Iterable[str] | None = None,
+        remote_key_envs: Iterable[str] = (),
         drain_timeout: float = DEFAULT_DRAIN_SECONDS,
         stall_timeout: float = STALL_TIMEOUT,
         send_timeout: float = SEND_TIMEOUT,
@@ -82,6 +83,7 @@ class Server:
             guardrails=guardrails,
             normalize_client_stamps=normalize_client_stamps,
             model_folders=tuple(models_dirs) if models_dirs is not None else None,
+            remote_key_envs=tuple(remote_key_envs),
             model_defaults=model_defaults,
         )
         self.registry = self.assembly.registry

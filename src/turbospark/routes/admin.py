@@ -163,7 +163,36 @@ def _remote_body(raw: dict[str, Any]) -> RemoteOptions | GroupOptions:
         raise BadRequest(str(exc), None) from None
 
 
+def _check_key_envs(raw: dict[str, Any], allowed: set[str]) -> None:
+    """The key in ``api_key_env`` is sent to the body's ``base_url``: a body
+    may name only a variable the operator allowed (``--remote-key-env``, or
+    one a configured remote model names), or a caller could send any of the
+    server's secrets to a host of its choosing. The answer never says
+    whether the variable is set."""
+    replicas = raw.get("replicas")
+    for where in [raw, *(r for r in (replicas if isinstance(replicas, list) else []) if isinstance(r, dict))]:
+        name = where.get("api_key_env")
+        if name is not None and name not in allowed:
+            raise BadRequest(
+                f"'api_key_env' {name!r} is not a variable attach bodies may name; allow it with "
+                "--remote-key-env (or [server] remote_key_envs), or name it in a configured remote model",
+                "api_key_env",
+                status=403,
+                code="key_env_not_allowed",
+                type="permission_error",
+            )
+
+
+def _key_envs(request: Request) -> set[str]:
+    """The variables attach bodies may name: the operator's list and those
+    the models already attached name."""
+    st = state_of(request)
+    named = {getattr(getattr(e.model, "options", None), "api_key_env", None) for e in st.registry.entries()}
+    return set(st.remote_key_envs) | {n for n in named if isinstance(n, str)}
+
+
 async def _attach_remote(request: Request, raw: dict[str, Any]) -> Response:
+    _check_key_envs(raw, _key_envs(request))
     opts = _remote_body(raw)
     registry = state_of(request).registry
     try:

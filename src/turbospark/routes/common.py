@@ -63,6 +63,9 @@ class ServerState:
     metrics: Any = None
     #: folders admin attach may load GGUF files from (``--models-dir``)
     model_folders: tuple[str, ...] = ()
+    #: environment variables an attach body may name in ``api_key_env``
+    #: (``--remote-key-env``), besides those the configured models name
+    remote_key_envs: tuple[str, ...] = ()
     #: the options an attached model starts from (the server's own defaults)
     model_defaults: dict[str, Any] = field(default_factory=dict)
     #: requests in flight, and whether new ones are taken (graceful shutdown)
