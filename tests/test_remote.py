@@ -149,6 +149,23 @@ def test_openai_chat_over_a_remote_model(front, upstreams) -> None:
     assert g["prefillSeconds"] > 0 and g["decodeSeconds"] >= 0
 
 
+def test_n_choices_over_a_remote_model(front) -> None:
+    """``n`` > 1: each choice is its own upstream run (a ``generated``
+    each, with the upstream's counts), and the usage is their sum."""
+    srv, obs = front
+    raw = oai(srv).chat.completions.with_raw_response.create(
+        model="solo", messages=MESSAGES, max_tokens=6, n=2, temperature=0.9, seed=7
+    )
+    body = raw.parse()
+    assert sorted(ch.index for ch in body.choices) == [0, 1] and all(ch.message.content for ch in body.choices)
+    rid = raw.headers["x-request-id"]
+    wait_event(obs, rid, "requestFinished")
+    gens = [e for e in obs.of(int(rid)) if e.kind == "generated"]
+    assert len(gens) == 2 and all(g.model == "solo" for g in gens)
+    assert body.usage.completion_tokens == sum(g.new_tokens for g in gens)
+    assert body.usage.prompt_tokens == gens[0].prompt_tokens
+
+
 def test_completions_over_a_remote_model(front, upstreams) -> None:
     srv, obs = front
     before = upstreams[0].settled()
@@ -402,6 +419,59 @@ def test_calls_and_reasoning_parsed_upstream_are_relayed_as_they_stream(front, s
     assert msg.stop_reason == "tool_use" and msg.usage.output_tokens == 12
 
 
+def test_an_upstream_call_and_reasoning_in_every_dialect(front, scripted_upstream) -> None:
+    """The upstream's own parsed call and its reasoning reach every dialect,
+    streamed and not: OpenAI's reasoning_content, Responses' reasoning and
+    function_call items, Anthropic's thinking and input_json_delta pieces,
+    Ollama's thinking and tool_calls."""
+    srv, _ = front
+    scripted_upstream.mode = "parsed_call"
+    ask = [{"role": "user", "content": "weather?"}]
+    c = oai(srv)
+    msg = c.chat.completions.create(model="scripted", messages=ask, tools=[chat_tool(WEATHER_FUNCTION)]).choices[0]
+    assert msg.message.model_extra.get("reasoning_content") == "The user wants Paris."
+    assert json.loads(msg.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    chunks = list(c.chat.completions.create(model="scripted", messages=ask, tools=[chat_tool(WEATHER_FUNCTION)],
+                                            stream=True))  # fmt: skip
+    thought = "".join((ch.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for ch in chunks
+                      if ch.choices)  # fmt: skip
+    assert thought == "The user wants Paris."
+
+    rtools = [{"type": "function", "name": "get_weather", "parameters": WEATHER_FUNCTION["parameters"]}]
+    r = c.responses.create(model="scripted", input="weather?", tools=rtools)
+    kinds = [item.type for item in r.output]
+    assert kinds == ["reasoning", "function_call"], kinds
+    assert r.output[0].content[0].text == "The user wants Paris."
+    assert r.output[1].name == "get_weather" and json.loads(r.output[1].arguments) == {"city": "Paris"}
+    events = list(c.responses.create(model="scripted", input="weather?", tools=rtools, stream=True))
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(pieces) >= 2 and json.loads("".join(pieces)) == {"city": "Paris"}  # as the upstream streamed them
+    done = [e for e in events if e.type == "response.completed"][0].response
+    assert [item.type for item in done.output] == kinds
+
+    atools = [{"name": "get_weather", "input_schema": WEATHER_FUNCTION["parameters"]}]
+    with ant(srv).messages.stream(model="scripted", max_tokens=50, messages=ask, tools=atools) as s:
+        raw_events = list(s)
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "tool_use"]
+    assert final.content[0].thinking == "The user wants Paris." and final.content[1].input == {"city": "Paris"}
+    json_pieces = [e.delta.partial_json for e in raw_events if e.type == "content_block_delta"
+                   and e.delta.type == "input_json_delta"]  # fmt: skip
+    assert len(json_pieces) >= 2 and json.loads("".join(json_pieces)) == {"city": "Paris"}
+    assert final.stop_reason == "tool_use"
+
+    o = ollama.Client(host=srv.url, timeout=60)
+    r = o.chat(model="scripted", messages=ask, tools=[chat_tool(WEATHER_FUNCTION)], think=True)
+    assert r.message.thinking == "The user wants Paris."
+    assert r.message.tool_calls[0].function.name == "get_weather"
+    assert dict(r.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    lines = list(o.chat(model="scripted", messages=ask, tools=[chat_tool(WEATHER_FUNCTION)], think=True, stream=True))
+    assert "".join(p.message.thinking or "" for p in lines) == "The user wants Paris."
+    calls = [tc for p in lines for tc in (p.message.tool_calls or [])]
+    assert len(calls) == 1 and dict(calls[0].function.arguments) == {"city": "Paris"} and lines[-1].done
+    scripted_upstream.mode = "ok"
+
+
 def test_a_reask_takes_the_upstreams_parsed_call(front, scripted_upstream) -> None:
     """The guardrails re-ask after a call that fails its schema; the second
     attempt's call, parsed by the upstream itself, is the answer."""
@@ -573,6 +643,25 @@ def test_an_upstream_that_goes_silent_past_its_read_timeout(scripted_upstream) -
         assert len(routed(obs, raw_body.headers["x-request-id"])) == 2
 
 
+def test_remote_timings_are_sent_to_first_token_and_first_to_last(front, scripted_upstream) -> None:
+    """``prefillSeconds`` is request sent → first token and ``decodeSeconds``
+    first → last token, as the front saw them: an upstream silent for
+    STALL seconds before its answer shows it in prefill, one silent after
+    its first piece shows it in decode."""
+    srv, obs = front
+    timings = {}
+    for mode in ("stall", "stall_mid"):
+        scripted_upstream.mode = mode
+        raw = oai(srv).chat.completions.with_raw_response.create(model="scripted", messages=MESSAGES)
+        assert raw.parse().choices[0].message.content == "Hello there"
+        g = gen(obs, raw.headers["x-request-id"])
+        timings[mode] = (g["prefillSeconds"], g["decodeSeconds"])
+    scripted_upstream.mode = "ok"
+    (pre, dec), (pre_mid, dec_mid) = timings["stall"], timings["stall_mid"]
+    assert pre >= STALL - 0.2 and dec < STALL / 2, timings
+    assert dec_mid >= STALL - 0.2 and pre_mid < STALL / 2, timings
+
+
 def test_an_upstream_killed_mid_stream_ends_the_stream_with_an_error(upstreams) -> None:
     """A real upstream process killed while it streams: the client's stream
     ends with an error frame (not a clean end), and the request's events say
@@ -723,13 +812,19 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
             extra_headers={"x-session-id": fresh},
             extra_body={"ignore_eos": True},  # the answer outlasts the assertions below
         ) as s:
-            first = next(s.iter_lines())
-            served = [e.served for e in obs.of(int(s.headers["x-request-id"])) if e.kind == "requestRouted"]
+            lines = s.iter_lines()
+            first = next(lines)
+            rid = s.headers["x-request-id"]
+            served = [e.served for e in obs.of(int(rid)) if e.kind == "requestRouted"]
             assert served == ["pool@b", "pool@a"]
-            # (once seen failing in a full run, a at 0: what the stream and
-            # the request's events said then tells why)
-            why = (first, [e.to_dict() for e in obs.of(int(s.headers["x-request-id"]))])
-            assert bb.in_flight == 0 and group.by_name("a").in_flight == 1, why
+            if not (bb.in_flight == 0 and group.by_name("a").in_flight == 1):
+                # (seen a few times under CPU load, a at 0: the rest of the
+                # stream and the request's events, once it ended, tell why)
+                counts = (bb.in_flight, group.by_name("a").in_flight)
+                rest = [ln for ln in lines if ln][:6]
+                wait_event(obs, rid, "requestFinished")
+                events = [e.to_dict() for e in obs.of(int(rid))]
+                pytest.fail(json.dumps({"in_flight": counts, "first": first, "rest": rest, "events": events}))
         assert not bb.up
         wait_until(lambda: group.by_name("a").in_flight == 0, what="a's lease released once the client left")
         # b comes back: after the cooldown, the next health check finds it
@@ -882,7 +977,14 @@ def test_embeddings_over_a_remote_model(upstreams) -> None:
     embedding routes from the upstream's ``/v1/embeddings``."""
     _, b = upstreams
     opts = RemoteOptions(id="emb", base_url=b.url + "/v1", model="smollm2-135m", ctx=2048, embeddings=True)
-    with Server([opts]) as srv:
+    chat_only = RemoteOptions(id="chatonly", base_url=b.url + "/v1", model="smollm2-135m", ctx=2048)
+    with Server([opts, chat_only]) as srv:
+        # a model without embeddings is never served by the one that has them
+        with pytest.raises(openai.NotFoundError) as err:
+            oai(srv).embeddings.create(model="chatonly", input=["a lighthouse"])
+        assert err.value.body["code"] == "model_not_capable" and "'chatonly'" in err.value.body["message"]
+        r = httpx.post(srv.url + "/api/embed", json={"model": "chatonly", "input": "a lighthouse"})
+        assert r.status_code == 404 and "does not serve embeddings" in r.json()["error"]
         out = oai(srv).embeddings.create(model="emb", input=["a lighthouse", "a storm at sea"])
         assert len(out.data) == 2 and len(out.data[0].embedding) == len(out.data[1].embedding) > 10
         assert out.usage.prompt_tokens > 0
