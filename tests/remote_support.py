@@ -141,7 +141,8 @@ STALL = 4.0
 
 class ScriptedUpstream:
     """An OpenAI-compatible server answering from ``self.mode``:
-    ``rate_limited`` (429 + Retry-After), ``server_error`` (a 500 with an
+    ``rate_limited`` (429 + Retry-After), ``vllm_overflow`` (vLLM's 400 for a
+    prompt over its context), ``server_error`` (a 500 with an
     error body), ``text_call`` (a Hermes call left
     in the content), ``mid_stream`` (one piece, then an error event),
     ``cut`` (one piece, then the stream closes without an end), ``cut_empty``
@@ -249,6 +250,11 @@ class ScriptedUpstream:
         if mode == "server_error":  # this request failed there (an engine's own 500, with its error body)
             err = {"error": {"message": "failed to apply the chat template", "type": "server_error"}}
             return JSONResponse(err, status_code=500)
+        if mode == "vllm_overflow":  # vLLM's refusal of a prompt over its context
+            message = ("This model's maximum context length is 4096 tokens. However, your request has 5000 input "
+                       "tokens. Please reduce the length of the input messages.")  # fmt: skip
+            err = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return JSONResponse(err, status_code=400)
         if mode == "rate_limited":
             err = {"error": {"message": "slow down", "type": "rate_limit_error", "code": "rate_limited"}}
             return JSONResponse(err, status_code=429, headers={"Retry-After": "7"})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -524,6 +525,23 @@ def test_upstream_429_reaches_anthropic_as_rate_limit_error(front, scripted_upst
     assert r.status_code == 429 and r.json()["error"] == "slow down"
 
 
+def test_vllms_context_refusal_reaches_the_agents_as_ours(front, scripted_upstream) -> None:
+    """vLLM's 400 for a prompt over its context, worded as this server's own:
+    Anthropic's "prompt is too long" (Claude Code compacts on it), OpenAI's
+    ``context_length_exceeded`` (Codex acts on it), in the Responses API too."""
+    srv, _ = front
+    scripted_upstream.mode = "vllm_overflow"
+    try:
+        with pytest.raises(anthropic.BadRequestError) as aerr:
+            ant(srv).messages.create(model="scripted", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        assert aerr.value.body["error"]["message"].startswith("prompt is too long: 5000 tokens > 4096 maximum")
+        with pytest.raises(openai.BadRequestError) as oerr:
+            oai(srv).responses.create(model="scripted", input="hi", stream=True)
+        assert oerr.value.body["code"] == "context_length_exceeded"
+    finally:
+        scripted_upstream.mode = "ok"
+
+
 def test_upstream_failure_mid_stream_is_an_error_frame(front, scripted_upstream) -> None:
     srv, obs = front
     scripted_upstream.mode = "mid_stream"
@@ -685,6 +703,33 @@ def test_an_upstream_killed_mid_stream_ends_the_stream_with_an_error(upstreams) 
             assert finished.error and "unreachable" in finished.error, finished.to_dict()
     finally:
         doomed.kill()
+
+
+def test_a_real_upstreams_refusals_reach_the_client(front, upstreams) -> None:
+    """A real upstream's 400 (a prompt over its context) keeps its status,
+    code and numbers in the caller's dialect; its refusal of this server's
+    key is a 502 (not the client's fault), and the key is not in it."""
+    srv, obs = front
+    big = [{"role": "user", "content": "lighthouse keeper " * 1500}]
+    with pytest.raises(openai.BadRequestError) as err:
+        oai(srv).chat.completions.create(model="solo", messages=big, max_tokens=8)
+    assert err.value.body["code"] == "context_length_exceeded"
+    assert "prompt is too long" in err.value.body["message"] and "> 2048 maximum" in err.value.body["message"]
+    with pytest.raises(anthropic.BadRequestError) as aerr:
+        ant(srv).messages.create(model="solo", max_tokens=8, messages=big)
+    assert aerr.value.body["error"]["type"] == "invalid_request_error"
+    assert "prompt is too long" in aerr.value.body["error"]["message"]  # what Claude Code reads to compact
+    a, _ = upstreams
+    wrong = RemoteOptions(id="wrongkey", base_url=a.url + "/v1", model="smollm2-135m", ctx=2048)
+    os.environ["TS_TEST_WRONG_KEY"] = "sk-not-the-one"
+    wrong.api_key_env = "TS_TEST_WRONG_KEY"
+    try:
+        with Server([wrong]) as other:
+            r = httpx.post(other.url + "/v1/chat/completions", json={"model": "wrongkey", "messages": MESSAGES})
+            assert r.status_code == 502 and "refused this server's credentials (401)" in r.json()["error"]["message"]
+            assert "sk-not-the-one" not in r.text and SECRET not in r.text
+    finally:
+        os.environ.pop("TS_TEST_WRONG_KEY", None)
 
 
 # ------------------------------------------------------------ keys
@@ -1136,6 +1181,15 @@ def test_llama_server_as_upstream(tmp_path) -> None:
             started = time.monotonic()
             list(c.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=8, stream=True))
             assert time.monotonic() - started < 120
+            # its refusal of a prompt over its context, worded as ours: what
+            # Claude Code reads to compact, the code Codex acts on
+            big = [{"role": "user", "content": "lighthouse keeper " * 1500}]
+            with pytest.raises(anthropic.BadRequestError) as aerr:
+                ant(srv).messages.create(model="llama", max_tokens=8, messages=big)
+            assert re.match(r"prompt is too long: \d+ tokens > 2048 maximum", aerr.value.body["error"]["message"])
+            with pytest.raises(openai.BadRequestError) as oerr:
+                c.chat.completions.create(model="llama", messages=big, max_tokens=8, stream=True)
+            assert oerr.value.body["code"] == "context_length_exceeded"
     finally:
         proc.kill()
         proc.wait(timeout=30)

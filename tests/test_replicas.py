@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
 from turbospark.config import ConfigError, load_config
@@ -151,6 +152,36 @@ def test_upstream_error_bodies_in_every_shape() -> None:
     assert wire.error_message(422, b'{"detail": "bad"}')[0] == "bad"
     assert wire.error_message(502, b"<html>gateway</html>")[0] == "<html>gateway</html>"
     assert wire.error_message(503, b"")[0] == "HTTP 503"
+
+
+def test_an_upstreams_context_refusal_is_worded_as_ours() -> None:
+    """llama-server's and vLLM's refusals of a prompt over the context, with
+    their numbers, become this server's wording (Claude Code parses it) and
+    code (Codex acts on it); anything else is left as it was."""
+    message = "request (4476 tokens) exceeds the available context size (4096 tokens)"
+    err = {"code": 400, "message": message, "type": "exceed_context_size_error", "n_prompt_tokens": 4476, "n_ctx": 4096}
+    llama = orjson.dumps({"error": err})
+    over = wire.context_overflow(wire.error_message(400, llama)[0], llama)
+    assert over is not None and over.code == "context_length_exceeded"
+    assert str(over).startswith("prompt is too long: 4476 tokens > 4096 maximum")
+    cases = {
+        "This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens. "
+        "Please reduce the length of the input messages.": "prompt is too long: 5000 tokens > 4096 maximum",
+        "This model's maximum context length is 4096 tokens. However, you requested 4200 tokens (200 in the "
+        "messages, 4000 in the completion). Please reduce the length of the messages or completion.":
+        "input length and `max_tokens` exceed context limit: 200 + 4000 > 4096",
+        "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum context length is 4096 "
+        "tokens and your request has 2778 input tokens (8000 > 4096 - 2778). None":
+        "input length and `max_tokens` exceed context limit: 2778 + 8000 > 4096",
+    }  # fmt: skip
+    for message, worded in cases.items():
+        raw = orjson.dumps({"object": "error", "message": message, "type": "BadRequestError", "code": 400})
+        over = wire.context_overflow(message, raw)
+        assert over is not None and str(over).startswith(worded), (message, over)
+    assert (
+        wire.context_overflow("tools are not supported", b'{"error": {"message": "tools are not supported"}}') is None
+    )
+    assert wire.context_overflow("exceeds", b'{"error": {"type": "exceed_context_size_error"}}') is None  # no numbers
 
 
 def test_routing_key_sees_past_a_long_system_prompt() -> None:

@@ -18,7 +18,7 @@ import httpx
 import orjson
 
 from ..engine.types import EngineError
-from .wire import error_message
+from .wire import context_overflow, error_message
 
 #: how much of an upstream error body is read
 ERROR_BODY_LIMIT = 64 * 1024
@@ -277,6 +277,9 @@ class Connection:
 
 def answer_error(status: int, raw: bytes, headers: httpx.Headers) -> UpstreamError:
     message, code = error_message(status, raw)
+    overflow = context_overflow(message, raw) if status in (400, 413) else None
+    if overflow is not None:  # worded and coded as this server's own
+        return UpstreamError(400, str(overflow), overflow.code, answered=True)
     retry = headers.get("retry-after")
     return UpstreamError(
         status,

@@ -7,12 +7,13 @@ Nothing here does I/O; ``upstream/model.py`` sends and reads."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from ..engine.types import GenerationConfig, Progress, StopReason
+from ..engine.types import ContextOverflow, GenerationConfig, Progress, StopReason
 
 #: reasoning efforts that turn thinking off (``generation.EFFORTS_OFF``)
 EFFORTS_OFF = ("none", "off", "disabled", "false")
@@ -237,3 +238,57 @@ def error_message(status: int, raw: bytes) -> tuple[str, str | None]:
         text = raw[:300].decode("utf-8", "replace").strip()
         message = text or f"HTTP {status}"
     return message, code if isinstance(code, str) else None
+
+
+UPSTREAM_CONTEXT = "the upstream's context"
+#: vLLM's refusals of a request over its context, with their numbers:
+#: (the pattern, which groups hold the limit, the prompt and the reply's budget)
+_VLLM_OVERFLOW = [
+    # "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum
+    # context length is 4096 tokens and your request has 2778 input tokens (...)"
+    (
+        re.compile(
+            r"is too large: (\d+)\. This model's maximum context length is (\d+) tokens and your request "
+            r"has (\d+) input tokens"
+        ),
+        2,
+        3,
+        1,
+    ),  # fmt: skip
+    # "... maximum context length is 4096 tokens. However, you requested 4200 tokens
+    # (200 in the messages, 4000 in the completion)"
+    (
+        re.compile(
+            r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens \((\d+) in the "
+            r"messages, (\d+) in the completion\)"
+        ),
+        1,
+        2,
+        3,
+    ),  # fmt: skip
+    # "... maximum context length is 4096 tokens. However, your request has 5000 input tokens"
+    (re.compile(r"maximum context length is (\d+) tokens\. However, your request has (\d+) input tokens"), 1, 2, 0),
+]
+
+
+def context_overflow(message: str, raw: bytes) -> ContextOverflow | None:
+    """An upstream's refusal of a prompt over its context, with its numbers,
+    as this server words its own (``ContextOverflow``: what Claude Code
+    reads to compact, the code Codex acts on): llama-server's
+    ``exceed_context_size_error`` and vLLM's messages. None for any other
+    error, or one without the numbers."""
+    try:
+        data = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        data = None
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict) and err.get("type") == "exceed_context_size_error":
+        prompt, limit = err.get("n_prompt_tokens"), err.get("n_ctx")
+        if isinstance(prompt, int) and isinstance(limit, int) and limit > 0:
+            return ContextOverflow(prompt, 0, limit, limit_name=UPSTREAM_CONTEXT)
+    for pattern, at_limit, at_prompt, at_new in _VLLM_OVERFLOW:
+        m = pattern.search(message)
+        if m:
+            new = int(m.group(at_new)) if at_new else 0
+            return ContextOverflow(int(m.group(at_prompt)), new, int(m.group(at_limit)), limit_name=UPSTREAM_CONTEXT)
+    return None
