@@ -148,7 +148,8 @@ class ScriptedUpstream:
     ``cut`` (one piece, then the stream closes without an end), ``cut_empty``
     (an event stream that closes before its first chunk), ``stall`` and
     ``stall_mid`` (silent for :data:`STALL` seconds before the answer, or
-    after its first piece), ``ok`` (a short answer). It records the bodies and headers it got."""
+    after its first piece), ``no_usage`` (an answer without its usage chunk),
+    ``ok`` (a short answer). It records the bodies and headers it got."""
 
     def __init__(self, tls: tuple[str, str] | None = None) -> None:
         #: (certfile, keyfile): served over TLS by hypercorn, which offers
@@ -285,8 +286,9 @@ class ScriptedUpstream:
                     return
             done = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
             yield b"data: " + orjson.dumps(done) + b"\n\n"
-            usage = {"prompt_tokens": 11, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 4}}
-            yield b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": usage}) + b"\n\n"
+            if mode != "no_usage":  # (an upstream that ignores stream_options.include_usage)
+                usage = {"prompt_tokens": 11, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 4}}
+                yield b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": usage}) + b"\n\n"
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(frames(), media_type="text/event-stream")

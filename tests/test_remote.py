@@ -487,6 +487,34 @@ def test_a_reask_takes_the_upstreams_parsed_call(front, scripted_upstream) -> No
     assert len([e for e in obs.of(int(raw.headers["x-request-id"])) if e.kind == "generated"]) == 2
 
 
+def test_configured_headers_reach_the_upstream_and_the_clients_key_does_not(scripted_upstream) -> None:
+    """A remote's ``headers`` go with every request to it; what the client
+    authenticated with here never goes upstream."""
+    opts = RemoteOptions(id="hdr", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096,
+                         headers={"x-team": "blue"})  # fmt: skip
+    with Server([opts], api_keys=["client-key-77"]) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "hdr", "messages": MESSAGES},
+                       headers={"Authorization": "Bearer client-key-77"}, timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+    sent = scripted_upstream.headers[-1]
+    assert sent["x-team"] == "blue"
+    assert "authorization" not in sent and "client-key-77" not in json.dumps(sent)
+
+
+def test_an_upstream_that_reports_no_usage_gives_zeros_not_a_count_of_chunks(front, scripted_upstream) -> None:
+    srv, obs = front
+    scripted_upstream.mode = "no_usage"
+    try:
+        raw = oai(srv).chat.completions.with_raw_response.create(model="scripted", messages=MESSAGES)
+        body = raw.parse()
+    finally:
+        scripted_upstream.mode = "ok"
+    assert body.choices[0].message.content == "Hello there"  # two pieces came
+    g = gen(obs, raw.headers["x-request-id"])
+    assert (g["promptTokens"], g["newTokens"], g["reusedPrefixTokens"]) == (0, 0, 0)
+    assert (body.usage.prompt_tokens, body.usage.completion_tokens) == (0, 0)
+
+
 def test_an_upstream_that_does_not_stream_is_a_502(front, scripted_upstream) -> None:
     srv, _ = front
     scripted_upstream.mode = "json"
@@ -838,6 +866,9 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
         metrics = httpx.get(srv.url + "/metrics").text
         assert 'turbospark_replica_up{model="pool",replica="b"} 0.0' in metrics
         assert 'turbospark_replica_down_total{model="pool@b"}' in metrics
+        assert re.search(r'turbospark_request_success_total\{[^}]*model="pool@a"[^}]*\} [1-9]', metrics)
+        ps = next(m for m in httpx.get(srv.url + "/api/ps").json()["models"] if m.get("replicas"))
+        assert {r["name"]: r["state"] for r in ps["replicas"]} == {"a": "up", "b": "down"}
         # while b is down its conversations go to a, streams included
         with c.chat.completions.with_streaming_response.create(
             model="pool", messages=MESSAGES, max_tokens=4, stream=True, extra_headers={"x-session-id": key}
@@ -862,6 +893,7 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
             rid = s.headers["x-request-id"]
             served = [e.served for e in obs.of(int(rid)) if e.kind == "requestRouted"]
             assert served == ["pool@b", "pool@a"]
+            gauge = 'turbospark_replica_in_flight{model="pool",replica="a"} 1.0'
             if not (bb.in_flight == 0 and group.by_name("a").in_flight == 1):
                 # (seen a few times under CPU load, a at 0: the rest of the
                 # stream and the request's events, once it ended, tell why)
@@ -870,6 +902,7 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
                 wait_event(obs, rid, "requestFinished")
                 events = [e.to_dict() for e in obs.of(int(rid))]
                 pytest.fail(json.dumps({"in_flight": counts, "first": first, "rest": rest, "events": events}))
+            assert gauge in httpx.get(srv.url + "/metrics").text
         assert not bb.up
         wait_until(lambda: group.by_name("a").in_flight == 0, what="a's lease released once the client left")
         # b comes back: after the cooldown, the next health check finds it
