@@ -69,6 +69,22 @@ def wait_up(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 180
     raise RuntimeError(f"{url} did not come up")
 
 
+def keep_reading(response: httpx.Response) -> threading.Thread:
+    """Read a held stream in the background until it ends or is closed, so
+    its run is never failed as a reader that fell behind."""
+
+    def read() -> None:
+        try:
+            for _ in response.iter_bytes():
+                pass
+        except Exception:  # closed by the test: the end it waited for
+            pass
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t
+
+
 class Upstream:
     """A turbospark process serving SmolLM2 on a loopback port."""
 
@@ -141,7 +157,9 @@ STALL = 4.0
 
 class ScriptedUpstream:
     """An OpenAI-compatible server answering from ``self.mode``:
-    ``rate_limited`` (429 + Retry-After), ``vllm_overflow`` (vLLM's 400 for a
+    ``rate_limited`` (429 + Retry-After), ``unavailable`` (503 without
+    Retry-After), ``draining`` (503 ``shutting_down`` with Retry-After),
+    ``vllm_overflow`` (vLLM's 400 for a
     prompt over its context), ``server_error`` (a 500 with an
     error body), ``text_call`` (a Hermes call left
     in the content), ``mid_stream`` (one piece, then an error event),
@@ -256,6 +274,10 @@ class ScriptedUpstream:
                        "tokens. Please reduce the length of the input messages.")  # fmt: skip
             err = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse(err, status_code=400)
+        if mode in ("unavailable", "draining"):  # an engine not ready; a turbospark shutting down
+            code, headers = ("unavailable", {}) if mode == "unavailable" else ("shutting_down", {"Retry-After": "3"})
+            err = {"error": {"message": f"{mode}", "type": "server_error", "code": code}}
+            return JSONResponse(err, status_code=503, headers=headers)
         if mode == "rate_limited":
             err = {"error": {"message": "slow down", "type": "rate_limit_error", "code": "rate_limited"}}
             return JSONResponse(err, status_code=429, headers={"Retry-After": "7"})

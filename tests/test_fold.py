@@ -154,10 +154,16 @@ def test_fold_keeps_the_models_that_are_down_and_a_tenants_fold_starts_with_them
     live.record(ModelHealth(at_ms=3, model="pool@a", state="ok"))
     s = live.summary()
     assert s["modelStates"] == {"pool@b": {"state": "down", "reason": "unreachable (ConnectError)"}}
-    # a tenant's fold, made after those events, knows the same
-    assert live.summary(tenant="t1")["modelStates"] == s["modelStates"]
-    live.record(ModelDetached(at_ms=4, model="pool@b"))
+    # a tenant's fold, made after those events (its first request), knows the same
+    live.record(RequestStarted(id=1, at_ms=4, method="POST", path="/v1/chat/completions"))
+    live.request_tenant(1, "t1")
+    assert live.summary(tenant="t1")["modelStates"] == s["modelStates"] and live.summary(tenant="t1")["requests"] == 1
+    live.record(ModelDetached(at_ms=5, model="pool@b"))
     assert live.summary()["modelStates"] == {} and live.summary(tenant="t1")["modelStates"] == {}
+    # a model attached again under the name starts well
+    live.record(ModelHealth(at_ms=6, model="pool@b", state="down", reason="late report"))
+    live.record(ModelAttached(at_ms=7, model="pool@b"))
+    assert live.summary()["modelStates"] == {}
     fold = Fold().feed_all([{"kind": "modelHealth", "model": "m", "state": "stalled", "reason": "no step"}])
     assert fold.unwell == {"m": ("stalled", "no step")} and fold.fresh().unwell == fold.unwell
 

@@ -31,7 +31,7 @@ from turbospark.engine.model import ModelOptions
 from turbospark.loading import GroupOptions
 from turbospark.upstream.model import RemoteOptions
 
-from .remote_support import STALL, ScriptedUpstream, Upstream, free_port, peer_binary, wait_up
+from .remote_support import STALL, ScriptedUpstream, Upstream, free_port, keep_reading, peer_binary, wait_up
 from .support import WEATHER_FUNCTION, chat_tool, wait_event, wait_until
 
 SECRET = "sk-upstream-secret-4242"
@@ -56,6 +56,16 @@ def scripted_upstream():
     up = ScriptedUpstream().start()
     yield up
     up.stop()
+
+
+@pytest.fixture(autouse=True)
+def _scripted_reset(request: pytest.FixtureRequest):
+    """A test that set the scripted upstream's mode leaves it answering
+    ``ok`` again, even when it failed half-way."""
+    yield
+    if "scripted_upstream" in request.fixturenames:
+        up = request.getfixturevalue("scripted_upstream")
+        up.mode, up.queue = "ok", []
 
 
 @pytest.fixture(scope="module")
@@ -654,6 +664,36 @@ def test_an_error_a_replica_answers_moves_the_request_and_leaves_it_up(front, sc
     assert not [e for e in obs.events if e.kind == "modelHealth" and e.model.startswith("errpool@")]
 
 
+def test_which_refusals_take_a_replica_out(front, scripted_upstream) -> None:
+    """A 503 without Retry-After (an engine not ready) and a draining
+    turbospark's 503 take the replica out and move the request; a busy
+    signal moves it only to a replica that is up, else the client gets it
+    with its Retry-After."""
+    srv, obs = front
+    registry = srv.assembly.registry
+    if registry.lookup("outpool") is None:
+        from turbospark.loading import attach_group
+
+        one = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096)
+        attach_group(registry, GroupOptions("outpool", [("one", one), ("two", one)], health_interval=3600,
+                                            cooldown=3600))  # fmt: skip
+    group = registry.lookup("outpool").group
+    for mode in ("unavailable", "draining"):
+        for r in group.replicas:
+            r.up, r.reason, r.down_until = True, "", 0.0
+        scripted_upstream.queue = [mode]
+        raw = oai(srv).chat.completions.with_raw_response.create(model="outpool", messages=MESSAGES)
+        assert raw.parse().choices[0].message.content == "Hello there"
+        first, second = routed(obs, raw.headers["x-request-id"])
+        assert not group.by_name(first.split("@")[1]).up and group.by_name(second.split("@")[1]).up, mode
+    # one replica down, the other busy: the busy signal, not the down replica's failure
+    scripted_upstream.mode = "rate_limited"
+    with pytest.raises(openai.RateLimitError) as err:
+        oai(srv).chat.completions.create(model="outpool", messages=MESSAGES)
+    assert err.value.response.headers["retry-after"] == "7"
+    assert len(routed(obs, err.value.response.headers["x-request-id"])) == 1
+
+
 def test_an_upstream_that_goes_silent_past_its_read_timeout(scripted_upstream) -> None:
     """``read_timeout`` bounds an upstream's silence: before the first token
     a 504 (and a group's request moves to the other replica), after it an
@@ -964,6 +1004,7 @@ def test_a_full_replica_sends_the_request_elsewhere_and_stays_up(upstreams) -> N
             clients.append(client)
             r = client.send(client.build_request("POST", full.url + "/v1/chat/completions", json=busy), stream=True)
             hold.append(r)
+            keep_reading(r)
 
         def metric(name: str) -> float:
             for line in httpx.get(full.url + "/metrics").text.splitlines():
@@ -991,6 +1032,7 @@ def test_a_full_replica_sends_the_request_elsewhere_and_stays_up(upstreams) -> N
             group = srv.assembly.registry.lookup("pool").group
             keys = [k for k in (f"s{i}" for i in range(500)) if group.pick("session:" + k).name == "full"][:2]
             for key, streamed in zip(keys, (False, True)):  # fresh keys: a key follows where it was served
+                wait_until(lambda: metric("turbospark_num_requests_waiting") >= 1, what="the wait list still full")
                 r = httpx.post(
                     srv.url + "/v1/chat/completions",
                     json={"model": "pool", "messages": MESSAGES, "max_tokens": 4, "stream": streamed},
@@ -1033,6 +1075,8 @@ def test_a_full_local_replica_sends_the_request_to_another_replica(upstreams) ->
         with httpx.Client(timeout=120) as c1, httpx.Client(timeout=120) as c2:
             held = [c.send(c.build_request("POST", srv.url + "/v1/chat/completions", json=busy), stream=True)
                     for c in (c1, c2)]  # fmt: skip
+            for h in held:
+                keep_reading(h)
             try:
                 model = srv.assembly.registry.lookup("busy@here").model
                 wait_until(lambda: model.load()["waiting"] >= 1, what="the local replica's wait list full")
@@ -1041,6 +1085,7 @@ def test_a_full_local_replica_sends_the_request_to_another_replica(upstreams) ->
                 assert r.status_code == 200, r.text
                 assert routed(obs, r.headers["x-request-id"]) == ["busy@here", "busy@there"]
                 ask = {"model": "busy", "messages": MESSAGES, "stream": False, "options": {"num_predict": 4}}
+                wait_until(lambda: model.load()["waiting"] >= 1, what="the wait list still full")
                 o = httpx.post(srv.url + "/api/chat", json=ask, headers={"x-session-id": keys[2]}, timeout=120)
                 assert o.status_code == 200 and o.json()["done"], o.text
                 assert routed(obs, o.headers["x-request-id"]) == ["busy@here", "busy@there"]
@@ -1055,14 +1100,7 @@ def test_embeddings_over_a_remote_model(upstreams) -> None:
     embedding routes from the upstream's ``/v1/embeddings``."""
     _, b = upstreams
     opts = RemoteOptions(id="emb", base_url=b.url + "/v1", model="smollm2-135m", ctx=2048, embeddings=True)
-    chat_only = RemoteOptions(id="chatonly", base_url=b.url + "/v1", model="smollm2-135m", ctx=2048)
-    with Server([opts, chat_only]) as srv:
-        # a model without embeddings is never served by the one that has them
-        with pytest.raises(openai.NotFoundError) as err:
-            oai(srv).embeddings.create(model="chatonly", input=["a lighthouse"])
-        assert err.value.body["code"] == "model_not_capable" and "'chatonly'" in err.value.body["message"]
-        r = httpx.post(srv.url + "/api/embed", json={"model": "chatonly", "input": "a lighthouse"})
-        assert r.status_code == 404 and "does not serve embeddings" in r.json()["error"]
+    with Server([opts]) as srv:
         out = oai(srv).embeddings.create(model="emb", input=["a lighthouse", "a storm at sea"])
         assert len(out.data) == 2 and len(out.data[0].embedding) == len(out.data[1].embedding) > 10
         assert out.usage.prompt_tokens > 0
@@ -1137,6 +1175,11 @@ def test_attach_and_detach_a_remote_model(front, upstreams) -> None:
             r = httpx.post(srv.url + "/v1/admin/models", json=probe)
             assert r.status_code == 403 and r.json()["error"]["code"] == "key_env_not_allowed", r.text
             assert r.json()["error"]["message"].startswith(f"'api_key_env' {name!r} is not a variable")
+    # a configured model's variable, for that model's host only: not to another one
+    r = httpx.post(srv.url + "/v1/admin/models", json={**body, "id": "x9", "api_key_env": KEY_ENV})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "key_env_not_allowed", r.text
+    r = httpx.post(srv.url + "/v1/admin/models", json={**body, "id": "x10", "api_key_env": ["HOME"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "api_key_env", r.text
     keyed = {**body, "id": "keyed", "base_url": upstreams[0].url + "/v1", "api_key_env": KEY_ENV}
     r = httpx.post(srv.url + "/v1/admin/models", json=keyed)
     assert r.status_code == 201, r.text

@@ -190,6 +190,7 @@ class Fold:
         if kind == "modelAttached":
             if event["model"] not in self.models:
                 self.models.append(event["model"])
+            self.unwell.pop(event["model"], None)  # attached (again): no report yet
             return None
         if kind == "modelDetached":
             if event["model"] in self.models:

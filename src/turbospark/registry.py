@@ -401,24 +401,18 @@ class Registry:
     def resolve(self, requested: str | None, capability: Capability = "chat") -> Route:
         with self._lock:
             capable = [e for e in self._entries.values() if e.capable(capability)]
-            what = "chat" if capability == "chat" else "embeddings"
             if requested:
                 for name in (requested, _base_name(requested)):
                     for e in capable:
                         if name in e.names:
                             return Route(e, requested, e.id)
-                for name in (requested, _base_name(requested)):
-                    # a model that exists but cannot do this: never another one in
-                    # its place (a 404, as OpenAI answers for "not a chat model")
-                    if any(name in e.names for e in self._entries.values()):
-                        why = f"model {requested!r} does not serve {what} requests"
-                        raise RoutingError(404, why, "model_not_capable")
             # a group's members answer to their own names, but the group is
             # the one model a fallback may pick
             capable = [e for e in capable if e.member_of is None]
             if len(capable) == 1:
                 return Route(capable[0], requested, capable[0].id)
             if not capable:
+                what = "chat" if capability == "chat" else "embeddings"
                 raise RoutingError(503, f"no model capable of this request ({what}) is loaded", "model_not_available")
             ids = sorted(e.id for e in capable)
             if not requested:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import urllib.parse
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -163,36 +164,62 @@ def _remote_body(raw: dict[str, Any]) -> RemoteOptions | GroupOptions:
         raise BadRequest(str(exc), None) from None
 
 
-def _check_key_envs(raw: dict[str, Any], allowed: set[str]) -> None:
+def _origin(url: Any) -> str | None:
+    """``scheme://host:port`` of a URL (None if it is none)."""
+    if not isinstance(url, str):
+        return None
+    try:
+        p = urllib.parse.urlsplit(url)
+        port = p.port or {"http": 80, "https": 443}.get(p.scheme.lower(), 0)
+    except ValueError:
+        return None
+    return f"{p.scheme.lower()}://{(p.hostname or '').lower()}:{port}"
+
+
+def _check_key_envs(raw: dict[str, Any], free: set[str], bound: dict[str, set[str | None]]) -> None:
     """The key in ``api_key_env`` is sent to the body's ``base_url``: a body
-    may name only a variable the operator allowed (``--remote-key-env``, or
-    one a configured remote model names), or a caller could send any of the
-    server's secrets to a host of its choosing. The answer never says
+    may name a variable the operator allowed (``free``: ``--remote-key-env``),
+    or one an attached remote model names, for that model's own host only
+    (``bound``); else a caller could send a server secret to a host of its
+    choosing. Replicas inherit the body's keys. The answer never says
     whether the variable is set."""
     replicas = raw.get("replicas")
-    for where in [raw, *(r for r in (replicas if isinstance(replicas, list) else []) if isinstance(r, dict))]:
-        name = where.get("api_key_env")
-        if name is not None and name not in allowed:
-            raise BadRequest(
-                f"'api_key_env' {name!r} is not a variable attach bodies may name; allow it with "
-                "--remote-key-env (or [server] remote_key_envs), or name it in a configured remote model",
-                "api_key_env",
-                status=403,
-                code="key_env_not_allowed",
-                type="permission_error",
-            )
+    rows: list[tuple[str, dict[str, Any]]] = [("", raw)]
+    if isinstance(replicas, list):
+        rows = [(f"replicas[{i}].", {**raw, **r}) for i, r in enumerate(replicas) if isinstance(r, dict)]
+    for where, values in rows:
+        name = values.get("api_key_env")
+        if name is None:
+            continue
+        if not isinstance(name, str) or not name:
+            raise BadRequest("'api_key_env' must name an environment variable", where + "api_key_env")
+        if name in free or _origin(values.get("base_url")) in bound.get(name, set()):
+            continue
+        raise BadRequest(
+            f"'api_key_env' {name!r} is not a variable attach bodies may name for this base_url; allow it with "
+            "--remote-key-env (or [server] remote_key_envs), or use it only with the host of the model that names it",
+            where + "api_key_env",
+            status=403,
+            code="key_env_not_allowed",
+            type="permission_error",
+        )
 
 
-def _key_envs(request: Request) -> set[str]:
-    """The variables attach bodies may name: the operator's list and those
-    the models already attached name."""
+def _key_envs(request: Request) -> tuple[set[str], dict[str, set[str | None]]]:
+    """The variables attach bodies may name anywhere (the operator's list),
+    and those the attached remote models name, with their hosts."""
     st = state_of(request)
-    named = {getattr(getattr(e.model, "options", None), "api_key_env", None) for e in st.registry.entries()}
-    return set(st.remote_key_envs) | {n for n in named if isinstance(n, str)}
+    bound: dict[str, set[str | None]] = {}
+    for e in st.registry.entries():
+        opts = getattr(e.model, "options", None)
+        name = getattr(opts, "api_key_env", None)
+        if isinstance(name, str):
+            bound.setdefault(name, set()).add(_origin(getattr(opts, "base_url", None)))
+    return set(st.remote_key_envs), bound
 
 
 async def _attach_remote(request: Request, raw: dict[str, Any]) -> Response:
-    _check_key_envs(raw, _key_envs(request))
+    _check_key_envs(raw, *_key_envs(request))
     opts = _remote_body(raw)
     registry = state_of(request).registry
     try:

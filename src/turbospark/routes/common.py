@@ -209,7 +209,7 @@ async def admit(
     try:
         return model, route, await prepare_and_admit(request, model, req, prepare_fn)
     except Overloaded:
-        moved = await failover.next()
+        moved = await failover.next(busy=True)
         if moved is None:
             raise
         log.warning("replica %s is full; sent to %s", route.served, failover.route.served)
@@ -244,8 +244,13 @@ class Failover:
         if self.route.group is not None and self.route.replica is not None and exc.retryable and exc.down:
             self.route.group.failed(self.route.replica, exc.message)
 
-    async def next(self) -> tuple[Any, Prepared] | None:
-        if self.used or self.route.replica is None:
+    async def next(self, busy: bool = False) -> tuple[Any, Prepared] | None:
+        """The request routed anew to another replica (once), or None. A
+        ``busy`` replica's request moves only to one that is up: else its
+        client is better served by the busy signal and its Retry-After."""
+        if self.used or self.route.replica is None or self.route.group is None:
+            return None
+        if busy and not any(r.up for r in self.route.group.replicas if r is not self.route.replica):
             return None
         self.used = True
         exclude = frozenset({self.route.replica.name})
@@ -280,7 +285,7 @@ async def generate_items(
         if failover is None:
             raise
         failover.failed(exc)
-        moved = None if sent or not exc.retryable or cancel.cancelled else await failover.next()
+        moved = None if sent or not exc.retryable or cancel.cancelled else await failover.next(exc.busy)
         if moved is None:
             raise
         log.warning("replica failed before its first token (%s); retried on %s", exc.message, failover.route.served)

@@ -59,6 +59,8 @@ class UpstreamError(EngineError):
     def busy(self) -> bool:
         """The upstream answered that it is busy (a 429, or a 503 that says
         when to come back): it is alive, only full for now."""
+        if self.code == "shutting_down":  # a draining turbospark: going away, not full
+            return False
         return self.status == 429 or (self.status == 503 and self.retry_after is not None)
 
     @property

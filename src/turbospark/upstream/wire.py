@@ -284,7 +284,7 @@ def context_overflow(message: str, raw: bytes) -> ContextOverflow | None:
     err = data.get("error") if isinstance(data, dict) else None
     if isinstance(err, dict) and err.get("type") == "exceed_context_size_error":
         prompt, limit = err.get("n_prompt_tokens"), err.get("n_ctx")
-        if isinstance(prompt, int) and isinstance(limit, int) and limit > 0:
+        if isinstance(prompt, int) and isinstance(limit, int) and 0 < limit <= prompt:
             return ContextOverflow(prompt, 0, limit, limit_name=UPSTREAM_CONTEXT)
     for pattern, at_limit, at_prompt, at_new in _VLLM_OVERFLOW:
         m = pattern.search(message)
