@@ -191,10 +191,13 @@ cors_origins = ["http://localhost:3000"]
 max_body = 1048576
 models_dirs = ["/srv/models"]
 api_key_file = "keys.txt"
+remote_key_envs = ["GPU_BOX_KEY"]
 """,
     )
-    args = parser().parse_args(["serve", "--config", path, "--cors-origin", "http://a.test", "--max-body", "2M"])
+    args = parser().parse_args(["serve", "--config", path, "--cors-origin", "http://a.test", "--max-body", "2M",
+                                "--remote-key-env", "OTHER_KEY"])  # fmt: skip
     _model_options(args)
+    assert args.remote_key_env == ["OTHER_KEY", "GPU_BOX_KEY"]
     assert args.allowed_host == ["llm.internal"]
     assert args.cors_origin == ["http://a.test", "http://localhost:3000"]
     assert args.max_body == 2 << 20 and args.models_dir == ["/srv/models"]
