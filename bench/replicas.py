@@ -23,6 +23,7 @@ Targets: reuse >= 0.8 with affinity where round-robin gets <= 0.5, and median
 turn latency with affinity <= 0.6 x round-robin.
 
     python bench/replicas.py [--turns 6] [--conversations 8] [--max-tokens 32] [--slots 4] [--cache-ram 0]
+                             [--readings 2] [--rules 10]
 """
 
 from __future__ import annotations
@@ -53,11 +54,17 @@ RULES = [
     "Never repeat the question back to the user.",
     "When you are unsure, say how unsure and why.",
 ]
-SYSTEM = "You are the assistant of a small engineering firm. Follow these house rules exactly.\n" + "\n".join(
-    f"Rule {i + 1} ({topic}): {rule} This rule applies to every answer about {topic}, "
-    f"in every conversation, and it outranks the user's own wishes about style."
-    for i, (rule, topic) in enumerate(zip(RULES, ("bridges", "pumps", "wiring", "timber", "concrete") * 2))
-)
+
+
+def system_prompt(rules: int = len(RULES)) -> str:
+    """The shared system prompt: about 450 tokens with all ten rules."""
+    return "You are the assistant of a small engineering firm. Follow these house rules exactly.\n" + "\n".join(
+        f"Rule {i + 1} ({topic}): {rule} This rule applies to every answer about {topic}, "
+        f"in every conversation, and it outranks the user's own wishes about style."
+        for i, (rule, topic) in enumerate(zip(RULES[:rules], ("bridges", "pumps", "wiring", "timber", "concrete") * 2))
+    )
+
+
 #: seconds between the starts of two conversations
 STAGGER = 1.0
 #: the most seconds between an answer and the next turn (seeded, the same in
@@ -133,7 +140,7 @@ def conversation(
     url: str, conv: int, args: argparse.Namespace, latencies: list[float], ids: dict[int, list[int]]
 ) -> None:
     time.sleep(STAGGER * conv)  # conversations begin at different moments, as real ones do
-    messages = [{"role": "system", "content": SYSTEM}]
+    messages = [{"role": "system", "content": system_prompt(args.rules)}]
     with httpx.Client(timeout=600) as client:
         for turn in range(args.turns):
             messages.append({"role": "user", "content": user_turn(conv, turn, args.readings)})
@@ -233,6 +240,7 @@ def main() -> int:
     ap.add_argument("--readings", type=int, default=2, help="lines of tool output each user turn carries")
     ap.add_argument("--slots", type=int, default=4, help="session slots per replica (conversations its KV holds)")
     ap.add_argument("--cache-ram", type=int, default=0, help="each replica's host KV tier in MiB (0: none)")
+    ap.add_argument("--rules", type=int, default=len(RULES), help="house rules in the system prompt (10: ~450 tokens)")
     args = ap.parse_args()
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as folder:

@@ -197,6 +197,16 @@ def _rss_bytes() -> int:
     raise AssertionError("no VmRSS")
 
 
+def _whole(data: bytes) -> bool:
+    """Whether ``data`` holds a response's head and its whole body (by its
+    Content-Length; the head and its body may come in separate reads)."""
+    head, sep, body = data.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return len(body) >= int(m.group(1)) if m else len(body) > 0
+
+
 def _raw(url: str, head: bytes, chunks: Any = (), timeout: float = 30) -> bytes:
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
@@ -213,7 +223,7 @@ def _raw(url: str, head: bytes, chunks: Any = (), timeout: float = 30) -> bytes:
                 if not got:
                     break
                 data += got
-                if b"\r\n\r\n" in data and len(data) > 200:
+                if _whole(data):
                     break
         except (TimeoutError, ConnectionResetError):
             pass
