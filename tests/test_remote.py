@@ -110,6 +110,25 @@ def routed(obs: ListObserver, rid: Any) -> list[str]:
     return [e.served for e in obs.of(int(rid)) if e.kind == "requestRouted"]
 
 
+def scripted_pool(srv: Server, upstream: ScriptedUpstream, name: str, **group: Any) -> Any:
+    """A group ``name`` of two replicas (``one``, ``two``) over the scripted
+    upstream, attached once per module; its ``ReplicaSet``."""
+    registry = srv.assembly.registry
+    if registry.lookup(name) is None:
+        from turbospark.loading import attach_group
+
+        one = RemoteOptions(id="x", base_url=upstream.url + "/v1", model="scripted", ctx=4096)
+        attach_group(registry, GroupOptions(name, [("one", one), ("two", one)], **{"health_interval": 3600, **group}))
+    return registry.lookup(name).group
+
+
+def anthropic_stream(srv: Server, model: str = "scripted") -> tuple[int, str, str]:
+    """(status, raw SSE text, request id) of a streamed Anthropic request."""
+    body = {"model": model, "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.stream("POST", srv.url + "/v1/messages", json=body, timeout=60) as r:
+        return r.status_code, r.read().decode(), r.headers["x-request-id"]
+
+
 def same_as_upstream(upstream: Upstream, g: dict[str, Any], before: int) -> None:
     """The front's ``generated`` carries the counts the upstream's own
     ``generated`` (its event log, which had ``before`` of them before the
@@ -514,11 +533,8 @@ def test_configured_headers_reach_the_upstream_and_the_clients_key_does_not(scri
 def test_an_upstream_that_reports_no_usage_gives_zeros_not_a_count_of_chunks(front, scripted_upstream) -> None:
     srv, obs = front
     scripted_upstream.mode = "no_usage"
-    try:
-        raw = oai(srv).chat.completions.with_raw_response.create(model="scripted", messages=MESSAGES)
-        body = raw.parse()
-    finally:
-        scripted_upstream.mode = "ok"
+    raw = oai(srv).chat.completions.with_raw_response.create(model="scripted", messages=MESSAGES)
+    body = raw.parse()
     assert body.choices[0].message.content == "Hello there"  # two pieces came
     g = gen(obs, raw.headers["x-request-id"])
     assert (g["promptTokens"], g["newTokens"], g["reusedPrefixTokens"]) == (0, 0, 0)
@@ -568,30 +584,20 @@ def test_vllms_context_refusal_reaches_the_agents_as_ours(front, scripted_upstre
     Anthropic's "prompt is too long" (Claude Code compacts on it), OpenAI's
     ``context_length_exceeded`` (Codex acts on it), in the Responses API too."""
     srv, _ = front
-    scripted_upstream.mode = "vllm_overflow"
-    try:
-        with pytest.raises(anthropic.BadRequestError) as aerr:
-            ant(srv).messages.create(model="scripted", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
-        assert aerr.value.body["error"]["message"].startswith("prompt is too long: 5000 tokens > 4096 maximum")
-        with pytest.raises(openai.BadRequestError) as oerr:
-            oai(srv).responses.create(model="scripted", input="hi", stream=True)
-        assert oerr.value.body["code"] == "context_length_exceeded"
-    finally:
-        scripted_upstream.mode = "ok"
+    scripted_upstream.mode = "vllm_overflow"  # (the autouse fixture sets it back)
+    with pytest.raises(anthropic.BadRequestError) as aerr:
+        ant(srv).messages.create(model="scripted", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert aerr.value.body["error"]["message"].startswith("prompt is too long: 5000 tokens > 4096 maximum")
+    with pytest.raises(openai.BadRequestError) as oerr:
+        oai(srv).responses.create(model="scripted", input="hi", stream=True)
+    assert oerr.value.body["code"] == "context_length_exceeded"
 
 
 def test_upstream_failure_mid_stream_is_an_error_frame(front, scripted_upstream) -> None:
     srv, obs = front
     scripted_upstream.mode = "mid_stream"
-    with httpx.stream(
-        "POST",
-        srv.url + "/v1/messages",
-        json={"model": "scripted", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
-        timeout=60,
-    ) as r:
-        raw = r.read().decode()
-        rid = r.headers["x-request-id"]
-    assert r.status_code == 200 and "Hello" in raw
+    status, raw, rid = anthropic_stream(srv)
+    assert status == 200 and "Hello" in raw
     assert "event: error" in raw and "the GPU fell over" in raw
     finished = wait_event(obs, rid, "requestFinished")
     assert "the GPU fell over" in (finished.error or "")
@@ -604,15 +610,8 @@ def test_an_upstream_stream_that_closes_before_its_end_is_an_error_not_an_answer
     token a group's request goes to another replica."""
     srv, obs = front
     scripted_upstream.mode = "cut"
-    with httpx.stream(
-        "POST",
-        srv.url + "/v1/messages",
-        json={"model": "scripted", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
-        timeout=60,
-    ) as r:
-        raw = r.read().decode()
-        rid = r.headers["x-request-id"]
-    assert r.status_code == 200 and "Hello" in raw
+    status, raw, rid = anthropic_stream(srv)
+    assert status == 200 and "Hello" in raw
     assert "event: error" in raw and "message_stop" not in raw
     finished = wait_event(obs, rid, "requestFinished")
     assert "before its end" in (finished.error or "")
@@ -622,12 +621,7 @@ def test_an_upstream_stream_that_closes_before_its_end_is_an_error_not_an_answer
         timeout=60,
     )
     assert r.status_code == 502 and "before its end" in r.json()["error"]["message"]
-    registry = srv.assembly.registry
-    if registry.lookup("cutpool") is None:
-        from turbospark.loading import attach_group
-
-        one = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096)
-        attach_group(registry, GroupOptions("cutpool", [("one", one), ("two", one)], health_interval=3600))
+    scripted_pool(srv, scripted_upstream, "cutpool")
     scripted_upstream.mode = "ok"
     scripted_upstream.queue = ["cut_empty"]
     raw_body = oai(srv).chat.completions.with_raw_response.create(
@@ -643,13 +637,7 @@ def test_an_error_a_replica_answers_moves_the_request_and_leaves_it_up(front, sc
     request to another replica once, but does not take the replica out: one
     bad request must not leave a group with no replica up."""
     srv, obs = front
-    registry = srv.assembly.registry
-    if registry.lookup("errpool") is None:
-        from turbospark.loading import attach_group
-
-        one = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096)
-        attach_group(registry, GroupOptions("errpool", [("one", one), ("two", one)], health_interval=3600))
-    group = registry.lookup("errpool").group
+    group = scripted_pool(srv, scripted_upstream, "errpool")
     scripted_upstream.mode = "ok"
     scripted_upstream.queue = ["server_error"]
     raw = oai(srv).chat.completions.with_raw_response.create(model="errpool", messages=MESSAGES)
@@ -670,14 +658,7 @@ def test_which_refusals_take_a_replica_out(front, scripted_upstream) -> None:
     signal moves it only to a replica that is up, else the client gets it
     with its Retry-After."""
     srv, obs = front
-    registry = srv.assembly.registry
-    if registry.lookup("outpool") is None:
-        from turbospark.loading import attach_group
-
-        one = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096)
-        attach_group(registry, GroupOptions("outpool", [("one", one), ("two", one)], health_interval=3600,
-                                            cooldown=3600))  # fmt: skip
-    group = registry.lookup("outpool").group
+    group = scripted_pool(srv, scripted_upstream, "outpool", cooldown=3600)
     for mode in ("unavailable", "draining"):
         for r in group.replicas:
             r.up, r.reason, r.down_until = True, "", 0.0
@@ -699,9 +680,9 @@ def test_an_upstream_that_goes_silent_past_its_read_timeout(scripted_upstream) -
     a 504 (and a group's request moves to the other replica), after it an
     error frame, each within the timeout, not when the upstream wakes."""
     opts = RemoteOptions(
-        id="slow", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096, read_timeout=0.5
+        id="slow", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096, read_timeout=1.5
     )
-    one = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096, read_timeout=0.5)
+    one = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096, read_timeout=1.5)
     obs = ListObserver()
     with Server(
         [opts, GroupOptions("slowpool", [("one", one), ("two", one)], health_interval=3600)], observer=obs
@@ -969,12 +950,7 @@ def test_replica_never_retried_after_a_token(front, scripted_upstream) -> None:
     has its first bytes (the scripted upstream fails after one piece)."""
     srv, obs = front
     scripted_upstream.mode = "mid_stream"
-    registry = srv.assembly.registry
-    if registry.lookup("flaky") is None:
-        from turbospark.loading import attach_group
-
-        good = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096)
-        attach_group(registry, GroupOptions("flaky", [("one", good), ("two", good)], health_interval=3600))
+    scripted_pool(srv, scripted_upstream, "flaky")
     with httpx.stream(
         "POST",
         srv.url + "/v1/chat/completions",
