@@ -9,6 +9,7 @@ counts in the front's events and usage are the upstream's own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -943,6 +944,32 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
         if b.proc is None or b.proc.poll() is not None:
             b.start()
         group.health_interval = 3600
+
+
+def test_health_paths_are_read_from_the_root_or_from_base_url(upstreams, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/health`` is read at the upstream's root, where vLLM, SGLang,
+    llama-server and turbospark serve it (not ``base_url``'s ``/v1/health``);
+    the default ``models`` and other paths without a slash follow
+    ``base_url``; a whole URL is taken as it is."""
+    from turbospark.upstream.client import Connection, Endpoint
+
+    a, b = upstreams
+
+    def check(path: str, up: Upstream = b, key: bool = False) -> str | None:
+        end = Endpoint(up.url + "/v1", KEY_ENV if key else None, health_path=path)
+        return asyncio.run(Connection(end).healthy())
+
+    assert Endpoint("http://h:1/v1").health_url() == "http://h:1/v1/models"
+    for path in ("/health", "/v1/models", "models", b.url + "/health"):
+        assert check(path) is None, path
+    assert check("/v1/health") == "health check answered 404"
+    assert check("health") == "health check answered 404"  # base_url's /v1/health
+    # behind a key: the model list needs it, /health does not
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    assert check("models", a, key=True) is None
+    assert check("/health", a) is None
+    monkeypatch.delenv(KEY_ENV)
+    assert check("models", a, key=True) == "health check answered 401"
 
 
 def test_replica_never_retried_after_a_token(front, scripted_upstream) -> None:

@@ -95,7 +95,7 @@ def remote_options(model_id: str, values: dict[str, Any], where: str, aliases: t
         connect_timeout=float(values.get("connect_timeout", 5.0)),
         read_timeout=float(values.get("read_timeout", 600.0)),
         embeddings=values.get("embeddings", False),
-        health_path=values.get("health_path", "/models"),
+        health_path=values.get("health_path", "models"),
         max_connections=values.get("max_connections", 256),
         ca_file=ca_file,
     )

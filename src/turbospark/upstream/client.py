@@ -85,8 +85,11 @@ class Endpoint:
     #: most connections open to it at once (a streamed request holds one for
     #: its whole answer; past this, requests wait for one)
     max_connections: int = 256
-    #: what a health check reads (relative to ``base_url``, or absolute)
-    health_path: str = "/models"
+    #: what a health check reads: with a leading slash, from the server's
+    #: root (``/health``, ``/v1/models``: where vLLM, SGLang, llama-server and
+    #: turbospark serve them); without one, relative to ``base_url`` (the
+    #: default ``models``: the upstream's model list); or a whole URL
+    health_path: str = "models"
     #: the CAs to check an https upstream's certificate against (a PEM
     #: file); None: the public ones (certifi's)
     ca_file: str | None = None
@@ -107,6 +110,12 @@ class Endpoint:
         if path.startswith(("http://", "https://")):
             return path
         return self.base_url.rstrip("/") + "/" + path.lstrip("/")
+
+    def health_url(self) -> str:
+        path = self.health_path
+        if path.startswith("/"):
+            return str(httpx.URL(self.base_url).copy_with(path=path, query=None, fragment=None))
+        return self.url(path)
 
     def request_headers(self) -> dict[str, str]:
         h = dict(self.headers)
@@ -271,7 +280,7 @@ class Connection:
         e = self.endpoint
         try:
             async with httpx.AsyncClient(http2=_http2(), timeout=timeout, verify=e.verify(), trust_env=False) as client:
-                resp = await client.get(e.url(e.health_path), headers=e.request_headers())
+                resp = await client.get(e.health_url(), headers=e.request_headers())
         except httpx.HTTPError as exc:
             return f"unreachable ({_why(exc)})"
         return None if resp.status_code < 300 else f"health check answered {resp.status_code}"

@@ -56,7 +56,8 @@ class RemoteOptions:
     read_timeout: float = 600.0
     #: the upstream serves ``/embeddings`` for this model
     embeddings: bool = False
-    health_path: str = "/models"
+    #: what a health check reads (see :attr:`Endpoint.health_path`)
+    health_path: str = "models"
     #: most connections open to it at once (each streamed answer holds one)
     max_connections: int = 256
     #: a PEM bundle of the CAs an https upstream's certificate is checked
