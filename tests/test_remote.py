@@ -1113,6 +1113,46 @@ def test_embeddings_over_a_remote_model(upstreams) -> None:
         assert len(r.embeddings[0]) == len(theirs)
 
 
+def test_embeddings_and_token_counts_over_a_group_move_off_a_dead_replica(upstreams) -> None:
+    """An embedding request or a token count that meets a dead replica is
+    served by another one (once), and the dead one is marked down, as for a
+    chat request before its first token."""
+    _, b = upstreams
+
+    def emb(url: str) -> RemoteOptions:
+        return RemoteOptions(id="x", base_url=url + "/v1", model="smollm2-135m", ctx=2048, embeddings=True)
+
+    obs = ListObserver()
+    dead_url = f"http://127.0.0.1:{free_port()}"
+    group = GroupOptions("embpool", [("dead", emb(dead_url)), ("b", emb(b.url))], health_interval=3600, cooldown=3600)
+    with Server([group], observer=obs) as srv:
+        pool = srv.assembly.registry.lookup("embpool").group
+        dead = pool.by_name("dead")
+        wait_until(lambda: not dead.up, what="the first health check finds the dead replica")
+        pool._next_check = float("inf")
+        dead.up, dead.reason, dead.down_until = True, "", 0.0  # as if it had died after that check
+        routes = []
+        for i in range(2):  # keyless requests take turns over the replicas: one meets the dead one
+            raw = oai(srv).embeddings.with_raw_response.create(model="embpool", input=[f"a lighthouse {i}"])
+            assert len(raw.parse().data[0].embedding) > 10
+            routes.append(routed(obs, raw.headers["x-request-id"]))
+        assert ["embpool@dead", "embpool@b"] in routes, routes
+        assert not dead.up and "unreachable" in dead.reason
+        r = ollama.Client(host=srv.url, timeout=60).embed(model="embpool", input="a storm at sea")
+        assert len(r.embeddings[0]) > 10
+        # a token count (Claude Code asks for many) moves the same way
+        dead.up, dead.reason, dead.down_until = True, "", 0.0
+        counts, routes = [], []
+        for _ in range(2):
+            raw = ant(srv).messages.with_raw_response.count_tokens(
+                model="embpool", messages=[{"role": "user", "content": "How far is the lighthouse?"}]
+            )
+            counts.append(raw.parse().input_tokens)
+            routes.append(routed(obs, raw.headers["x-request-id"]))
+        assert ["embpool@dead", "embpool@b"] in routes, routes
+        assert counts[0] == counts[1] > 5 and not dead.up
+
+
 def test_a_group_of_a_local_and_a_remote_replica(upstreams) -> None:
     """One id over a GGUF this process runs and an upstream: both serve,
     each named in the events."""

@@ -7,6 +7,8 @@ ignores the query string.
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -24,7 +26,7 @@ from .common import (
     request_id,
     respond,
     route_and_prepare,
-    route_model,
+    run_routed,
     warning_headers,
 )
 
@@ -55,8 +57,11 @@ async def count_tokens(request: Request) -> Response:
     body = validate(msgs.CountTokensRequest, await read_json(request))
     req, warnings = msgs.to_prompt_request(body)
     normalize(req, request)  # counted as the real request will be prefilled
-    model, _ = await route_model(request, body.model, "chat", False, req.normalized)
-    n = await off_loop(count_prompt, model, req)
+
+    async def count(model: Any) -> int:
+        return await off_loop(count_prompt, model, req)
+
+    n, _ = await run_routed(request, body.model, "chat", count, req.normalized)
     return JSONResponse({"input_tokens": n}, headers=_headers(request, warnings))
 
 

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..sinks.live import LiveEvents
 
 log = logging.getLogger("turbospark.http")
+T = TypeVar("T")
 
 #: the request's :class:`Failover`, when it was routed to a replica
 FAILOVER_KEY = "turbospark.failover"
@@ -204,10 +205,14 @@ async def admit(
     there at once, as a busy remote one does, and stays up."""
     if route.group is None:
         return model, route, await prepare_and_admit(request, model, req, prepare_fn)
-    failover = Failover(request, req, requested, streamed, prepare_fn, route, _key_of(req))
+
+    def prepare_on(m: Any) -> Awaitable[Prepared]:
+        return prepare_and_admit(request, m, req, prepare_fn)
+
+    failover = Failover(request, requested, route, "chat", streamed, req.normalized, _key_of(req), prepare_on)
     request.scope["state"][FAILOVER_KEY] = failover
     try:
-        return model, route, await prepare_and_admit(request, model, req, prepare_fn)
+        return model, route, await prepare_on(model)
     except Overloaded:
         moved = await failover.next(busy=True)
         if moved is None:
@@ -218,21 +223,24 @@ async def admit(
 
 class Failover:
     """A request routed to a replica: when the replica fails it before its
-    first token, it is marked down and the request goes (once) to another
-    replica, re-routed and prepared anew; never after a token was sent."""
+    first token (a chat request) or before its answer (embeddings), it is
+    marked down and the request goes (once) to another replica, re-routed
+    (and a chat request prepared anew by ``prepare``); never after a token
+    was sent."""
 
     def __init__(
         self,
         request: Request,
-        req: ChatRequest,
         requested: str | None,
-        streamed: bool,
-        prepare_fn: Callable[[Any, ChatRequest], Prepared],
         route: Route,
-        key: Callable[[], str | None],
+        capability: Capability,
+        streamed: bool = False,
+        normalized: int = 0,
+        key: Callable[[], str | None] | None = None,
+        prepare: Callable[[Any], Awaitable[Prepared]] | None = None,
     ) -> None:
-        self.request, self.req, self.requested, self.streamed = request, req, requested, streamed
-        self.prepare_fn, self.route, self.key = prepare_fn, route, key
+        self.request, self.requested, self.route, self.capability = request, requested, route, capability
+        self.streamed, self.normalized, self.key, self.prepare = streamed, normalized, key, prepare
         self.used = False
 
     def failed(self, exc: UpstreamError) -> None:
@@ -244,10 +252,11 @@ class Failover:
         if self.route.group is not None and self.route.replica is not None and exc.retryable and exc.down:
             self.route.group.failed(self.route.replica, exc.message)
 
-    async def next(self, busy: bool = False) -> tuple[Any, Prepared] | None:
-        """The request routed anew to another replica (once), or None. A
-        ``busy`` replica's request moves only to one that is up: else its
-        client is better served by the busy signal and its Retry-After."""
+    async def reroute(self, busy: bool = False) -> Any | None:
+        """The model of another replica the request is now routed to (once),
+        or None. A ``busy`` replica's request moves only to one that is up:
+        else its client is better served by the busy signal and its
+        Retry-After."""
         if self.used or self.route.replica is None or self.route.group is None:
             return None
         if busy and not any(r.up for r in self.route.group.replicas if r is not self.route.replica):
@@ -261,11 +270,43 @@ class Failover:
             give_back()
         try:
             model, self.route = await route_model(
-                self.request, self.requested, "chat", self.streamed, self.req.normalized, self.key, exclude
+                self.request, self.requested, self.capability, self.streamed, self.normalized, self.key, exclude
             )
         except RoutingError:
             return None
-        return model, await prepare_and_admit(self.request, model, self.req, self.prepare_fn)
+        return model
+
+    async def next(self, busy: bool = False) -> tuple[Any, Prepared] | None:
+        """A chat request routed anew and prepared on another replica (once), or None."""
+        assert self.prepare is not None
+        model = await self.reroute(busy)
+        return None if model is None else (model, await self.prepare(model))
+
+
+async def run_routed(
+    request: Request,
+    requested: str | None,
+    capability: Capability,
+    run: Callable[[Any], Awaitable[T]],
+    normalized: int = 0,
+) -> tuple[T, Route]:
+    """Route a request that is answered whole (embeddings, a token count)
+    and ``run`` it on the model; in a replica group, a replica that fails it
+    is replaced once (:class:`Failover`), as a chat request's is before its
+    first token."""
+    model, route = await route_model(request, requested, capability, False, normalized)
+    if route.group is None:
+        return await run(model), route
+    failover = Failover(request, requested, route, capability, normalized=normalized)
+    try:
+        return await run(model), route
+    except UpstreamError as exc:
+        failover.failed(exc)
+        model = await failover.reroute(exc.busy) if exc.retryable else None
+        if model is None:
+            raise
+        log.warning("replica %s failed (%s); retried on %s", route.served, exc.message, failover.route.served)
+    return await run(model), failover.route
 
 
 async def generate_items(
@@ -310,7 +351,7 @@ async def prepare_and_admit(
     return prepared
 
 
-async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """Heavy, blocking work (templating, tokenising) on a worker thread."""
     return await asyncio.to_thread(fn, *args)
 

@@ -24,7 +24,8 @@ from ..dialects.common import validate
 from ..dialects.errors import ollama_error, openai_error
 from ..engine.interface import ChatModel
 from ..engine.types import Embeddings
-from .common import JSONResponse, endpoint, read_json, route_model
+from ..registry import Route as ModelRoute
+from .common import JSONResponse, endpoint, read_json, run_routed
 
 
 async def encode(model: ChatModel, texts: list[str], truncate: bool = False) -> Embeddings:
@@ -32,12 +33,24 @@ async def encode(model: ChatModel, texts: list[str], truncate: bool = False) -> 
     return await anyio.to_thread.run_sync(model.encode, texts, truncate)
 
 
+async def embed(
+    request: Request, requested: str | None, texts: list[str], truncate: bool = False
+) -> tuple[Embeddings | None, ModelRoute]:
+    """Route the request and encode ``texts`` (none: routed only); in a
+    replica group a failed replica is replaced once (``run_routed``)."""
+
+    async def run(model: ChatModel) -> Embeddings | None:
+        return await encode(model, texts, truncate) if texts else None
+
+    return await run_routed(request, requested, "embeddings", run)
+
+
 @endpoint(openai_error)
 async def openai_embeddings(request: Request) -> Response:
     body = validate(emb.EmbeddingRequest, await read_json(request))
     texts = emb.texts_of(body)
-    model, route = await route_model(request, body.model, "embeddings", False)
-    result = await encode(model, texts)
+    result, route = await embed(request, body.model, texts)
+    assert result is not None  # texts_of refuses an empty input
     return JSONResponse(emb.render(body, route.served, result))
 
 
@@ -47,9 +60,7 @@ async def ollama_embed(request: Request) -> Response:
     body = validate(oe.EmbedRequest, await read_json(request))
     texts = oe.embed_texts(body)
     dimensions = oe.check_dimensions(body.dimensions)
-    model, route = await route_model(request, ollama_names.model_name(body.model), "embeddings", False)
-    truncate = body.truncate is not False
-    result = await encode(model, texts, truncate) if texts else None
+    result, route = await embed(request, ollama_names.model_name(body.model), texts, body.truncate is not False)
     took = time.perf_counter_ns() - started
     return JSONResponse(oe.render_embed(body.model, route.served, result, dimensions, took))
 
@@ -58,8 +69,7 @@ async def ollama_embed(request: Request) -> Response:
 async def ollama_embeddings(request: Request) -> Response:
     body = validate(oe.EmbeddingsRequest, await read_json(request))
     texts = oe.legacy_texts(body)
-    model, _ = await route_model(request, ollama_names.model_name(body.model), "embeddings", False)
-    result = await encode(model, texts) if texts else None
+    result, _ = await embed(request, ollama_names.model_name(body.model), texts)
     return JSONResponse(oe.render_legacy(result))
 
 

@@ -24,7 +24,7 @@ from .common import (
     route_model,
     warning_headers,
 )
-from .embeddings import encode
+from .embeddings import embed
 
 
 async def _generate(request: Request, body: ll.CompletionBody, tr: Translation) -> Response:
@@ -90,8 +90,8 @@ async def embedding(request: Request) -> Response:
     texts = [body.content] if isinstance(body.content, str) else body.content
     if not texts:
         raise BadRequest("'content' must not be empty", "content")
-    model, _ = await route_model(request, body.model, "embeddings", False)
-    result = await encode(model, texts)
+    result, _ = await embed(request, body.model, texts)
+    assert result is not None
     out: list[dict[str, Any]] = [{"index": i, "embedding": [v]} for i, v in enumerate(result.vectors)]
     return JSONResponse(out)
 

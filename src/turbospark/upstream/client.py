@@ -260,9 +260,11 @@ class Connection:
         try:
             resp = self.blocking().post(e.url(path), content=orjson.dumps(body), headers=_json_headers(e))
         except httpx.TimeoutException as exc:
-            raise UpstreamError(504, f"upstream {e.base_url} timed out ({type(exc).__name__})") from None
+            raise UpstreamError(
+                504, f"upstream {e.base_url} timed out ({type(exc).__name__})", retryable=True
+            ) from None
         except httpx.HTTPError as exc:
-            raise UpstreamError(502, f"upstream {e.base_url} unreachable ({_why(exc)})") from None
+            raise UpstreamError(502, f"upstream {e.base_url} unreachable ({_why(exc)})", retryable=True) from None
         if resp.status_code >= 400:
             raise answer_error(resp.status_code, resp.content[:ERROR_BODY_LIMIT], resp.headers)
         try:
