@@ -330,3 +330,68 @@ class ScriptedUpstream:
         usage = {"prompt_tokens": 20, "completion_tokens": 12, "completion_tokens_details": {"reasoning_tokens": 5}}
         yield b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": usage}) + b"\n\n"
         yield b"data: [DONE]\n\n"
+
+
+class ClosingUpstream:
+    """A raw HTTP/1.1 upstream that answers the first request on each
+    connection and keeps the connection open, then closes it without an
+    answer when the next request arrives on it: what a client meets when it
+    reuses a kept-alive connection just as the upstream's idle timeout
+    closes it (uvicorn's and llama-server's are 5 s). ``connections`` counts
+    the connections it accepted, ``dropped`` the requests it closed on."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.dropped = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _read_request(f: Any) -> dict[str, Any] | None:
+        length = 0
+        line = f.readline()
+        if not line:
+            return None
+        while (line := f.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        return json.loads(f.read(length)) if length else {}
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as f:
+            body = self._read_request(f)
+            if body is None:
+                return
+            if body.get("stream"):
+                chunks = [
+                    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hello"}}]},
+                    {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                    {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}},
+                ]
+                payload = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+                kind = b"text/event-stream"
+            else:
+                message = {"role": "assistant", "content": "Hello"}
+                answer = {
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
+                }
+                payload, kind = orjson.dumps(answer), b"application/json"
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (kind, len(payload))
+            conn.sendall(head + payload)
+            if self._read_request(f) is not None:
+                self.dropped += 1  # the next request on this connection: closed unanswered
+
+    def stop(self) -> None:
+        self.sock.close()

@@ -32,7 +32,16 @@ from turbospark.engine.model import ModelOptions
 from turbospark.loading import GroupOptions
 from turbospark.upstream.model import RemoteOptions
 
-from .remote_support import STALL, ScriptedUpstream, Upstream, free_port, keep_reading, peer_binary, wait_up
+from .remote_support import (
+    STALL,
+    ClosingUpstream,
+    ScriptedUpstream,
+    Upstream,
+    free_port,
+    keep_reading,
+    peer_binary,
+    wait_up,
+)
 from .support import WEATHER_FUNCTION, chat_tool, wait_event, wait_until
 
 SECRET = "sk-upstream-secret-4242"
@@ -944,6 +953,30 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
         if b.proc is None or b.proc.poll() is not None:
             b.start()
         group.health_interval = 3600
+
+
+def test_a_kept_alive_connection_the_upstream_closes_is_not_a_failure() -> None:
+    """An upstream closes an idle connection (uvicorn's and llama-server's
+    5 s) just as the front reuses it: the request goes once more, on a new
+    connection, instead of failing with a 502 (streamed, and answered whole
+    for a token count)."""
+    up = ClosingUpstream()
+    try:
+        opts = RemoteOptions(id="closing", base_url=up.url + "/v1", model="m", ctx=4096)
+        with Server([opts]) as srv:
+            c = oai(srv)
+            for _ in range(3):
+                with c.chat.completions.with_streaming_response.create(
+                    model="closing", messages=MESSAGES, max_tokens=4, stream=True
+                ) as s:
+                    assert "Hello" in s.read().decode()
+            for _ in range(2):
+                counted = ant(srv).messages.count_tokens(model="closing", messages=[{"role": "user", "content": "hi"}])
+                assert counted.input_tokens == 7
+        assert up.dropped >= 3  # each request after the first met a closed connection
+        assert up.connections >= 5
+    finally:
+        up.stop()
 
 
 def test_health_paths_are_read_from_the_root_or_from_base_url(upstreams, monkeypatch: pytest.MonkeyPatch) -> None:

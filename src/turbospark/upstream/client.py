@@ -7,10 +7,12 @@ stored in the configuration, the model's info, events or logs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import ssl
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +127,15 @@ class Endpoint:
         return h
 
 
+#: how long an idle pooled connection is kept: under the 5 s after which
+#: uvicorn (vLLM, SGLang, turbospark) and llama-server close one, so a
+#: request is not sent on a connection the upstream is closing right then
+KEEPALIVE_SECONDS = 3.0
+#: what sending on a connection the upstream closed meanwhile raises (no
+#: answer was read): the request is sent once more, on a new connection
+STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
 class Connection:
     """The pooled clients of one :class:`Endpoint`: an async one per event
     loop (a server has one) and a blocking one for worker threads."""
@@ -143,7 +154,7 @@ class Connection:
 
     def _limits(self) -> httpx.Limits:
         n = self.endpoint.max_connections
-        return httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        return httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_SECONDS)
 
     def client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
@@ -207,10 +218,14 @@ class Connection:
         :class:`UpstreamError` for an error answer (before anything was
         yielded) or an error event in the stream."""
         e = self.endpoint
+        client = self.client()
+        request = client.build_request("POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e))
         try:
-            async with self.client().stream(
-                "POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e)
-            ) as resp:
+            try:
+                resp = await client.send(request, stream=True)
+            except STALE:  # an idle connection the upstream closed as it was reused: once more
+                resp = await client.send(request, stream=True)
+            async with aclosing(resp):
                 if resp.status_code >= 400:
                     raw = await _read_limited(resp)
                     raise answer_error(resp.status_code, raw, resp.headers)
@@ -223,7 +238,8 @@ class Connection:
                         retryable=True,
                     )
                 event = ""
-                async for line in resp.aiter_lines():
+                lines = resp.aiter_lines()
+                async for line in lines:
                     if line.startswith("event:"):
                         event = line[6:].strip()
                         continue
@@ -231,6 +247,7 @@ class Connection:
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        await _finish(lines)
                         return
                     try:
                         obj = orjson.loads(data)
@@ -257,8 +274,13 @@ class Connection:
     def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """A blocking POST (worker threads: embeddings, token counts)."""
         e = self.endpoint
+        client = self.blocking()
+        request = client.build_request("POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e))
         try:
-            resp = self.blocking().post(e.url(path), content=orjson.dumps(body), headers=_json_headers(e))
+            try:
+                resp = client.send(request)
+            except STALE:  # an idle connection the upstream closed as it was reused: once more
+                resp = client.send(request)
         except httpx.TimeoutException as exc:
             raise UpstreamError(
                 504, f"upstream {e.base_url} timed out ({type(exc).__name__})", retryable=True
@@ -315,6 +337,17 @@ async def _read_limited(resp: httpx.Response) -> bytes:
 
 def _json_headers(e: Endpoint) -> dict[str, str]:
     return {**e.request_headers(), "Content-Type": "application/json"}
+
+
+async def _finish(lines: AsyncIterator[str]) -> None:
+    """Read the end of a stream after its ``[DONE]`` (normally nothing but
+    the body's end), so its connection goes back to the pool rather than
+    being closed; an upstream that keeps the stream open past it is left
+    after a moment."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(1.0):
+            async for _ in lines:
+                pass
 
 
 def _why(exc: BaseException) -> str:
