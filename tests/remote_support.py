@@ -333,14 +333,19 @@ class ScriptedUpstream:
 
 
 class ClosingUpstream:
-    """A raw HTTP/1.1 upstream that answers the first request on each
+    """A raw HTTP/1.1 upstream that closes connections at awkward moments.
+    ``mode`` ``kept`` (the default): it answers the first request on each
     connection and keeps the connection open, then closes it without an
-    answer when the next request arrives on it: what a client meets when it
-    reuses a kept-alive connection just as the upstream's idle timeout
-    closes it (uvicorn's and llama-server's are 5 s). ``connections`` counts
-    the connections it accepted, ``dropped`` the requests it closed on."""
+    answer when the next request arrives on it, which is what a client meets
+    when it reuses a kept-alive connection just as the upstream's idle
+    timeout closes it (uvicorn's and llama-server's are 5 s). ``never``:
+    every request is closed on unanswered. ``short``: the answer, then the
+    connection closes before the body's announced length (a cut past the
+    stream's ``[DONE]``). ``connections`` counts the connections it accepted,
+    ``dropped`` the requests it closed on unanswered."""
 
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "kept") -> None:
+        self.mode = mode
         self.connections = 0
         self.dropped = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -373,6 +378,9 @@ class ClosingUpstream:
             body = self._read_request(f)
             if body is None:
                 return
+            if self.mode == "never":
+                self.dropped += 1
+                return
             if body.get("stream"):
                 chunks = [
                     {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hello"}}]},
@@ -388,8 +396,11 @@ class ClosingUpstream:
                     "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
                 }
                 payload, kind = orjson.dumps(answer), b"application/json"
-            head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (kind, len(payload))
+            length = len(payload) + (16 if self.mode == "short" else 0)
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (kind, length)
             conn.sendall(head + payload)
+            if self.mode == "short":
+                return
             if self._read_request(f) is not None:
                 self.dropped += 1  # the next request on this connection: closed unanswered
 

@@ -955,11 +955,14 @@ def test_a_killed_replica_is_routed_around_marked_down_and_comes_back(front, ups
         group.health_interval = 3600
 
 
-def test_a_kept_alive_connection_the_upstream_closes_is_not_a_failure() -> None:
+def test_a_kept_alive_connection_the_upstream_closes_is_not_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     """An upstream closes an idle connection (uvicorn's and llama-server's
     5 s) just as the front reuses it: the request goes once more, on a new
     connection, instead of failing with a 502 (streamed, and answered whole
     for a token count)."""
+    from turbospark.upstream import client
+
+    monkeypatch.setattr(client, "KEEPALIVE_SECONDS", 60.0)  # a slow box's pauses must not expire them first
     up = ClosingUpstream()
     try:
         opts = RemoteOptions(id="closing", base_url=up.url + "/v1", model="m", ctx=4096)
@@ -979,6 +982,44 @@ def test_a_kept_alive_connection_the_upstream_closes_is_not_a_failure() -> None:
         up.stop()
 
 
+def test_a_new_connection_the_upstream_closes_is_its_failure_and_not_sent_twice() -> None:
+    """Only a request sent on a kept connection is sent again: one that
+    opened its own and was closed unanswered (an upstream that crashes on
+    it) is a 502 at once, sent once."""
+    up = ClosingUpstream("never")
+    try:
+        opts = RemoteOptions(id="closing", base_url=up.url + "/v1", model="m", ctx=4096)
+        with Server([opts]) as srv:
+            for i in range(2):
+                with pytest.raises(openai.InternalServerError, match="unreachable"):
+                    oai(srv).chat.completions.create(model="closing", messages=MESSAGES, max_tokens=4)
+                assert up.dropped == up.connections == i + 1
+            with pytest.raises(anthropic.InternalServerError, match="unreachable"):
+                ant(srv).messages.count_tokens(model="closing", messages=[{"role": "user", "content": "hi"}])
+            assert up.dropped == up.connections == 3
+    finally:
+        up.stop()
+
+
+def test_a_cut_past_the_end_of_a_finished_stream_changes_nothing() -> None:
+    """The connection closes before the body's announced end, after the
+    stream's ``[DONE]``: the answer is whole, and the client gets it."""
+    up = ClosingUpstream("short")
+    try:
+        opts = RemoteOptions(id="closing", base_url=up.url + "/v1", model="m", ctx=4096)
+        with Server([opts]) as srv:
+            c = oai(srv)
+            out = c.chat.completions.create(model="closing", messages=MESSAGES, max_tokens=4)
+            assert out.choices[0].message.content == "Hello" and out.choices[0].finish_reason == "stop"
+            with c.chat.completions.with_streaming_response.create(
+                model="closing", messages=MESSAGES, max_tokens=4, stream=True
+            ) as s:
+                text = s.read().decode()
+            assert "Hello" in text and '"finish_reason":"stop"' in text and "data: [DONE]" in text
+    finally:
+        up.stop()
+
+
 def test_health_paths_are_read_from_the_root_or_from_base_url(upstreams, monkeypatch: pytest.MonkeyPatch) -> None:
     """``/health`` is read at the upstream's root, where vLLM, SGLang,
     llama-server and turbospark serve it (not ``base_url``'s ``/v1/health``);
@@ -993,7 +1034,8 @@ def test_health_paths_are_read_from_the_root_or_from_base_url(upstreams, monkeyp
         return asyncio.run(Connection(end).healthy())
 
     assert Endpoint("http://h:1/v1").health_url() == "http://h:1/v1/models"
-    for path in ("/health", "/v1/models", "models", b.url + "/health"):
+    # ("/models": the default's first spelling, still base_url's model list)
+    for path in ("/health", "/v1/models", "models", "/models", b.url + "/health"):
         assert check(path) is None, path
     assert check("/v1/health") == "health check answered 404"
     assert check("health") == "health check answered 404"  # base_url's /v1/health

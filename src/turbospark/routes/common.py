@@ -306,7 +306,11 @@ async def run_routed(
         if model is None:
             raise
         log.warning("replica %s failed (%s); retried on %s", route.served, exc.message, failover.route.served)
-    return await run(model), failover.route
+    try:
+        return await run(model), failover.route
+    except UpstreamError as exc:
+        failover.failed(exc)  # the second replica is judged as the first was
+        raise
 
 
 async def generate_items(
@@ -331,8 +335,12 @@ async def generate_items(
             raise
         log.warning("replica failed before its first token (%s); retried on %s", exc.message, failover.route.served)
     model, prepared = moved
-    async for item in stream(model, prepared, cancel, reporter_of(request), live):
-        yield item
+    try:
+        async for item in stream(model, prepared, cancel, reporter_of(request), live):
+            yield item
+    except UpstreamError as exc:
+        failover.failed(exc)  # the second replica is judged as the first was
+        raise
 
 
 async def prepare_and_admit(

@@ -115,8 +115,10 @@ class Endpoint:
 
     def health_url(self) -> str:
         path = self.health_path
-        if path.startswith("/"):
-            return str(httpx.URL(self.base_url).copy_with(path=path, query=None, fragment=None))
+        if path == "/models":  # the default's first spelling, documented as relative to base_url
+            path = "models"
+        if path.startswith("/"):  # from the server's root (a query kept)
+            return str(httpx.URL(self.base_url).join(path))
         return self.url(path)
 
     def request_headers(self) -> dict[str, str]:
@@ -132,8 +134,25 @@ class Endpoint:
 #: request is not sent on a connection the upstream is closing right then
 KEEPALIVE_SECONDS = 3.0
 #: what sending on a connection the upstream closed meanwhile raises (no
-#: answer was read): the request is sent once more, on a new connection
+#: answer was read): on a kept connection, the request is sent once more
 STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+class _Opened:
+    """Whether a request opened a new connection (httpcore's ``trace``
+    extension): only one sent on a kept connection is sent again after a
+    ``STALE`` failure (a new one that fails is the upstream's own failure,
+    and its request is not sent twice)."""
+
+    def __init__(self) -> None:
+        self.opened = False
+
+    def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if name.startswith("connection.connect_tcp"):
+            self.opened = True
+
+    async def hook(self, name: str, info: dict[str, Any]) -> None:
+        self(name, info)
 
 
 class Connection:
@@ -219,11 +238,17 @@ class Connection:
         yielded) or an error event in the stream."""
         e = self.endpoint
         client = self.client()
-        request = client.build_request("POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e))
+        opened = _Opened()
+        request = client.build_request(
+            "POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e), extensions={"trace": opened.hook}
+        )
         try:
             try:
                 resp = await client.send(request, stream=True)
-            except STALE:  # an idle connection the upstream closed as it was reused: once more
+            except STALE:
+                if opened.opened:
+                    raise
+                # a kept connection the upstream closed as it was reused (its idle timeout): once more
                 resp = await client.send(request, stream=True)
             async with aclosing(resp):
                 if resp.status_code >= 400:
@@ -275,12 +300,22 @@ class Connection:
         """A blocking POST (worker threads: embeddings, token counts)."""
         e = self.endpoint
         client = self.blocking()
-        request = client.build_request("POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e))
+        opened = _Opened()
+        request = client.build_request(
+            "POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e), extensions={"trace": opened}
+        )
         try:
             try:
-                resp = client.send(request)
-            except STALE:  # an idle connection the upstream closed as it was reused: once more
-                resp = client.send(request)
+                resp = client.send(request, stream=True)
+            except STALE:
+                if opened.opened:
+                    raise
+                # a kept connection the upstream closed as it was reused (its idle timeout): once more
+                resp = client.send(request, stream=True)
+            try:  # (read outside the retry: an answer cut while read is not sent again)
+                resp.read()
+            finally:
+                resp.close()
         except httpx.TimeoutException as exc:
             raise UpstreamError(
                 504, f"upstream {e.base_url} timed out ({type(exc).__name__})", retryable=True
@@ -344,7 +379,8 @@ async def _finish(lines: AsyncIterator[str]) -> None:
     the body's end), so its connection goes back to the pool rather than
     being closed; an upstream that keeps the stream open past it is left
     after a moment."""
-    with contextlib.suppress(TimeoutError):
+    # (the answer is whole: a cut or reset past its end changes nothing)
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
         async with asyncio.timeout(1.0):
             async for _ in lines:
                 pass
