@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 export VENV
 
-.PHONY: install serve test lint bench bench-runtime bench-agents bench-load bench-replicas clean e2e-agents
+.PHONY: install serve test lint bench bench-runtime bench-agents bench-load bench-replicas bench-remote clean e2e-agents
 
 install:
 	@scripts/install.sh
@@ -45,6 +45,11 @@ bench-agents:
 bench-replicas:
 	@FOR_TESTS=1 scripts/install.sh
 	$(VENV)/bin/python bench/replicas.py $(ARGS)
+
+# the front's cost over a remote engine: straight to an upstream vs through the front
+bench-remote:
+	@FOR_TESTS=1 scripts/install.sh
+	$(VENV)/bin/python bench/remote.py $(ARGS)
 
 # many mixed-dialect clients at once, with faults; checks the event log (issue 16)
 bench-load:
