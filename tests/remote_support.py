@@ -332,6 +332,10 @@ class ScriptedUpstream:
         yield b"data: [DONE]\n\n"
 
 
+#: how long a ``linger`` upstream holds a finished stream open
+LINGER = 10.0
+
+
 class ClosingUpstream:
     """A raw HTTP/1.1 upstream that closes connections at awkward moments.
     ``mode`` ``kept`` (the default): it answers the first request on each
@@ -341,7 +345,8 @@ class ClosingUpstream:
     timeout closes it (uvicorn's and llama-server's are 5 s). ``never``:
     every request is closed on unanswered. ``short``: the answer, then the
     connection closes before the body's announced length (a cut past the
-    stream's ``[DONE]``). ``connections`` counts the connections it accepted,
+    stream's ``[DONE]``). ``linger``: the same, but the connection stays open
+    and silent for :data:`LINGER` seconds first. ``connections`` counts the connections it accepted,
     ``dropped`` the requests it closed on unanswered."""
 
     def __init__(self, mode: str = "kept") -> None:
@@ -396,10 +401,12 @@ class ClosingUpstream:
                     "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
                 }
                 payload, kind = orjson.dumps(answer), b"application/json"
-            length = len(payload) + (16 if self.mode == "short" else 0)
+            length = len(payload) + (16 if self.mode in ("short", "linger") else 0)
             head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (kind, length)
             conn.sendall(head + payload)
-            if self.mode == "short":
+            if self.mode == "linger":
+                time.sleep(LINGER)
+            if self.mode in ("short", "linger"):
                 return
             if self._read_request(f) is not None:
                 self.dropped += 1  # the next request on this connection: closed unanswered

@@ -33,6 +33,7 @@ from turbospark.loading import GroupOptions
 from turbospark.upstream.model import RemoteOptions
 
 from .remote_support import (
+    LINGER,
     STALL,
     ClosingUpstream,
     ScriptedUpstream,
@@ -1001,10 +1002,14 @@ def test_a_new_connection_the_upstream_closes_is_its_failure_and_not_sent_twice(
         up.stop()
 
 
-def test_a_cut_past_the_end_of_a_finished_stream_changes_nothing() -> None:
-    """The connection closes before the body's announced end, after the
-    stream's ``[DONE]``: the answer is whole, and the client gets it."""
-    up = ClosingUpstream("short")
+@pytest.mark.parametrize("mode", ["short", "linger"])
+def test_a_cut_or_a_pause_past_the_end_of_a_finished_stream_changes_nothing(mode: str) -> None:
+    """The connection closes before the body's announced end after the
+    stream's ``[DONE]`` (``short``), or stays open and silent there
+    (``linger``, 10 s): the answer is whole, and the client gets it at
+    once, not when the upstream lets go."""
+    up = ClosingUpstream(mode)
+    started = time.monotonic()
     try:
         opts = RemoteOptions(id="closing", base_url=up.url + "/v1", model="m", ctx=4096)
         with Server([opts]) as srv:
@@ -1016,6 +1021,8 @@ def test_a_cut_past_the_end_of_a_finished_stream_changes_nothing() -> None:
             ) as s:
                 text = s.read().decode()
             assert "Hello" in text and '"finish_reason":"stop"' in text and "data: [DONE]" in text
+        # (the two requests each wait at most a second for the stream's end)
+        assert time.monotonic() - started < LINGER
     finally:
         up.stop()
 
