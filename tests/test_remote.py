@@ -190,6 +190,52 @@ def test_openai_chat_over_a_remote_model(front, upstreams) -> None:
     assert g["prefillSeconds"] > 0 and g["decodeSeconds"] >= 0
 
 
+def test_log_probabilities_are_the_upstreams_own(front, upstreams) -> None:
+    """Chat (streamed and not), completions and Responses over a remote
+    model carry the upstream's own log-probabilities, token for token as
+    the upstream answers them directly."""
+    srv, _ = front
+    a, _ = upstreams
+    c = oai(srv)
+    direct = openai.OpenAI(base_url=a.url + "/v1", api_key=SECRET, max_retries=0, timeout=120)
+    ask = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    theirs = direct.chat.completions.create(model="smollm2-135m", **ask).choices[0].logprobs.content
+    ours = c.chat.completions.create(model="solo", **ask).choices[0].logprobs.content
+    assert len(theirs) == 6
+
+    def rows(entries: Any) -> list[tuple[str, float, list[str]]]:
+        return [(e.token, round(e.logprob, 3), [t.token for t in e.top_logprobs]) for e in entries]
+
+    assert rows(ours) == rows(theirs)
+    assert all(len(e.top_logprobs) == 2 and e.bytes == list(e.token.encode()) for e in ours)
+    streamed = [
+        e
+        for ch in c.chat.completions.create(model="solo", stream=True, **ask)
+        if ch.choices and ch.choices[0].logprobs
+        for e in ch.choices[0].logprobs.content
+    ]
+    assert rows(streamed) == rows(theirs)
+    completion = {"prompt": "The sky is", "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    theirs_c = direct.completions.create(model="smollm2-135m", **completion).choices[0].logprobs
+    ours_c = c.completions.create(model="solo", **completion).choices[0].logprobs
+    assert ours_c.tokens == theirs_c.tokens and len(ours_c.tokens) == 4
+    assert ours_c.token_logprobs == pytest.approx(theirs_c.token_logprobs, abs=1e-3)
+    assert [sorted(t) for t in ours_c.top_logprobs] == [sorted(t) for t in theirs_c.top_logprobs]
+    r = httpx.post(
+        srv.url + "/v1/responses",
+        json={"model": "solo", "input": "Name a colour.", "max_output_tokens": 16, "temperature": 0,
+              "include": ["message.output_text.logprobs"], "top_logprobs": 2},
+        timeout=120,
+    )  # fmt: skip
+    assert r.status_code == 200 and "x-turbospark-warning" not in r.headers
+    part = next(o for o in r.json()["output"] if o["type"] == "message")["content"][0]
+    assert part["logprobs"] and all(len(e["top_logprobs"]) == 2 for e in part["logprobs"])
+    body = {"model": "solo", "messages": MESSAGES, "stream": False, "logprobs": True, "top_logprobs": 2,
+            "options": {"num_predict": 6, "temperature": 0}}  # fmt: skip
+    lines = httpx.post(srv.url + "/api/chat", json=body, timeout=120).json()["logprobs"]
+    assert [(e["token"], round(e["logprob"], 3)) for e in lines] == [row[:2] for row in rows(theirs)]
+
+
 def test_n_choices_over_a_remote_model(front) -> None:
     """``n`` > 1: each choice is its own upstream run (a ``generated``
     each, with the upstream's counts), and the usage is their sum."""

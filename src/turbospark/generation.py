@@ -481,9 +481,6 @@ def _prepare_remote(model: ChatModel, req: ChatRequest) -> Prepared:
         raise AdmissionError("'messages' must contain at least one message", "messages")
     warnings: list[str] = []
     config = req.config
-    if config.logprobs is not None:
-        warnings.append("log-probabilities are not relayed from a remote engine")
-        config.logprobs = None
     if req.context_limit is not None and req.context_limit < model.max_context:
         warnings.append(f"{req.context_limit_field} is not applied to a remote engine")
     tools = req.tools if req.tool_choice != "none" and not raw else None

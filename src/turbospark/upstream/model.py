@@ -178,6 +178,11 @@ class RemoteModel:
 
     def _payload(self, body: dict[str, Any], config: GenerationConfig, stream: bool) -> dict[str, Any]:
         out = {**body, **wire.sampling(config), "model": self.options.model, "stream": stream}
+        if config.logprobs is not None:  # the upstream's own, relayed
+            if "messages" in body:
+                out["logprobs"], out["top_logprobs"] = True, config.logprobs
+            else:
+                out["logprobs"] = config.logprobs
         if stream:
             out["stream_options"] = {"include_usage": True}
         return out
@@ -250,6 +255,7 @@ class RemoteModel:
                 text="".join(reading.text),
                 reused_from="upstream" if cached else None,
                 reasoning_tokens=reasoning,
+                logprobs=reading.logprobs,
             )
         )
 

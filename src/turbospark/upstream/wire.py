@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ..engine.types import ContextOverflow, GenerationConfig, Progress, StopReason
+from ..engine.types import ContextOverflow, GenerationConfig, Progress, StopReason, TokenProb
 
 #: reasoning efforts that turn thinking off (``generation.EFFORTS_OFF``)
 EFFORTS_OFF = ("none", "off", "disabled", "false")
@@ -153,6 +153,8 @@ class Reading:
     timings: dict[str, Any] | None = None
     finish: str | None = None
     text: list[str] = field(default_factory=list)
+    #: the answer's log-probabilities, when they were asked for
+    logprobs: list[TokenProb] = field(default_factory=list)
 
     def chunk(self, data: dict[str, Any]) -> list[Progress]:
         """One streamed chunk (chat or completion) as progress items."""
@@ -170,14 +172,14 @@ class Reading:
             if not isinstance(delta, dict):  # a completion chunk
                 text = choice.get("text")
                 if isinstance(text, str) and text:
-                    out.append(Progress(text, 1))
+                    out.append(Progress(text, 1, self._probs(completion_probs(choice.get("logprobs")))))
                 continue
             thought = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(thought, str) and thought:
                 out.append(Progress("", 1, reasoning=thought))
             content = delta.get("content")
             if isinstance(content, str) and content:
-                out.append(Progress(content, 1))
+                out.append(Progress(content, 1, self._probs(chat_probs(choice.get("logprobs")))))
             for call in delta.get("tool_calls") or ():
                 fn = call.get("function") or {}
                 piece = CallPiece(int(call.get("index", 0)), call.get("id"), fn.get("name"), fn.get("arguments") or "")
@@ -186,6 +188,12 @@ class Reading:
             if p.text:
                 self.text.append(p.text)
         return out
+
+    def _probs(self, probs: list[TokenProb]) -> list[TokenProb] | tuple[()]:
+        if not probs:
+            return ()
+        self.logprobs += probs
+        return probs
 
     def reason(self) -> StopReason:
         return FINISH.get(self.finish or "stop", StopReason.END_OF_TURN)
@@ -292,3 +300,44 @@ def context_overflow(message: str, raw: bytes) -> ContextOverflow | None:
             new = int(m.group(at_new)) if at_new else 0
             return ContextOverflow(int(m.group(at_prompt)), new, int(m.group(at_limit)), limit_name=UPSTREAM_CONTEXT)
     return None
+
+
+def _prob(entry: Any) -> TokenProb | None:
+    """One ``{token, logprob, bytes}`` of an OpenAI chat chunk's log-probabilities
+    (no token ids: an upstream names its tokens by their text)."""
+    if not isinstance(entry, dict):
+        return None
+    token, logprob, raw = entry.get("token"), entry.get("logprob"), entry.get("bytes")
+    if not isinstance(token, str) or not isinstance(logprob, int | float):
+        return None
+    if isinstance(raw, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw):
+        return TokenProb(-1, bytes(raw), float(logprob))
+    return TokenProb(-1, token.encode(), float(logprob))
+
+
+def chat_probs(raw: Any) -> list[TokenProb]:
+    """A chat chunk's ``logprobs.content``: each sampled token with its
+    ``top_logprobs``."""
+    out: list[TokenProb] = []
+    for entry in raw.get("content") or () if isinstance(raw, dict) else ():
+        prob = _prob(entry)
+        if prob is not None:
+            top = [t for t in map(_prob, entry.get("top_logprobs") or ()) if t is not None]
+            out.append(TokenProb(-1, prob.piece, prob.logprob, tuple(top)))
+    return out
+
+
+def completion_probs(raw: Any) -> list[TokenProb]:
+    """A completion chunk's ``logprobs``: parallel ``tokens``,
+    ``token_logprobs`` and ``top_logprobs`` (token → logprob) lists."""
+    if not isinstance(raw, dict):
+        return []
+    tokens, values, tops = raw.get("tokens") or [], raw.get("token_logprobs") or [], raw.get("top_logprobs") or []
+    out: list[TokenProb] = []
+    for i, (token, logprob) in enumerate(zip(tokens, values)):
+        if not isinstance(token, str) or not isinstance(logprob, int | float):
+            continue
+        alternatives = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+        top = tuple(TokenProb(-1, t.encode(), float(v)) for t, v in alternatives.items() if isinstance(v, int | float))
+        out.append(TokenProb(-1, token.encode(), float(logprob), top))
+    return out
