@@ -1210,13 +1210,18 @@ def test_a_full_local_replica_sends_the_request_to_another_replica(upstreams) ->
                 keep_reading(h)
             try:
                 model = srv.assembly.registry.lookup("busy@here").model
-                wait_until(lambda: model.load()["waiting"] >= 1, what="the local replica's wait list full")
+
+                def full() -> bool:  # (a waiting request alone may be one its free sequence is about to take)
+                    load = model.load()
+                    return bool(load["running"] >= 1 and load["waiting"] >= 1)
+
+                wait_until(full, what="the local replica's wait list full")
                 r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "busy", "messages": MESSAGES,
                                "max_tokens": 4}, headers={"x-session-id": keys[1]}, timeout=120)  # fmt: skip
                 assert r.status_code == 200, r.text
                 assert routed(obs, r.headers["x-request-id"]) == ["busy@here", "busy@there"]
                 ask = {"model": "busy", "messages": MESSAGES, "stream": False, "options": {"num_predict": 4}}
-                wait_until(lambda: model.load()["waiting"] >= 1, what="the wait list still full")
+                wait_until(full, what="the wait list still full")
                 o = httpx.post(srv.url + "/api/chat", json=ask, headers={"x-session-id": keys[2]}, timeout=120)
                 assert o.status_code == 200 and o.json()["done"], o.text
                 assert routed(obs, o.headers["x-request-id"]) == ["busy@here", "busy@there"]

@@ -344,8 +344,9 @@ class Scheduler:
             raise EngineError(f"engine failure: {self.failure}" if self.failure else "the model is shutting down")
         if not self.max_queue:
             return
-        # free sequences take submitted jobs at once: they are no wait
-        free = max(0, self.parallel - len(self._active))
+        # free sequences take submitted jobs at once: they are no wait (a job
+        # being started, its slot taken but not yet running, is not free)
+        free = max(0, self.parallel - sum(1 for s in self.slots if s.busy))
         if len(self._waiting) + self._reserved >= self.max_queue + free:
             raise Overloaded(
                 f"the wait list is full ({self.max_queue} requests waiting); try again shortly",
