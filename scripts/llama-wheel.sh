@@ -35,6 +35,9 @@ detect_args() {
 }
 DEFAULT_ARGS=$(detect_args)
 ARGS=${LLAMA_CMAKE_ARGS:-$DEFAULT_ARGS}
+# turbospark never loads libmtmd (llama-cpp-python's multimodal library):
+# leaving it out saves about a sixth of the build (215 s -> 181 s on 2 cores)
+case "$ARGS" in *LLAVA_BUILD*) ;; *) ARGS="$ARGS -DLLAVA_BUILD=OFF" ;; esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KEY=$(printf '%s|%s' "$VERSION" "$ARGS" | sha256sum | cut -c1-12)
 DIR="$ROOT/.wheelhouse/llama-cpp-python-$VERSION-$KEY"
@@ -42,7 +45,7 @@ DIR="$ROOT/.wheelhouse/llama-cpp-python-$VERSION-$KEY"
 if ! ls "$DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     mkdir -p "$DIR"
     echo "building llama-cpp-python $VERSION with: $ARGS" >&2
-    echo "(this takes ~10 minutes on 2 cores; the wheel is cached in $DIR)" >&2
+    echo "(this takes 3 to 4 minutes on 2 cores; the wheel is cached in $DIR)" >&2
     printf '%s\n' "$ARGS" > "$DIR/CMAKE_ARGS"
     CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
         "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \

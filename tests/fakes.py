@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from turbospark.engine.channel import Channel, Run
@@ -48,11 +49,18 @@ class ScriptedModel:
     default_reasoning: Any = None
     default_system: str | None = None
     context: int = 4096
+    #: the chat template's source as the engine would report it (only read
+    #: for what it mentions: thinking, tools)
+    chat_template: str = ""
     #: scripts are played as written, whatever grammar is asked for; True
     #: stands in for an engine that enforces it (the script must obey it)
     enforces_grammars: bool = False
     calls: list[dict[str, Any]] = field(default_factory=list)
     _tasks: set[Any] = field(default_factory=set, repr=False)
+
+    @property
+    def template(self) -> Any:
+        return SimpleNamespace(source=self.chat_template)
 
     @property
     def tokenizer(self) -> ScriptedModel:
@@ -77,7 +85,7 @@ class ScriptedModel:
             "aliases": list(self.aliases),
             "parallel": 1,
             "session_slots": 1,
-            "chat_template": "",
+            "chat_template": self.chat_template,
             "quantization": "",
         }
 

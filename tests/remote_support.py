@@ -167,7 +167,12 @@ class ScriptedUpstream:
     (an event stream that closes before its first chunk), ``stall`` and
     ``stall_mid`` (silent for :data:`STALL` seconds before the answer, or
     after its first piece), ``no_usage`` (an answer without its usage chunk),
-    ``ok`` (a short answer). It records the bodies and headers it got."""
+    ``parsed_call`` (reasoning and a call the upstream parsed itself, in
+    pieces), ``two_calls`` and ``interleaved_calls`` (two such calls, one
+    after the other or interleaved by index), ``echo_key`` and ``echo_key_503``
+    (an error quoting the request's Authorization header), ``json_error_200``
+    (a gateway's error in a 200 JSON body), the stream quirks of
+    :meth:`_quirk`, ``ok`` (a short answer). It records the bodies and headers it got."""
 
     def __init__(self, tls: tuple[str, str] | None = None) -> None:
         #: (certfile, keyfile): served over TLS by hypercorn, which offers
@@ -264,8 +269,10 @@ class ScriptedUpstream:
             await asyncio.sleep(STALL)
         if mode == "json":  # ignores ``stream``
             return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]})
-        if mode == "parsed_call":  # the upstream's own tool parser: a structured call, in pieces
-            return StreamingResponse(self._parsed_call(), media_type="text/event-stream")
+        if mode in ("parsed_call", "two_calls", "interleaved_calls"):
+            # the upstream's own tool parser: structured calls, in pieces (two
+            # one after the other, as vLLM sends parallel calls, or interleaved)
+            return StreamingResponse(self._parsed_call(mode), media_type="text/event-stream")
         if mode == "server_error":  # this request failed there (an engine's own 500, with its error body)
             err = {"error": {"message": "failed to apply the chat template", "type": "server_error"}}
             return JSONResponse(err, status_code=500)
@@ -278,6 +285,16 @@ class ScriptedUpstream:
             code, headers = ("unavailable", {}) if mode == "unavailable" else ("shutting_down", {"Retry-After": "3"})
             err = {"error": {"message": f"{mode}", "type": "server_error", "code": code}}
             return JSONResponse(err, status_code=503, headers=headers)
+        if mode in ("echo_key", "echo_key_503"):  # a gateway that echoes the request's headers in its error
+            seen = f"bad request; headers seen: authorization={request.headers.get('authorization')}"
+            status = 400 if mode == "echo_key" else 503
+            return JSONResponse({"error": {"message": seen, "type": "invalid_request_error"}}, status_code=status)
+        if mode == "json_error_200":  # a gateway's error, in a 200 JSON body
+            err = {"error": {"message": "model 'scripted' is not loaded on this worker", "code": "model_not_found"}}
+            return JSONResponse(err)
+        if mode in ("sglang_refusal", "llama_error_field", "llama_error_field_late", "held_open", "null_index",
+                    "no_index"):  # fmt: skip
+            return StreamingResponse(self._quirk(mode), media_type="text/event-stream")
         if mode == "rate_limited":
             err = {"error": {"message": "slow down", "type": "rate_limit_error", "code": "rate_limited"}}
             return JSONResponse(err, status_code=429, headers={"Retry-After": "7"})
@@ -315,14 +332,79 @@ class ScriptedUpstream:
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
-    async def _parsed_call(self) -> Any:
-        first = {"index": 0, "id": "call_up1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
-        deltas = [
-            {"role": "assistant", "reasoning_content": "The user wants Paris."},
-            {"tool_calls": [first]},
-            {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
-            {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
-        ]
+    async def _quirk(self, mode: str) -> Any:
+        """Streams as real engines send them at their edges: SGLang's refusal
+        inside the stream before any token, llama-server's (before 2025-09)
+        error as an SSE field of its own, before or after tokens; a whole
+        answer held open without ``[DONE]``; a call whose ``index`` is null;
+        two calls with no ``index`` at all."""
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            return b"data: " + orjson.dumps({"id": "c", "choices": [choice]}) + b"\n\n"
+
+        if mode == "sglang_refusal":
+            message = "The input (5000 tokens) is longer than the model's context length (4096 tokens)."
+            err = {"object": "error", "type": "BadRequestError", "code": 400, "message": message}
+            yield b"data: " + orjson.dumps({"error": err}) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            return
+        if mode.startswith("llama_error_field"):
+            if mode.endswith("late"):
+                yield chunk({"content": "Hello"})
+            message = "the request exceeds the available context size. try increasing the context size"
+            err = {"code": 400, "type": "invalid_request_error", "message": message}
+            yield b"error: " + orjson.dumps(err) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            return
+        if mode == "null_index":
+            call = {"index": None, "id": "call_n", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+            yield chunk({"tool_calls": [call]})
+            yield chunk({}, "tool_calls")
+        elif mode == "no_index":  # two calls, each whole in one piece, told apart by their ids alone
+            for n, city in enumerate(("Paris", "Oslo")):
+                call = {"id": f"call_{n}", "type": "function",
+                        "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'}}  # fmt: skip
+                yield chunk({"tool_calls": [call]})
+            yield chunk({}, "tool_calls")
+        else:  # held_open
+            yield chunk({"content": "Hello"})
+            yield chunk({"content": " there"})
+            yield chunk({}, "stop")
+        usage = {"prompt_tokens": 11, "completion_tokens": 7}
+        yield b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": usage}) + b"\n\n"
+        if mode == "held_open":
+            await asyncio.sleep(LINGER * 6)  # no [DONE]: open and silent
+        yield b"data: [DONE]\n\n"
+
+    async def _parsed_call(self, mode: str) -> Any:
+        def opened(i: int) -> dict[str, Any]:
+            fn = {"name": "get_weather", "arguments": ""}
+            return {"tool_calls": [{"index": i, "id": f"call_up{i + 1}", "type": "function", "function": fn}]}
+
+        def piece(i: int, text: str) -> dict[str, Any]:
+            return {"tool_calls": [{"index": i, "function": {"arguments": text}}]}
+
+        deltas = [{"role": "assistant", "reasoning_content": "The user wants Paris."}, opened(0)]
+        if mode == "two_calls":
+            deltas += [
+                piece(0, '{"city": '),
+                piece(0, '"Paris"}'),
+                opened(1),
+                piece(1, '{"city": '),
+                piece(1, '"Oslo"}'),
+            ]
+        elif mode == "interleaved_calls":
+            deltas += [
+                piece(0, '{"city": '),
+                opened(1),
+                piece(1, '{"city": '),
+                piece(0, '"Paris"}'),
+                piece(1, '"Oslo"}'),
+            ]
+        else:
+            deltas += [piece(0, '{"city": '), piece(0, '"Paris"}')]
         for d in deltas:
             yield b"data: " + orjson.dumps({"id": "c", "choices": [{"index": 0, "delta": d}]}) + b"\n\n"
         end = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}

@@ -185,7 +185,11 @@ def assert_openai_error(r: httpx.Response, status: int, param: str | None = None
     body = r.json()
     assert set(body) == {"error"}
     err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}
+    keys = {"message", "type", "param", "code"}
+    if err.get("code") == "context_length_exceeded":  # (and llama-server's numbers)
+        keys |= {"n_prompt_tokens", "n_ctx"}
+        assert err["n_prompt_tokens"] > 0 and err["n_ctx"] > 0, err
+    assert set(err) == keys
     assert isinstance(err["message"], str) and err["message"]
     if param is not None:
         assert err["param"] == param, err

@@ -90,6 +90,11 @@ def test_401_shapes_per_dialect(guarded):
     }
     o = httpx.post(srv.url + "/api/chat", json={})
     assert o.status_code == 401 and o.json() == {"error": "invalid or missing API key"}
+    # the model list is both OpenAI's and Anthropic's: the client's header decides
+    m = httpx.get(srv.url + "/v1/models", headers={"anthropic-version": "2023-06-01"})
+    assert m.status_code == 401 and m.json()["type"] == "error"
+    assert m.json()["error"]["type"] == "authentication_error"
+    assert set(httpx.get(srv.url + "/v1/models").json()) == {"error"}
 
 
 def test_health_is_open_everything_else_is_not(guarded):
@@ -113,6 +118,9 @@ def test_admin_routes_need_the_admin_key(guarded):
     assert r.status_code == 200 and r.json()["data"][0]["id"] == "smollm2-135m"
     # and the admin key alone does not open the inference routes
     assert httpx.get(srv.url + "/v1/models", headers={"x-api-key": ADMIN}).status_code == 401
+    # it reads the views, by GET and by HEAD alike (HEAD was a 401)
+    for path in ("/v1/events", "/v1/stats", "/v1/slots", "/metrics"):
+        assert httpx.head(srv.url + path, headers={"x-api-key": ADMIN}, timeout=10).status_code == 200, path
 
 
 def test_tenant_is_a_hash_never_the_key(guarded):

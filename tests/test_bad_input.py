@@ -10,10 +10,13 @@ from __future__ import annotations
 import copy
 import json
 import random
+import threading
 from typing import Any
 
 import httpx
 import pytest
+
+from turbospark.dialects.common import validate
 
 USER = {"role": "user", "content": "hi"}
 TOOL = {
@@ -290,6 +293,8 @@ CASES: list[tuple[tuple[str, dict[str, Any]], str]] = [
     (with_(OC, options=5), "options"),
     (with_(OC, options={"num_predict": 2, "temperature": "hot"}), "options.temperature"),
     (with_(OC, options={"num_predict": 2, "stop": [1]}), "options.stop"),
+    (with_(OC, options={"num_predict": 2, "stop": [f"s{i}" for i in range(65)]}), "options.stop"),
+    (with_(OG, options={"num_predict": 2, "stop": [f"s{i}" for i in range(65)]}), "options.stop"),
     (with_(OC, format=5), "format"),
     (with_(OC, format={"type": "object", "properties": 5}), "format"),
     (
@@ -402,6 +407,35 @@ def test_deeply_nested_values_are_400(base_url, route, body, field):
     assert r.status_code == 400, r.text
     message = error_message(route, r)
     assert field in message and "nested too deeply" in message, message
+
+
+@pytest.mark.parametrize("route", [CH, MS, OC, "/completion", VE])
+def test_a_body_of_too_many_values_is_413_before_it_is_parsed(base_url, route):
+    """Parsing and validating each value holds the event loop (the parsers
+    keep the GIL): a 30 MB list of 15M token ids froze every stream and
+    /health for seconds. Past a million values, no context could take them."""
+    base = BASES.get(route, {"prompt": "hi", "n_predict": 2})
+    body = json.dumps({**base, "metadata": {"ids": [1] * 1_000_001}}).encode()
+    r = httpx.post(base_url + route, content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413, r.text
+    message = r.json()["error"] if route.startswith("/api/") else r.json()["error"]["message"]
+    assert "too many values" in message, message
+
+
+def test_a_large_body_is_validated_off_the_event_loop(server, monkeypatch: pytest.MonkeyPatch):
+    from turbospark.routes import common
+
+    threads: list[str] = []
+
+    def recording(model: Any, data: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return validate(model, data)
+
+    monkeypatch.setattr(common, "validate", recording)
+    small = httpx.post(server.url + CH, json=CHAT, timeout=60)
+    large = httpx.post(server.url + CH, json={**CHAT, "metadata": {"pad": "x" * (2 << 20)}}, timeout=60)
+    assert (small.status_code, large.status_code) == (200, 200), large.text
+    assert len(threads) == 2 and threads[0] != threads[1]  # the loop's own thread, then a worker
 
 
 # ------------------------------------------------------------ mutations

@@ -252,7 +252,7 @@ def test_full_wait_list_is_503_with_retry_after():
 
 def test_a_job_being_started_is_not_a_free_sequence():
     """A job taken off the wait list but still being started (a host-tier
-    restore, a prefix copy: here a start held 3 s) holds its sequence: the
+    restore, a prefix copy: here a start held until the test lets go) holds its sequence: the
     wait list's bound counts it, so a third request is a 503, not a second
     one waiting past ``max_queue``."""
     model = LlamaChatModel(ModelOptions(path=path(), id="q", parallel=1, max_queue=1))
@@ -261,35 +261,39 @@ def test_a_job_being_started_is_not_a_free_sequence():
             body = {"model": "m", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
             assert httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
             sch = model.scheduler
-            start, held = sch._start, threading.Event()
+            start, held, release = sch._start, threading.Event(), threading.Event()
 
             def slow_start(*args):
                 if not held.is_set():
                     held.set()
-                    time.sleep(3.0)
+                    release.wait(30)  # (bounded: without the fix the third request waits on it)
                 start(*args)
 
             sch._start = slow_start
-            results: list[int] = []
+            try:
+                results: list[int] = []
 
-            def send():
-                results.append(httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).status_code)
+                def send():
+                    results.append(httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).status_code)
 
-            first = threading.Thread(target=send)
-            first.start()
-            assert held.wait(10)
-            assert sch.running == 0 and sch.waiting == 0  # taken off the wait list, not yet running
-            second = threading.Thread(target=send)
-            second.start()
-            deadline = time.monotonic() + 10
-            while sch.waiting < 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert sch.running == 0 and sch.waiting == 1
-            third = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
-            assert third.status_code == 503 and third.json()["error"]["code"] == "overloaded"
-            first.join(60)
-            second.join(60)
-            assert results == [200, 200]
+                first = threading.Thread(target=send)
+                first.start()
+                assert held.wait(10)
+                assert sch.running == 0 and sch.waiting == 0  # taken off the wait list, not yet running
+                second = threading.Thread(target=send)
+                second.start()
+                deadline = time.monotonic() + 10
+                while sch.waiting < 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert sch.running == 0 and sch.waiting == 1
+                third = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+                release.set()
+                assert third.status_code == 503 and third.json()["error"]["code"] == "overloaded"
+                first.join(60)
+                second.join(60)
+                assert results == [200, 200]
+            finally:  # a failed assertion must not leave the start held
+                release.set()
     finally:
         model.close()
 

@@ -6,6 +6,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from turbospark import ListObserver, Server
 from turbospark.catalog import resolve_model
@@ -71,10 +72,15 @@ def single():
 
 
 def test_queued_request_whose_client_left_never_runs(single):
+    """B waits behind A, and its client leaves while the engine is inside a
+    long step (a stuck one here: a big prefill would do the same): B gives
+    its place in the wait list back at once, not at the engine's next step,
+    and is recorded as a 499 the client left, not as an answer."""
     srv, hub = single
     base_url = srv.url
     client, cm, r = start_stream(base_url, max_tokens=400)
     a_id = int(r.headers["x-request-id"])
+    srv.registry.lookup("single").model.scheduler.inject(pause=8.0)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             base_url + "/v1/chat/completions",
@@ -86,9 +92,21 @@ def test_queued_request_whose_client_left_never_runs(single):
             },
         )
     b_id = min(e.id for e in list(hub.events) if e.kind == "requestStarted" and e.id > a_id)
-    gen_b = wait_event(hub, b_id, "generated")
+    gen_b = wait_event(hub, b_id, "generated", timeout=5)  # (the engine is stuck for 8 s)
     assert gen_b.stop_reason == "cancelled" and gen_b.new_tokens == 0
     assert gen_b.prefill_seconds == 0 and gen_b.decode_seconds == 0
+    # recorded as the client's leaving, not as an answer it got
+    done = wait_event(hub, b_id, "requestFinished", timeout=5)
+    assert (done.status, done.error) == (499, "client disconnected")
+    # counted as a client that left, whatever its status
+    errors = [
+        (s.labels["kind"], s.value)
+        for f in text_string_to_metric_families(httpx.get(base_url + "/metrics", timeout=30).text)
+        if f.name == "turbospark_request_errors"
+        for s in f.samples
+        if s.labels.get("path") == "/v1/chat/completions" and s.name.endswith("_total")
+    ]
+    assert errors == [("disconnected", 1.0)], errors
     # A was never disturbed by B leaving
     assert not any(e.kind == "generated" for e in hub.of(a_id))
     cm.__exit__(None, None, None)
@@ -112,3 +130,7 @@ def test_non_stream_client_timeout_cancels(base_url, hub):
     gen = hub.wait_kind(rid, "generated", timeout=10)
     assert gen.stop_reason == "cancelled"
     assert 0 < gen.new_tokens < 3000
+    # the answer rendered after it left went nowhere: not recorded as a clean 200
+    assert hub.wait_kind(rid, "requestFinished").error == "client disconnected"
+    metrics = httpx.get(base_url + "/metrics", timeout=30).text
+    assert 'turbospark_request_errors_total{kind="disconnected"' in metrics

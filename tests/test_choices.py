@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import httpx
 import orjson
+import pytest
 
 from tests.support import wait_until
+from turbospark.fold import Fold
 
 QUESTION = [{"role": "user", "content": "Write one word about the sea."}]
 
@@ -35,6 +37,19 @@ def test_greedy_choices_equal_the_single_answer(oai, hub):
     # one prefill: the other two choices copied the whole prompt's KV
     forks = [g for g in gens if g.reused_prefix_tokens == g.prompt_tokens and g.reused_from == "copy"]
     assert len(forks) == 2, [g.to_dict() for g in gens]
+    # each names its choice; their times overlap, so the request's engine
+    # time is the longest choice's, not their sum (which can pass the wall
+    # time, leaving the overhead a meaningless 0)
+    rid = int(raw.headers["x-request-id"])
+    assert sorted(g.choice for g in gens) == [0, 1, 2]
+    finished = hub.wait_kind(rid, "requestFinished")
+    record = Fold().feed_all(e.to_dict() for e in hub.of(rid)).record(rid)
+    assert record is not None
+    longest = max(g.queue_seconds + g.prefill_seconds + g.decode_seconds for g in gens)
+    assert record.overhead_ms == pytest.approx(max(0.0, finished.duration_ms - 1000 * longest))
+    # and the times every view shows for the request are that choice's: they fit in its wall time
+    d = record.to_dict()
+    assert d["queuedMs"] + d["prefillMs"] + d["decodeMs"] == pytest.approx(1000 * longest)
 
 
 def test_sampled_choices_differ_and_each_has_logprobs(oai):

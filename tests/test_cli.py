@@ -4,6 +4,7 @@ event log, and a clean Ctrl-C."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -34,6 +35,14 @@ def listening_url(proc: subprocess.Popen, lines: list[str] | None = None) -> str
     raise AssertionError("the server never said where it listens: " + "".join(lines or []))
 
 
+def say_hi(url: str, model: str = "m", max_tokens: int = 3, stream: bool = False) -> httpx.Response:
+    """One short chat request to a server the test started; it must be answered."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": max_tokens}
+    r = httpx.post(url + "/v1/chat/completions", timeout=60, json={**body, "stream": stream})
+    assert r.status_code == 200, r.text
+    return r
+
+
 def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
     log = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
@@ -48,12 +57,7 @@ def test_serve_default_model_event_log_and_ctrl_c(tmp_path):
         text = "".join(lines)
         assert "loading SmolLM2-135M-Instruct.Q4_1.gguf" in text  # progress display
         assert "model smollm2-135m" in text and "context 2048" in text  # start-up summary
-        r = httpx.post(
-            url + "/v1/chat/completions",
-            timeout=60,
-            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
-        )
-        assert r.status_code == 200
+        say_hi(url, "gpt-4o", max_tokens=4)
         assert httpx.get(url + "/health").json()["state"] == "ready"
         assert httpx.get(url + "/v1/models/house-model").json()["id"] == "smollm2-135m"
     finally:
@@ -94,6 +98,17 @@ def test_unsafe_or_broken_security_settings_exit_2(args, message):
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
+def test_a_cache_dir_that_cannot_keep_records_exits_2_at_start(tmp_path):
+    """Found at start (it was found only when the KV was written at the exit)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = subprocess.run(
+        turbospark("serve", "--port", "0", "--cache-dir", str(blocker)), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2, out.stderr
+    assert f"--cache-dir {blocker}:" in out.stderr and "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize("where", ["missing/e.jsonl", ".", "/proc/e.jsonl"])
 def test_an_event_log_that_cannot_be_opened_exits_2_with_a_message(tmp_path, where):
     path = where if where.startswith("/") else str(tmp_path / where)
@@ -104,10 +119,47 @@ def test_an_event_log_that_cannot_be_opened_exits_2_with_a_message(tmp_path, whe
     assert f"cannot open the event log {path}" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_sigterm_flushes_the_event_log_and_exits_0(tmp_path):
+def test_a_hangup_whose_terminal_is_gone_still_closes_everything(tmp_path):
+    """A real hangup: the terminal the server wrote to is gone, so writing
+    the shutdown line failed (EIO) and skipped closing the models and the
+    event log; and the terminal's SIGHUP often comes twice (the shell, then
+    the kernel), which is no second signal."""
+    import pty
+
+    log = tmp_path / "events.jsonl"
+    master, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        turbospark("serve", "--port", "0", "--event-log", str(log)),
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    try:
+        seen = b""
+        deadline = time.monotonic() + 60
+        while (m := re.search(rb"listening on (http://\S+?)\r?\n", seen)) is None:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")
+            seen += os.read(master, 4096)
+        url = m.group(1).decode()
+        rid = int(say_hi(url).headers["x-request-id"])
+    finally:
+        os.close(master)  # the terminal closes ...
+        proc.send_signal(signal.SIGHUP)  # ... and hangs up, twice
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    kinds = [e["kind"] for e in map(json.loads, log.read_text().splitlines()) if e.get("id") == rid]
+    assert kinds == ["requestStarted", "requestRouted", "generated", "requestFinished"], kinds
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_flushes_the_event_log_and_exits_0(tmp_path, sig):
     """uvicorn re-raised the signal after stopping, which killed the process
     before the event log was flushed: a request finished 0.1 s before
-    SIGTERM lost half its events."""
+    SIGTERM lost half its events. A closed terminal's SIGHUP drains the
+    same way (it killed the process on the spot)."""
     log = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
         turbospark("serve", "--port", "0", "--event-log", str(log)),
@@ -119,16 +171,10 @@ def test_sigterm_flushes_the_event_log_and_exits_0(tmp_path):
         url = listening_url(proc)
         rids = []
         for stream in (False, True):
-            r = httpx.post(
-                url + "/v1/chat/completions",
-                timeout=60,
-                json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": stream},
-            )
-            assert r.status_code == 200
-            rids.append(int(r.headers["x-request-id"]))
+            rids.append(int(say_hi(url, stream=stream).headers["x-request-id"]))
         time.sleep(0.1)
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "shutting down" in err

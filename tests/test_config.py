@@ -16,6 +16,8 @@ import pytest
 
 from turbospark.config import ConfigError, load_config
 
+from .test_cli import say_hi
+
 
 def serve(*args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
@@ -119,22 +121,11 @@ ctx = 512
         assert "model chat:" in text and "model embed:" in text and "context 2048" in text
         ids = [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]
         assert ids == ["chat", "embed"]
-        r = httpx.post(
-            url + "/v1/chat/completions",
-            timeout=60,
-            json={"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3},
-        )
-        assert r.status_code == 200
+        say_hi(url, "claude-sonnet-4-5")
         e = httpx.post(url + "/v1/embeddings", timeout=60, json={"model": "embed", "input": "hi"})
         assert e.status_code == 200
-        other = httpx.post(
-            url + "/v1/chat/completions",
-            timeout=60,
-            json={"model": "embed", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3},
-        )
         # the embedding model takes no chat: the only chat model serves it (rule 2)
-        assert other.status_code == 200
-        other_id = int(other.headers["x-request-id"])
+        other_id = int(say_hi(url, "embed").headers["x-request-id"])
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)

@@ -136,3 +136,97 @@ def test_console_shows_a_replica_down(server):
                 assert app.fold.unwell["pool@b"][0] == "down" and "unreachable" in app.fold.unwell["pool@b"][1]
 
         asyncio.run(main())
+
+
+def test_what_a_stranger_sends_is_shown_as_plain_text(server):
+    """A path or model name anyone may send (no key needed for a 404; a web
+    page can make the request with an <img>) is shown as written: Textual
+    markup in it crashed the console (and again on every restart while the
+    event was in the server's ring), and escape sequences in it reached the
+    operator's terminal (a clipboard write, a title change)."""
+    with fresh_server(server) as srv:
+        hostile = [
+            ("/[/x]", "/[/x]"),
+            ("/%1b]52;c;aGk=%07x", "/\\x1b]52;c;aGk=\\x07x"),
+            ("/%e2%80%aex", "/\\u202ex"),
+        ]
+
+        async def main() -> None:
+            app = ConsoleApp(srv.url)
+            async with app.run_test(size=(200, 50)) as pilot:
+                await until(pilot, lambda: app.source.connected)
+                ids = []
+                for raw, _ in hostile:
+                    r = await asyncio.to_thread(httpx.get, srv.url + raw, timeout=30)
+                    assert r.status_code == 404
+                    ids.append(int(r.headers["x-request-id"]))
+                asked = await asyncio.to_thread(
+                    chat, srv.url, model="[bold]x\x1b[2J[/bold]", max_tokens=2, content="Hi"
+                )  # a model name no model has: the single model serves it
+                ids.append(int(asked.headers["x-request-id"]))
+                table = app.query_one("#requests")
+                await until(pilot, lambda: table.row_count == len(ids))
+                await pilot.pause(0.4)
+                paths = [plain(table.get_row(str(i))[COL["path"]]) for i in ids[:3]]
+                assert paths == [shown for _, shown in hostile]
+                route = plain(table.get_row(str(ids[3]))[COL["route"]])
+                assert route == "[bold]x\\x1b[2J[/bold] → smollm2-135m"
+                table.focus()
+                table.move_cursor(row=table.get_row_index(str(ids[1])))
+                await pilot.pause(0.1)
+                details = app.query_one("#details").render()
+                text = details.plain if isinstance(details, Text) else str(details)
+                assert "\\x1b]52" in text and "\x1b" not in text
+
+        asyncio.run(main())
+
+
+def test_frames_that_are_not_events_are_skipped_not_fatal():
+    """A console pointed at something that is not turbospark (or a proxy
+    that mangles the stream) exited with a traceback on a data line that is
+    not JSON, or JSON of another shape; such frames are skipped."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from turbospark.console.client import EventSource
+    from turbospark.fold import Fold
+
+    body = (
+        b"id: 1\nevent: modelAttached\ndata: not json\n\n"
+        b"id: 2\nevent: modelAttached\ndata: 42\n\n"
+        b"id: 3\nevent: gap\ndata: [1]\n\n"
+        b"id: 4\nevent: modelAttached\ndata: {}\n\n"
+        b'id: 5\nevent: modelAttached\ndata: {"kind":"modelAttached","atMs":1,"model":"m"}\n\n'
+    )
+
+    class Stream(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            time.sleep(5)  # held open, as the server's stream is
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Stream)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    async def read() -> list:
+        got: list = []
+        source = EventSource(f"http://127.0.0.1:{httpd.server_port}", retry_s=0.1)
+        async for event in source.events():
+            got.append(event)
+            if isinstance(event, dict) and event.get("model") == "m":
+                return got
+        return got
+
+    try:
+        events = asyncio.run(asyncio.wait_for(read(), 30))
+    finally:
+        httpd.shutdown()
+    fold = Fold().feed_all(events)
+    assert fold.models == ["m"] and fold.malformed == 3

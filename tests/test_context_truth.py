@@ -50,6 +50,11 @@ def test_anthropic_model_listing_says_the_context(ant):
     assert extra["max_input_tokens"] == CTX and extra["context_length"] == CTX
     one = ant.models.retrieve(models[0].id)
     assert one.id == models[0].id and one.model_dump()["max_input_tokens"] == CTX
+    # an unknown id is Anthropic's 404 (it was OpenAI's shape)
+    with pytest.raises(anthropic.NotFoundError) as exc:
+        ant.models.retrieve("no-such-model")
+    assert exc.value.body["type"] == "error" and exc.value.body["error"]["type"] == "not_found_error"
+    assert "no-such-model" in exc.value.body["error"]["message"]
 
 
 def test_ollama_show_says_the_context_and_tools(base_url):
@@ -64,6 +69,8 @@ def test_openai_overflow_is_context_length_exceeded(oai):
     assert exc.value.code == "context_length_exceeded"
     n, limit = map(int, TOO_LONG.search(exc.value.body["message"]).groups())
     assert n > limit == CTX
+    # (and llama-server's numbers, which clients written for it read to trim)
+    assert (exc.value.body["n_prompt_tokens"], exc.value.body["n_ctx"]) == (n, limit)
     with pytest.raises(openai.BadRequestError) as exc:
         oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=10_000)
     assert exc.value.code == "context_length_exceeded" and exc.value.body["param"] == "max_tokens"
@@ -99,3 +106,29 @@ def test_a_streamed_request_over_the_context_is_refused_before_the_stream(base_u
     body = {"model": "m", "messages": [{"role": "user", "content": LONG_TEXT}], "stream": True}
     r = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+#: Qwen2.5's longest token is 128 bytes: a text of more than 4096 x 128 bytes
+#: is too long by its length alone, and refused before it is tokenised
+BY_LENGTH = "x" * 600_000
+
+
+@pytest.mark.parametrize("text", [LONG_TEXT, BY_LENGTH], ids=["tokenised", "refused-by-length"])
+def test_a_raw_prompt_over_the_context_names_the_prompt(oai, base_url, text: str):
+    """Completions have no ``messages``: the error names ``prompt``, whether
+    the prompt was counted or its length alone proved it too long."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.completions.create(model="m", prompt=text, max_tokens=4)
+    assert exc.value.code == "context_length_exceeded" and exc.value.body["param"] == "prompt"
+    n, _ = map(int, TOO_LONG.search(exc.value.body["message"]).groups())
+    if text is BY_LENGTH:
+        assert n == len(BY_LENGTH) // 128  # counted from its length: the early refusal ran
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.completions.create(model="m", prompt=text, max_tokens=4, stream=True)
+    assert exc.value.body["param"] == "prompt"
+    r = httpx.post(base_url + "/completion", json={"prompt": text, "n_predict": 4}, timeout=60)
+    assert r.status_code == 400 and "too long" in r.text
+    # chat still names its messages
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": text}], max_tokens=4)
+    assert exc.value.body["param"] == "messages"

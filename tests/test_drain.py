@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -278,3 +279,44 @@ def test_a_generation_that_starts_after_the_cut_is_cut_too():
     late = CancelFlag()
     with drain.watch(late):
         assert late.cancelled and isinstance(late.error, ShuttingDown)
+
+
+def test_clients_stuck_at_the_deadline_do_not_hold_the_shutdown(tmp_path):
+    """At the drain's deadline a stream whose client reads nothing (its error
+    frame cannot go out either) is dropped, and a request whose body stopped
+    coming gets its dialect's 503: before, both held the process until
+    uvicorn's own timeout cancelled them (a plain-text 500, an internal
+    CancelledError as the logged error)."""
+    proc, url, log = serve(tmp_path, "--parallel", "2", "--drain-timeout", "1")
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "Once upon a time", "n_predict": 3000, "n_probs": 20, "ignore_eos": True,
+                       "stream": True}).encode()  # fmt: skip
+    unread = socket.socket()
+    unread.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    stalled = socket.socket()
+    try:
+        unread.connect((host, int(port)))
+        unread.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+        stalled.connect((host, int(port)))
+        stalled.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b'Content-Length: 500\r\n\r\n{"model":')  # fmt: skip
+        time.sleep(3)  # the stream has filled the buffers by now
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        stalled.settimeout(10)
+        answer = b""
+        while chunk := stalled.recv(65536):
+            answer += chunk
+    finally:
+        err = finish(proc)
+        unread.close()
+        stalled.close()
+    assert proc.returncode == 0, err
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and b"retry-after" in head.lower(), answer[:300]
+    assert json.loads(rest)["error"]["code"] == "shutting_down"
+    events = events_of(log)
+    assert_log_complete(events)
+    finished = [e for e in events if e["kind"] == "requestFinished"]
+    assert len(finished) == 2 and all(SHUTTING_DOWN in (e.get("error") or "") for e in finished), finished

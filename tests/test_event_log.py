@@ -130,6 +130,20 @@ def test_the_queue_is_bounded_dropping_the_oldest_and_counting(tmp_path):
     assert [e["id"] for e in lines[1:]] == [16, 17, 18, 19, 20]  # the newest kept
 
 
+def test_a_log_ending_in_a_partial_line_is_appended_to_on_a_new_line(tmp_path):
+    """A process killed mid-write leaves half a line: the next run's first
+    event was glued to it, and lost to every reader."""
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(
+        b'{"kind":"requestStarted","id":1,"atMs":0,"method":"GET","path":"/x"}\n{"kind":"generated","id":7,"mo'
+    )
+    sink = JsonlSink(str(path))
+    sink.record(started(2))
+    sink.close()
+    lines = path.read_bytes().split(b"\n")
+    assert lines[1] == b'{"kind":"generated","id":7,"mo' and json.loads(lines[2])["id"] == 2 and lines[3] == b""
+
+
 def test_the_log_rotates_past_max_bytes_keeping_one_old_file(tmp_path):
     path = tmp_path / "events.jsonl"
     one = len(json.dumps(started(1).to_dict(), separators=(",", ":"))) + 1
@@ -144,6 +158,13 @@ def test_the_log_rotates_past_max_bytes_keeping_one_old_file(tmp_path):
     ids = [e["id"] for e in old + new]
     assert ids == list(range(ids[0], 61))  # the newest events, in order, none lost between the files
     assert not list(tmp_path.glob("events.jsonl.2"))
+    # both files readable by their owner only (errors in them may quote requests)
+    assert path.stat().st_mode & 0o077 == 0 and (tmp_path / "events.jsonl.1").stat().st_mode & 0o077 == 0
+    older = tmp_path / "older.jsonl"  # one an older version made readable by all
+    older.write_text("")
+    older.chmod(0o644)
+    JsonlSink(str(older)).close()
+    assert older.stat().st_mode & 0o777 == 0o600
 
 
 def _settle(sink: JsonlSink) -> None:

@@ -3,10 +3,12 @@ GET /v1/stats against a live server."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from turbospark.fold import Fold
 from turbospark.observe import ListObserver
@@ -59,6 +61,15 @@ def test_stream_replays_the_ring_then_goes_live_and_resumes(watched):
             more = reader.until(lambda fs: any(f.get("event") == "generated" and f["data"]["id"] == second for f in fs))
             live = [f for f in more if "event" in f]
             assert [f["id"] for f in live] == list(range(len(evs) + 1, len(evs) + 1 + len(live)))
+            watcher = int(resp.headers["x-request-id"])
+    # a watcher closing the stream is its normal end (it never ends by
+    # itself), not a client that left in error: not in the error counts
+    wait_quiet(seen, watcher, {"requestFinished"})
+    done = [e for e in seen.of(watcher) if e.kind == "requestFinished"][0]
+    assert (done.status, done.error) == (200, None)
+    metrics = text_string_to_metric_families(httpx.get(srv.url + "/metrics", timeout=TIMEOUT).text)
+    errors = [s for f in metrics if f.name == "turbospark_request_errors" for s in f.samples]
+    assert not [s for s in errors if s.labels.get("path") == "/v1/events"], errors
     mid = evs[len(evs) // 2]["id"]
     # Last-Event-ID (what a reconnecting EventSource sends) wins over ?since=
     with httpx.Client(timeout=TIMEOUT) as client:
@@ -104,6 +115,24 @@ def test_keep_alive_comments_and_bad_since(watched):
     assert frames[-1] == {"comment": "keep-alive"}
     bad = httpx.get(srv.url + "/v1/events?since=x", timeout=10)
     assert bad.status_code == 400 and "since" in bad.json()["error"]["message"]
+
+
+def test_head_answers_the_headers_and_frees_the_connection(watched):
+    """A HEAD of the endless stream ends at its headers: before, the stream
+    ran on unsent, and the connection (and a request after it on the same
+    connection) hung until the client gave up."""
+    srv, _ = watched
+    with httpx.Client(timeout=10) as client:
+        r = client.head(srv.url + "/v1/events")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert r.content == b""
+        assert client.get(srv.url + "/health").status_code == 200  # the same kept-alive connection
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(b"HEAD /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while chunk := s.recv(4096):  # the server closes it: no timeout
+            raw += chunk
+    assert raw.startswith(b"HTTP/1.1 200") and raw.endswith(b"\r\n\r\n"), raw
 
 
 def test_stats_is_the_fold_of_the_same_events(watched):

@@ -6,10 +6,12 @@ it off; tenants never see each other's saved states."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from turbospark.catalog import resolve_model
+from turbospark.engine.hostcache import common_prefix
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.types import CancelFlag, GenerationConfig
 
@@ -146,6 +148,16 @@ def test_the_tier_outlives_a_restart_with_a_cache_dir(cold_answers, tmp_path):
         assert back.token_ids == cold.token_ids
         other_tenant = run(again, returning(first.text), owner="t2")
         assert other_tenant.reused_prefix_tokens == 0  # another tenant never sees it
+        # a second live model of the same file keeps its tier in memory (the
+        # last one to close replaced the other's records)
+        twin = LlamaChatModel(ModelOptions(**opts, cache_dir=str(tmp_path)))
+        try:
+            deadline = time.monotonic() + 30
+            while twin.scheduler.cache_dir is not None and time.monotonic() < deadline:
+                time.sleep(0.02)  # (its engine thread takes the folder as it starts)
+            assert twin.scheduler.cache_dir is None and again.scheduler.cache_dir is not None
+        finally:
+            twin.close()
     finally:
         again.close()
     other_type = LlamaChatModel(ModelOptions(**opts, cache_dir=str(tmp_path), cache_type="q8_0"))
@@ -154,3 +166,32 @@ def test_the_tier_outlives_a_restart_with_a_cache_dir(cold_answers, tmp_path):
     finally:
         other_type.close()
     assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_record_whose_state_does_not_hold_its_tokens_is_dropped_not_decoded(cold_answers):
+    """A saved record that claims more tokens than its KV holds (a file
+    damaged or written by something else): restoring it would leave the
+    sequence's positions short of where the next decode continues, which
+    fails llama_decode for every sequence in the step (a 500 for this
+    request and its neighbours, again after every restart). It is checked
+    when restored, dropped for good, and the prompt is prefilled cold."""
+    first_text, cold = cold_answers
+    model = one_slot(256)
+    try:
+        run(model, FIRST)
+        run(model, OTHER)  # FIRST moves to the host tier
+        host = model.scheduler.host  # (the engine thread is idle between requests)
+        (entry,) = [e for e in host.records() if e.tokens[:5] == model.render_chat(FIRST)[:5]]
+        prompt = model.render_chat(returning(first_text))
+        shared = common_prefix(entry.tokens, prompt)
+        lying = prompt[: shared + 100]  # 100 positions more than its state holds
+        key = host.best("", entry.tokens)[0]
+        host.discard(key)
+        assert host.put("", lying, entry.state, entry.prompt_len)
+        back = run(model, returning(first_text))
+        assert back.reused_from != "host"
+        assert back.token_ids == cold.token_ids
+        assert not [e for e in host.records() if e.tokens == lying]  # never tried again
+        assert run(model, returning(first_text)).token_ids == cold.token_ids
+    finally:
+        model.close()

@@ -82,3 +82,89 @@ def test_an_unwritable_folder_is_a_warning_not_a_failure(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert c.persist(str(blocker / "kv")) == 0
+
+
+def test_damaged_or_odd_files_are_skipped_and_the_good_ones_load(tmp_path):
+    """Whatever a file in the folder holds, it is skipped or loaded, never a
+    reason to fail the model's load (which failed it, and the exit's write
+    then deleted every other record): a state damaged on disk fails its
+    checksum, a header's numbers are checked against the file, a FIFO is
+    never opened for a blocking read. A writer killed midway leaves a
+    ``.tmp`` that the next write removes."""
+    folder = str(tmp_path / "kv")
+    good = HostCache(1 << 20)
+    good.put("a", [1, 2, 3], b"S" * 100)
+    assert good.persist(folder) == 1
+    with open(os.path.join(folder, "000000.kv"), "rb") as f:
+        whole = f.read()
+    magic, head, rest = whole.split(b"\n", 2)
+
+    def write(name: str, data: bytes) -> None:
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
+
+    flipped = bytearray(whole)
+    flipped[-10] ^= 0x40  # one bit of the state
+    write("000001.kv", bytes(flipped))
+    for i, header in enumerate(
+        [
+            head.replace(b'"tokens": 3', b'"tokens": 1e400'),
+            head.replace(b'"tokens": 3', b'"tokens": 100000000000000000000'),
+            head.replace(b'"tokens": 3', b'"tokens": 1000000000000'),
+            head.replace(b'"prompt_len": 0', b'"prompt_len": 1e400'),
+            b"[" * 200_000,
+            b"42",
+            head.replace(b'"owner": "a"', b'"owner": ["a"]'),
+            head.replace(b'"owner": "a"', b'"owner": "b"'),  # (the checksum covers the header too)
+            head.replace(b'"tokens": 3', b'"tokens": 2'),
+        ]
+    ):
+        write(f"00001{i}.kv", magic + b"\n" + header + b"\n" + rest)
+    os.mkfifo(os.path.join(folder, "000100.kv"))
+    write("000000.kv.x.tmp", b"left by a writer killed midway")
+    back = HostCache(1 << 20)
+    assert back.load(folder) == 1 and back.best("a", [1, 2, 3])[1] == 3
+    assert back.persist(folder) == 1
+    assert sorted(os.listdir(folder)) == ["000000.kv"]
+
+
+def test_one_model_at_a_time_keeps_a_folder(tmp_path):
+    """Within this process a model still writing its records on its way out
+    hands the folder to its next load (keep-alive, eviction, a reload after
+    a failure: the next load was refused and kept its tier in memory for
+    good); a live one keeps it; another process's lock file keeps it."""
+    import subprocess
+    import sys
+    import threading
+
+    from turbospark.engine.hostcache import FolderLock, folder_problem
+
+    first, second = FolderLock(str(tmp_path)), FolderLock(str(tmp_path))
+    assert first.acquire() is None
+    assert "another model of this server" in (second.acquire(wait=0) or "")
+    first.closing = True  # (its scheduler is closing, writing its records)
+    assert "still writing" in (second.acquire(wait=0.05) or "")
+    threading.Timer(0.2, first.release).start()
+    assert second.acquire(wait=30) is None  # handed over once written
+    second.release()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+            str(tmp_path / ".lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert "another server" in (FolderLock(str(tmp_path)).acquire(wait=0) or "")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert folder_problem(str(tmp_path / "new" / "kv")) is None and (tmp_path / "new" / "kv").is_dir()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert folder_problem(str(blocker)) is not None and folder_problem(str(blocker / "kv")) is not None

@@ -273,6 +273,8 @@ def test_num_ctx_is_honoured_and_a_larger_one_warned(base_url, server):
     body["options"] = {"num_ctx": n, "num_predict": -2}  # no room left for a reply
     r = httpx.post(base_url + "/api/chat", json=body, timeout=120)
     assert r.status_code == 400 and "num_ctx" in r.json()["error"]
+    # the prompt fills the context exactly: true numbers (it said "n > n")
+    assert f"prompt is too long: {n} tokens > {n - 1} maximum" in r.json()["error"], r.json()
 
     body["options"] = {"num_ctx": n + 2, "num_predict": 5}  # an explicit budget is never cut
     r = httpx.post(base_url + "/api/chat", json=body, timeout=120)
@@ -301,7 +303,7 @@ def test_images_and_template_are_warned_format_and_think_are_honoured(base_url):
         "model": "m",
         "stream": False,
         "format": {"type": "object"},
-        "think": True,
+        "think": False,
         "keep_alive": -1,
         "messages": [{"role": "user", "content": "hi", "images": ["aGVsbG8="]}],
         "options": {"num_predict": 2},
@@ -310,6 +312,64 @@ def test_images_and_template_are_warned_format_and_think_are_honoured(base_url):
     assert r.status_code == 200, r.text
     warning = r.headers["x-turbospark-warning"]
     assert "image" in warning and "format" not in warning and "think" not in warning
+
+
+#: SmolLM2's ChatML with a thinking switch, as Qwen3's template has one
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+
+
+def test_which_templates_think():
+    from turbospark.generation import template_thinks
+
+    assert template_thinks(THINKING_TEMPLATE) and template_thinks("{{ '<thought>' }}")  # EXAONE-Deep's tag
+    assert template_thinks("{% if reasoning_effort %}{% endif %}")  # gpt-oss's switch
+    assert not template_thinks("<|im_start|>{{ m.content }}<|im_end|>")
+
+
+def test_think_on_a_model_without_thinking_is_refused_as_ollama_does(server, base_url, client, hub):
+    """Ollama answers ``think`` on a model that cannot think with a 400 that
+    clients catch ("does not support thinking") to ask again without it, and
+    lists "thinking" among /api/show's capabilities for those that can."""
+    refused_ids = []
+    for path, body in (
+        ("/api/chat", {"messages": HELLO}),
+        ("/api/generate", {"prompt": "Hello"}),
+    ):
+        for think in (True, "low", "high"):
+            for stream in (False, True):
+                r = httpx.post(
+                    base_url + path,
+                    json={"model": "smollm2-135m", "think": think, "stream": stream, **body},
+                    timeout=60,
+                )
+                assert_ollama_error(r, 400, '"smollm2-135m" does not support thinking')
+                refused_ids.append(r.headers["x-request-id"])
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.chat(model="smollm2-135m", messages=HELLO, think=True)
+    assert refused.value.status_code == 400 and "does not support thinking" in refused.value.error
+    for rid in refused_ids:  # refused before any engine work
+        finished = hub.wait_kind(rid, "requestFinished")
+        assert finished.status == 400 and "generated" not in kinds(hub.of(rid))
+    # false, or no think at all, is answered
+    r = client.chat(model="smollm2-135m", messages=HELLO, think=False, options={"num_predict": 3})
+    assert r.done and r.message.content
+    assert "thinking" not in client.show("smollm2-135m").capabilities
+
+    # the same model with a template that switches thinking: listed, and answered
+    attach = {"model": "smollm2-135m", "id": "thinker", "ctx": 512, "parallel": 1, "chat_template": THINKING_TEMPLATE}
+    r = httpx.post(base_url + "/v1/admin/models", json=attach, timeout=120)
+    assert r.status_code == 201, r.text
+    try:
+        assert client.show("thinker").capabilities == ["completion", "tools", "thinking"]
+        r = client.chat(model="thinker", messages=HELLO, think=True, options={"num_predict": 6, "temperature": 0})
+        assert r.done and r.eval_count == 6  # (what it wrote may be blank: no text is asserted)
+        g = client.generate(model="thinker", prompt="Hello", think="low", options={"num_predict": 3})
+        assert g.done
+    finally:
+        assert httpx.delete(base_url + "/v1/admin/models/thinker", timeout=60).status_code == 200
 
 
 # -- model facts ---------------------------------------------------------------------------------

@@ -183,6 +183,12 @@ def test_a_stream_that_failed_after_its_headers_ends_in_error():
     assert span.name == "chat m" and span.status.status_code is StatusCode.ERROR
     assert span.status.description == "engine error: boom"
     assert "gen_ai.usage.output_tokens" not in span.attributes
+    # its 200 says nothing of the error: the error's class does
+    assert span.attributes["error.type"] == "stream_failed"
+    sink.record(RequestStarted(id=2, at_ms=1000, method="POST", path="/api/chat"))
+    sink.record(RequestFinished(id=2, status=200, duration_ms=3, error="client disconnected"))
+    sink.flush()
+    assert exporter.get_finished_spans()[-1].attributes["error.type"] == "client_disconnected"
     sink.close()
 
 
@@ -217,6 +223,27 @@ def test_enabling_rules():
     assert traces_url("http://c:4318") == "http://c:4318/v1/traces"
     assert traces_url("http://c:4318/") == "http://c:4318/v1/traces"
     assert traces_url("http://c:4318/v1/traces") == "http://c:4318/v1/traces"
+
+
+def test_a_collector_that_never_answers_does_not_hold_the_exit():
+    """A collector that takes the connection and never answers: closing
+    gives up on the last spans after its bound (the exporter alone waits
+    ten seconds a batch, more with many requests)."""
+    import socket
+
+    hole = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(hole.accept()[0]), daemon=True).start()
+    try:
+        sink = OtelSink(endpoint=f"http://127.0.0.1:{hole.getsockname()[1]}")
+        sink.record(RequestStarted(id=1, at_ms=10, method="GET", path="/v1/models"))
+        sink.record(RequestFinished(id=1, status=200, duration_ms=1))
+        t0 = time.monotonic()
+        sink.close(timeout=0.5)
+        assert time.monotonic() - t0 < 8  # (generous: the exporter's own wait is 10 s)
+    finally:
+        for s in [*held, hole]:
+            s.close()
 
 
 def test_otlp_http_export_reaches_a_collector(monkeypatch):

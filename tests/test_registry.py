@@ -3,8 +3,10 @@ the resident cap (CONTRACT §4). The real model loaded under several ids."""
 
 from __future__ import annotations
 
+import calendar
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -214,6 +216,17 @@ def test_attach_and_detach_while_requests_stream():
         d = httpx.delete(srv.url + "/v1/admin/models/beta", timeout=10)
         assert d.status_code == 200 and d.json()["detached"] is True and d.json()["in_flight"] == 1
         assert any(e.kind == "modelDetached" and e.model == "beta" for e in obs.events)
+
+        # its work still shows while it runs (it vanished from both views)
+        def beta_slots() -> list[str]:
+            slots = httpx.get(srv.url + "/v1/slots", timeout=10).json()["data"]
+            return [s["state"] for s in slots if s["model"] == "beta"]
+
+        deadline = time.monotonic() + 30
+        while beta_slots() != ["busy"] and time.monotonic() < deadline:
+            time.sleep(0.02)  # (its first chunk may go out before its slot is marked)
+        assert beta_slots() == ["busy"]
+        assert 'turbospark_num_requests_running{model="beta"} 1.0' in httpx.get(srv.url + "/metrics").text
         # new requests no longer reach beta (two chat models remain: 404)
         nxt = httpx.post(
             srv.url + "/v1/chat/completions", json={"model": "beta", "messages": [{"role": "user", "content": "x"}]}
@@ -262,6 +275,119 @@ def test_max_resident_evicts_least_recently_used():
         assert moves == [("modelAttached", "first"), ("modelDetached", "first"), ("modelAttached", "second")]
         assert chat(srv, "first").status_code == 200
         assert srv.registry.lookup("second").model is None
+
+
+def test_max_resident_holds_while_every_resident_model_is_busy():
+    """A request for a model that is not loaded, while every resident one is
+    busy, waits for one to go idle (as Ollama's scheduler does) and never
+    loads past --max-resident; two such loads at once take the one place in
+    turn. Before, the model was loaded anyway and both stayed resident."""
+    obs = ListObserver()
+    with Server(models=[opts("first"), opts("second"), opts("third")], observer=obs, max_resident=1) as srv:
+        reg = srv.registry
+        peak = [0]
+        watching = True
+
+        def watch() -> None:  # the most models resident at once
+            while watching:
+                peak[0] = max(peak[0], sum(reg.lookup(m).model is not None for m in ("first", "second", "third")))
+                time.sleep(0.002)
+
+        w = threading.Thread(target=watch)
+        w.start()
+        try:
+            out: dict = {}
+            t = stream_in_thread(srv.url, "first", out, max_tokens=150)  # busy for a few seconds
+            assert out.get("started")
+            with ThreadPoolExecutor(2) as pool:
+                waiting = [pool.submit(chat, srv, name) for name in ("second", "third")]
+                t.join(120)
+                assert out["status"] == 200 and out["chunks"][-1] == "data: [DONE]"  # undisturbed
+                assert [f.result().status_code for f in waiting] == [200, 200]
+        finally:
+            watching = False
+            w.join()
+        assert peak[0] == 1
+        moves = [(e.kind, e.model) for e in obs.events if e.kind.startswith("model")]
+        assert moves[:2] == [("modelAttached", "first"), ("modelDetached", "first")]  # only once it was done
+        assert sorted(m for k, m in moves[2:] if k == "modelAttached") == ["second", "third"]
+        assert sum(reg.lookup(m).model is not None for m in ("first", "second", "third")) == 1
+
+
+def test_a_load_that_waits_too_long_for_room_is_a_503_with_retry_after(monkeypatch: pytest.MonkeyPatch):
+    from turbospark import registry
+
+    monkeypatch.setattr(registry, "ROOM_WAIT_SECONDS", 0.5)
+    with Server(models=[opts("first"), opts("second")], max_resident=1) as srv:
+        out: dict = {}
+        t = stream_in_thread(srv.url, "first", out, max_tokens=400)
+        r = httpx.post(
+            srv.url + "/v1/chat/completions",
+            json={"model": "second", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            timeout=60,
+        )
+        out["stop"] = True
+        t.join(120)
+        assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+        assert r.json()["error"]["code"] == "max_resident" and "busy" in r.json()["error"]["message"]
+        assert srv.registry.lookup("second").model is None and srv.registry.lookup("first").model is not None
+        monkeypatch.setattr(registry, "ROOM_WAIT_SECONDS", 60.0)  # (first's run may still be ending)
+        assert chat(srv, "second").status_code == 200  # idle now: first makes room
+
+
+def test_a_load_waiting_for_room_ends_at_the_drains_deadline():
+    """A request waiting for a resident model to go idle when the server
+    stops: the drain's deadline ends the wait with a 503 ``shutting_down``
+    (it held the exit until uvicorn cancelled it, a plain-text 500)."""
+    obs = ListObserver()
+    with Server(models=[opts("first"), opts("second")], max_resident=1, drain_timeout=1, observer=obs) as srv:
+        out: dict = {}
+        t = stream_in_thread(srv.url, "first", out, max_tokens=900)  # busy past the drain
+        waiting: dict = {}
+
+        def ask() -> None:
+            body = {"model": "second", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+            waiting["r"] = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+
+        w = threading.Thread(target=ask)
+        w.start()
+        deadline = time.monotonic() + 60
+        while srv.registry.lookup("second")._loading is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # until it waits for room (else the drain would refuse it at the door)
+        assert srv.registry.lookup("second")._loading is not None
+        srv.stop()
+        w.join(120)
+        t.join(120)
+    r = waiting["r"]
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
+    # nothing was loaded (nor evicted) while shutting down
+    assert [(e.kind, e.model) for e in obs.events if e.kind.startswith("model")] == [("modelAttached", "first")]
+
+
+def test_a_replica_with_no_room_to_load_is_passed_over_not_marked_down():
+    """In a group of local replicas under --max-resident, only as many load
+    at start as the cap allows; a replica that cannot be loaded for want of
+    room is not a failed one: the request goes to a loaded replica at once,
+    and nothing is marked down."""
+    from turbospark.loading import GroupOptions
+
+    obs = ListObserver()
+    group = GroupOptions("pool", [("a", opts("x", parallel=2)), ("b", opts("x", parallel=2))], health_interval=3600)
+    with Server(models=[group], observer=obs, max_resident=1) as srv:
+        # the cap holds at start too: b waits for its first use (both were loaded)
+        loaded = [m for m in ("pool@a", "pool@b") if srv.registry.lookup(m).model is not None]
+        assert loaded == ["pool@a"]
+        listed = {m["id"]: m for m in httpx.get(srv.url + "/v1/models").json()["data"]}
+        assert {"pool", "pool@a", "pool@b"} <= set(listed)
+        out: dict = {}
+        t = stream_in_thread(srv.url, "pool", out, max_tokens=300)  # the loaded one is busy
+        r = chat(srv, "pool")
+        out["stop"] = True
+        t.join(120)
+        assert r.status_code == 200
+        assert [m for m in ("pool@a", "pool@b") if srv.registry.lookup(m).model is not None] == loaded
+        assert not [e for e in obs.events if e.kind == "modelHealth" and e.state == "down"]
+        assert all(rep.up for rep in srv.registry.lookup("pool").group.replicas)
 
 
 def test_admin_attach_inherits_the_server_defaults_and_respects_max_resident():
@@ -335,13 +461,35 @@ def test_ollama_keep_alive_unloads_sets_the_timeout_and_reports_the_load():
         assert r.status_code == 200, r.text
         out = r.json()
         assert out["load_duration"] > 0 and out["total_duration"] >= out["load_duration"]
-        assert srv.registry.lookup("sleepy").spec.keep_alive == 300.0
+        assert srv.registry.lookup("sleepy").keep_alive == 300.0
         again = httpx.post(srv.url + "/api/chat", timeout=120, json=body).json()
         assert again["load_duration"] == 0  # resident now
+        # /api/ps says when it goes: five minutes from now (it said "forever")
+        expires = expires_at(srv.url)
+        assert 250 < expires - time.time() <= 301, expires - time.time()
+        # a request without keep_alive, in any dialect, brings back the
+        # operator's (here: resident), as Ollama's default comes back; it
+        # stayed at the last client's before
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=120,
+                       json={"model": "sleepy", "messages": body["messages"], "max_tokens": 2})  # fmt: skip
+        assert r.status_code == 200
+        sleepy = srv.registry.lookup("sleepy")
+        assert sleepy.keep_alive is None and sleepy.spec.keep_alive is None
+        assert expires_at(srv.url) - time.time() > 100 * 365 * 86400
+        httpx.post(srv.url + "/api/chat", timeout=120, json={**body, "keep_alive": 2})
+        r = httpx.post(srv.url + "/api/chat", timeout=120, json={k: v for k, v in body.items() if k != "keep_alive"})
+        assert r.status_code == 200 and srv.registry.lookup("sleepy").keep_alive is None
         bad = httpx.post(srv.url + "/api/chat", timeout=30, json={**body, "keep_alive": "soon"})
         assert bad.status_code == 400 and "keep_alive" in bad.json()["error"]
         kinds = [e.kind for e in obs.events if e.kind.startswith("model")]
         assert kinds == ["modelAttached", "modelDetached", "modelAttached"]
+
+
+def expires_at(url: str) -> float:
+    """``/api/ps``'s ``expires_at`` of its one model, as a Unix time."""
+    (row,) = httpx.get(url + "/api/ps", timeout=10).json()["models"]
+    stamp = row["expires_at"].rstrip("Z").split(".")[0]
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
 
 
 def test_the_keep_alive_reaper_runs_from_start():

@@ -559,6 +559,61 @@ def test_an_upstream_call_and_reasoning_in_every_dialect(front, scripted_upstrea
     scripted_upstream.mode = "ok"
 
 
+@pytest.mark.parametrize("mode", ["two_calls", "interleaved_calls"])
+def test_several_calls_parsed_upstream_reach_every_dialect_whole(front, scripted_upstream, mode: str) -> None:
+    """Two calls the upstream parsed itself, sent one after the other (as
+    vLLM, SGLang and llama-server send parallel calls) or interleaved by
+    index (legal in the OpenAI stream): each reaches every dialect with its
+    own arguments, streamed and not. A streamed Responses answer failed on
+    the second call (an assertion), and Anthropic's and Responses' streams
+    gave interleaved pieces to the last call opened."""
+    srv, _ = front
+    scripted_upstream.mode = mode
+    want = [{"city": "Paris"}, {"city": "Oslo"}]
+    ask = [{"role": "user", "content": "weather in Paris and Oslo?"}]
+    c = oai(srv)
+    tools = [chat_tool(WEATHER_FUNCTION)]
+    whole = c.chat.completions.create(model="scripted", messages=ask, tools=tools).choices[0].message.tool_calls
+    assert [json.loads(t.function.arguments) for t in whole] == want
+    args: dict[int, str] = {}
+    for ch in c.chat.completions.create(model="scripted", messages=ask, tools=tools, stream=True):
+        for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+            args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+    assert [json.loads(args[i]) for i in sorted(args)] == want
+
+    rtools = [{"type": "function", "name": "get_weather", "parameters": WEATHER_FUNCTION["parameters"]}]
+    r = c.responses.create(model="scripted", input="weather?", tools=rtools)
+    assert [json.loads(o.arguments) for o in r.output if o.type == "function_call"] == want
+    events = list(c.responses.create(model="scripted", input="weather?", tools=rtools, stream=True))
+    assert not [e for e in events if e.type == "response.failed"]
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [json.loads(e.arguments) for e in done] == want
+    pieces: dict[str, str] = {}
+    for e in events:
+        if e.type == "response.function_call_arguments.delta":
+            pieces[e.item_id] = pieces.get(e.item_id, "") + e.delta
+    assert [json.loads(pieces[e.item_id]) for e in done] == want  # each item's deltas make its own arguments
+    final = [e for e in events if e.type == "response.completed"][0].response
+    assert [json.loads(o.arguments) for o in final.output if o.type == "function_call"] == want
+    assert len({o.call_id for o in final.output if o.type == "function_call"}) == 2
+
+    atools = [{"name": "get_weather", "input_schema": WEATHER_FUNCTION["parameters"]}]
+    msg = ant(srv).messages.create(model="scripted", max_tokens=50, messages=ask, tools=atools)
+    assert [b.input for b in msg.content if b.type == "tool_use"] == want
+    with ant(srv).messages.stream(model="scripted", max_tokens=50, messages=ask, tools=atools) as st:
+        streamed = st.get_final_message()
+    assert [b.input for b in streamed.content if b.type == "tool_use"] == want
+    assert streamed.stop_reason == "tool_use"
+
+    o = ollama.Client(host=srv.url, timeout=60)
+    assert [
+        dict(t.function.arguments) for t in o.chat(model="scripted", messages=ask, tools=tools).message.tool_calls
+    ] == want
+    lines = list(o.chat(model="scripted", messages=ask, tools=tools, stream=True))
+    assert [dict(t.function.arguments) for p in lines for t in (p.message.tool_calls or [])] == want
+    scripted_upstream.mode = "ok"
+
+
 def test_a_reask_takes_the_upstreams_parsed_call(front, scripted_upstream) -> None:
     """The guardrails re-ask after a call that fails its schema; the second
     attempt's call, parsed by the upstream itself, is the answer."""
@@ -614,6 +669,8 @@ def test_local_only_operations_on_a_remote_model_are_clean_400s(front) -> None:
         ("/detokenize", {"model": "solo", "tokens": [1, 2]}),
         ("/apply-template", {"model": "solo", "messages": [{"role": "user", "content": "hi"}]}),
         ("/infill", {"model": "solo", "input_prefix": "def f(", "input_suffix": ")"}),
+        # (a raw prompt's structure is not in the chat body sent upstream: never unenforced)
+        ("/completion", {"model": "solo", "prompt": "x", "grammar": 'root ::= "a"'}),
     ):
         r = httpx.post(srv.url + path, json=body)
         assert r.status_code == 400, (path, r.text)
@@ -648,6 +705,193 @@ def test_vllms_context_refusal_reaches_the_agents_as_ours(front, scripted_upstre
     with pytest.raises(openai.BadRequestError) as oerr:
         oai(srv).responses.create(model="scripted", input="hi", stream=True)
     assert oerr.value.body["code"] == "context_length_exceeded"
+
+
+def test_a_refusal_inside_the_stream_before_any_token_keeps_its_status(front, scripted_upstream) -> None:
+    """SGLang refuses a prompt over its context inside a 200 event stream, and
+    llama-server (before 2025-09) wrote its errors as an SSE field of their
+    own (``error:``): before any token, the client gets the 400 they name (an
+    overflow worded as ours), not a 502 nor an empty "successful" answer."""
+    srv, _ = front
+    ask = [{"role": "user", "content": "hi"}]
+    scripted_upstream.mode = "sglang_refusal"
+    with pytest.raises(anthropic.BadRequestError) as aerr:
+        ant(srv).messages.create(model="scripted", max_tokens=8, messages=ask)
+    assert aerr.value.body["error"]["message"].startswith("prompt is too long: 5000 tokens > 4096 maximum")
+    with pytest.raises(openai.BadRequestError) as oerr:
+        oai(srv).chat.completions.create(model="scripted", messages=ask, stream=True)
+    assert oerr.value.body["code"] == "context_length_exceeded"
+
+    scripted_upstream.mode = "llama_error_field"
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as oerr:
+            oai(srv).chat.completions.create(model="scripted", messages=ask, stream=stream)
+        assert "exceeds the available context size" in oerr.value.body["message"]
+    r = httpx.post(srv.url + "/api/chat", json={"model": "scripted", "messages": ask, "stream": False}, timeout=60)
+    assert r.status_code == 400 and "available context size" in r.json()["error"]
+
+    # after a token: the run failed, never a short "successful" answer
+    scripted_upstream.mode = "llama_error_field_late"
+    with pytest.raises(openai.APIStatusError) as late:
+        oai(srv).chat.completions.create(model="scripted", messages=ask)
+    assert late.value.status_code == 502 and "available context size" in late.value.body["message"]
+    status, raw, _ = anthropic_stream(srv)
+    assert status == 200 and "Hello" in raw and "event: error" in raw and "message_stop" not in raw
+
+
+def test_a_whole_answer_held_open_without_done_is_answered_at_once(front, scripted_upstream) -> None:
+    """An upstream that sent its answer, finish and usage, then holds the
+    stream open without ``[DONE]``: the answer is whole at its usage chunk.
+    It waited for the read timeout (10 minutes) and then failed."""
+    srv, obs = front
+    scripted_upstream.mode = "held_open"  # (holds the stream for 60 s)
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    raw = c.chat.completions.with_raw_response.create(model="scripted", messages=MESSAGES)
+    body = raw.parse()
+    assert body.choices[0].message.content == "Hello there" and body.choices[0].finish_reason == "stop"
+    assert (body.usage.prompt_tokens, body.usage.completion_tokens) == (11, 7)
+    assert wait_event(obs, raw.headers["x-request-id"], "requestFinished").error is None
+    chunks = list(c.chat.completions.create(model="scripted", messages=MESSAGES, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "Hello there"
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["stop"]
+
+
+def test_a_gateways_error_in_a_200_json_body_keeps_its_message(front, scripted_upstream) -> None:
+    srv, _ = front
+    scripted_upstream.mode = "json_error_200"
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "scripted", "messages": MESSAGES}, timeout=60)
+    assert r.status_code == 502 and "not loaded on this worker" in r.json()["error"]["message"], r.text
+
+
+def test_an_upstream_call_with_a_null_index_is_read(front, scripted_upstream) -> None:
+    srv, _ = front
+    scripted_upstream.mode = "null_index"
+    msg = oai(srv).chat.completions.create(model="scripted", messages=MESSAGES, tools=[chat_tool(WEATHER_FUNCTION)])
+    call = msg.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    # calls with no index at all are told apart by their ids (they were one call, its arguments lost)
+    scripted_upstream.mode = "no_index"
+    msg = oai(srv).chat.completions.create(model="scripted", messages=MESSAGES, tools=[chat_tool(WEATHER_FUNCTION)])
+    calls = msg.choices[0].message.tool_calls
+    assert [(c.id, json.loads(c.function.arguments)) for c in calls] == [
+        ("call_0", {"city": "Paris"}),
+        ("call_1", {"city": "Oslo"}),
+    ]
+
+
+def test_a_key_cut_in_two_by_a_truncated_error_body_is_still_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error page quoting the key where the relayed message is cut (300
+    characters of a body that is not JSON), or where the body's read stops:
+    no start of the key is left either."""
+    from turbospark.upstream.client import Endpoint, answer_error
+
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    headers = {"x-api-token": "tok-123456789", "x-team": "blue-team-42"}
+    e = Endpoint("http://127.0.0.1:1/v1", api_key_env=KEY_ENV, headers=headers)
+    for pad in range(270, 300):
+        page = ("<html>" + "x" * pad + f"Authorization: Bearer {SECRET} x-api-token: tok-123456789</html>").encode()
+        message = e.redact(answer_error(502, e.redact_body(page), httpx.Headers()).message)
+        assert SECRET[:4] not in message and "tok-1234" not in message, (pad, message)
+    cut = e.redact_body(b"error; headers: Authorization: Bearer " + SECRET[:10].encode())
+    assert cut.endswith(b"Bearer [redacted]") and SECRET[:4].encode() not in cut
+    # a header that does not name a credential is not blanked where it appears
+    assert e.redact("team blue-team-42") == "team blue-team-42"
+
+
+def test_an_upstream_error_that_echoes_the_key_never_shows_it(scripted_upstream, caplog) -> None:
+    """A gateway (or a debug build) that quotes the request's Authorization
+    header in its error: the key is redacted wherever that text goes (the
+    client's error in each dialect, the events, a replica's down reason in
+    the listings and the log)."""
+    before = os.environ.get(KEY_ENV)  # (the module's front reads it too)
+    os.environ[KEY_ENV] = SECRET
+    obs = ListObserver()
+    keyed = RemoteOptions(id="keyed", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096,
+                          api_key_env=KEY_ENV)  # fmt: skip
+    member = RemoteOptions(id="x", base_url=scripted_upstream.url + "/v1", model="scripted", ctx=4096,
+                           api_key_env=KEY_ENV)  # fmt: skip
+    group = GroupOptions("kpool", [("one", member), ("two", member)], health_interval=3600, cooldown=60)
+    caplog.set_level(logging.INFO)
+    try:
+        with Server([keyed, group], observer=obs) as srv:
+            scripted_upstream.mode = "echo_key"
+            seen = []
+            for path, body in (
+                ("/v1/chat/completions", {"model": "keyed", "messages": MESSAGES}),
+                ("/v1/messages", {"model": "keyed", "max_tokens": 8, "messages": MESSAGES}),
+                ("/api/chat", {"model": "keyed", "messages": MESSAGES, "stream": False}),
+                ("/v1/messages/count_tokens", {"model": "keyed", "messages": MESSAGES}),
+            ):
+                r = httpx.post(srv.url + path, json=body, timeout=60)
+                assert r.status_code == 400 and "[redacted]" in r.text, (path, r.text)
+                seen.append(r.text)
+            scripted_upstream.mode = "echo_key_503"
+            r = httpx.post(srv.url + "/v1/chat/completions", json={"model": "kpool", "messages": MESSAGES}, timeout=60)
+            assert r.status_code == 503 and "[redacted]" in r.text
+            seen += [r.text, httpx.get(srv.url + "/v1/models").text, httpx.get(srv.url + "/api/ps").text]
+            seen.append(httpx.get(srv.url + "/v1/stats").text)
+            assert any("[redacted]" in text for text in seen[-4:-1])  # the replicas' down reason is shown
+        assert scripted_upstream.headers[-1]["authorization"] == f"Bearer {SECRET}"  # it was sent
+        seen += [json.dumps(e.to_dict()) for e in obs.events] + [caplog.text]
+        assert not [text for text in seen if SECRET in text]
+    finally:
+        if before is None:
+            os.environ.pop(KEY_ENV, None)
+
+
+def test_a_lone_remote_model_with_no_answer_shows_down_until_one_comes(front) -> None:
+    """A remote model outside any group has no health checks: while its
+    upstream gives no answer it looked healthy in every view (only its
+    requests' 502s told). What its requests find now shows: ``down`` in
+    ``/v1/models`` and a ``modelHealth`` event, ``ok`` once one is answered
+    again. ``/health`` stays 200: nothing checks it back without traffic."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    srv, obs = front
+    spare = socket.socket()
+    spare.bind(("127.0.0.1", 0))
+    port = spare.getsockname()[1]
+    spare.close()  # nothing listens there yet
+    body = {"id": "lone", "kind": "remote", "base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "ctx": 2048}
+    assert httpx.post(srv.url + "/v1/admin/models", json=body).status_code == 201
+
+    def card() -> dict[str, Any]:
+        return next(m for m in httpx.get(srv.url + "/v1/admin/models").json()["data"] if m["id"] == "lone")
+
+    def health() -> list[tuple[str, str]]:
+        return [(e.state, e.reason) for e in obs.events if e.kind == "modelHealth" and e.model == "lone"]
+
+    ask = {"model": "lone", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    httpd = None
+    try:
+        assert httpx.post(srv.url + "/v1/chat/completions", json=ask).status_code == 502
+        wait_until(lambda: card()["state"] == "down", what="down")
+        assert health()[0][0] == "down" and "unreachable" in health()[0][1]
+        assert httpx.get(srv.url + "/health").status_code == 200
+
+        class Answer(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers["content-length"]))
+                chunk = {"choices": [{"index": 0, "delta": {"content": "hey"}, "finish_reason": "stop"}]}
+                usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.end_headers()
+                for data in (json.dumps(chunk), json.dumps(usage), "[DONE]"):
+                    self.wfile.write(f"data: {data}\n\n".encode())
+
+            def log_message(self, *a):
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", port), Answer)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        assert httpx.post(srv.url + "/v1/chat/completions", json=ask).status_code == 200
+        wait_until(lambda: card()["state"] == "loaded", what="up again")
+        assert health()[-1][0] == "ok"
+    finally:
+        httpx.delete(srv.url + "/v1/admin/models/lone")
+        if httpd is not None:
+            httpd.shutdown()
 
 
 def test_upstream_failure_mid_stream_is_an_error_frame(front, scripted_upstream) -> None:
@@ -1055,11 +1299,11 @@ def test_a_cut_or_a_pause_past_the_end_of_a_finished_stream_changes_nothing(mode
     (``linger``, 10 s): the answer is whole, and the client gets it at
     once, not when the upstream lets go."""
     up = ClosingUpstream(mode)
-    started = time.monotonic()
     try:
         opts = RemoteOptions(id="closing", base_url=up.url + "/v1", model="m", ctx=4096)
         with Server([opts]) as srv:
             c = oai(srv)
+            started = time.monotonic()  # (the server's start and stop are not timed: a loaded box is slow there)
             out = c.chat.completions.create(model="closing", messages=MESSAGES, max_tokens=4)
             assert out.choices[0].message.content == "Hello" and out.choices[0].finish_reason == "stop"
             with c.chat.completions.with_streaming_response.create(
@@ -1067,8 +1311,8 @@ def test_a_cut_or_a_pause_past_the_end_of_a_finished_stream_changes_nothing(mode
             ) as s:
                 text = s.read().decode()
             assert "Hello" in text and '"finish_reason":"stop"' in text and "data: [DONE]" in text
-        # (the two requests each wait at most a second for the stream's end)
-        assert time.monotonic() - started < LINGER
+            # (the two requests each wait at most a second for the stream's end)
+            assert time.monotonic() - started < LINGER
     finally:
         up.stop()
 

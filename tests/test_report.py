@@ -86,3 +86,31 @@ def test_report_command_line(tmp_path):
         timeout=60,
     )
     assert missing.returncode == 2 and "no such event log" in missing.stderr
+
+
+def test_a_log_appended_to_by_two_runs_and_lines_of_other_shapes():
+    """Ids start again at 1 in each server run: two requests a kill cut
+    short vanished (the next run's same ids closed them), and the report
+    said nothing was unfinished. A line that parses as JSON but is not an
+    event as the server writes it crashed the report; it is counted and
+    skipped, as a line that is not JSON is."""
+
+    def req(rid: int, status: int | None) -> list[dict]:
+        out: list[dict] = [{"kind": "requestStarted", "id": rid, "atMs": rid, "method": "POST", "path": "/v1/messages"}]
+        if status is not None:
+            out.append({"kind": "requestFinished", "id": rid, "status": status, "durationMs": 5})
+        return out
+
+    first = req(1, 200) + req(2, None) + req(3, None)  # killed with 2 and 3 running
+    second = req(1, 200) + req(2, 200) + req(3, 200)
+    odd: list = [42, [1, 2], None, "text", {"kind": "modelAttached"}, {"kind": "gap", "missed": "lots"}]
+    odd += [{"kind": "requestFinished", "id": [3], "status": 200}, {**req(9, None)[0], "atMs": "soon"}]
+    odd += [{"kind": "generated", "id": 1, "model": "m", "promptTokens": None, "prefillSeconds": "0.1"}]
+    f = Fold(max_requests=None).feed_all([*first, *odd, *second])
+    assert (f.runs, f.unfinished, f.malformed) == (2, 2, len(odd))
+    # every run's records are kept (the report plots them)
+    assert [(r.id, r.status) for r in f.records()] == [(1, 200), (2, None), (3, None), (1, 200), (2, 200), (3, 200)]
+    assert (f.requests, f.finished, f.errors, f.in_flight) == (6, 4, 2, 0)
+    assert f.usage.generations == 0  # the odd generated was not folded in part
+    lines = summary_lines(f)
+    assert "server runs             2" in lines and "unfinished (run ended)  2" in lines

@@ -234,6 +234,41 @@ def test_hosted_tools_dropped_with_warning(base_url):
     assert [t["name"] for t in r.json()["tools"]] == ["get_weather"]
 
 
+@pytest.mark.parametrize("kind", ["web_search_搜索", "ä_€", "web\r\nX-Evil: 1"])
+def test_a_tool_type_a_header_cannot_carry_is_escaped_in_the_warning(base_url, kind: str):
+    """The warning quotes the tool's type: non-Latin-1 text was a 500, and a
+    line break cut the connection with no answer; it is escaped, in every
+    dialect that warns so (Responses, Anthropic messages and count_tokens)."""
+    for stream in (False, True):
+        r = httpx.post(
+            base_url + URL,
+            timeout=60,
+            json={"model": "m", "max_output_tokens": 2, "input": "hi", "tools": [{"type": kind}], "stream": stream},
+        )
+        assert r.status_code == 200, r.text
+        warning = r.headers["x-turbospark-warning"]
+        assert warning.isascii() and "\n" not in warning and kind.encode("unicode_escape").decode() in warning
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": kind, "name": "s"}]}  # fmt: skip
+    for path, extra in (("/v1/messages", {}), ("/v1/messages", {"stream": True}), ("/v1/messages/count_tokens", {})):
+        r = httpx.post(base_url + path, timeout=60, json={**body, **extra})
+        assert r.status_code == 200, (path, r.text)
+        assert r.headers["x-turbospark-warning"].isascii()
+
+
+def test_thousands_of_ignored_tools_give_a_warning_a_client_can_read(base_url):
+    """Each ignored type is named, so 3000 of them made a 78 kB header, past
+    the 16 KiB a Node client (Claude Code, the Node SDKs) reads a response
+    head into; it is cut at 4 KiB."""
+    tools = [{"type": f"hosted_search_tool_{i:05d}"} for i in range(3000)]
+    r = httpx.post(
+        base_url + URL, timeout=60, json={"model": "m", "max_output_tokens": 2, "input": "hi", "tools": tools}
+    )
+    assert r.status_code == 200, r.text
+    warning = r.headers["x-turbospark-warning"]
+    assert "hosted_search_tool_00000" in warning and len(warning) <= 4096 and warning.endswith("more characters)")
+
+
 def test_responses_alias_route(base_url):
     r = httpx.post(base_url + "/responses", timeout=60, json={"input": "hi", "max_output_tokens": 2})
     assert r.status_code == 200 and r.json()["object"] == "response"
@@ -369,7 +404,6 @@ def post(base_url: str, body: Any) -> httpx.Response:
     "body, param, contains",
     [
         *MALFORMED_BODIES,
-        ({"model": "m"}, "input", "missing"),
         ({"model": "m", "input": 5}, "input", ""),
         ({"model": "m", "input": None}, "input", ""),
         ({"model": "m", "input": [5]}, "input[0]", "object"),
@@ -414,11 +448,23 @@ def post(base_url: str, body: Any) -> httpx.Response:
         ({"model": "m", "input": "hi", "tool_choice": "sometimes"}, "tool_choice", "sometimes"),
         ({"model": "m", "input": "hi", "previous_response_id": "resp_123"}, "previous_response_id", "store"),
         ({"model": "m", "input": "hi", "conversation": "conv_1"}, "conversation", "store"),
+        ({"model": "m", "input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt", "store"),
         ({"model": "m", "input": "hi", "top_logprobs": 21}, "top_logprobs", ""),
     ],
 )
 def test_bad_bodies_are_400_in_openai_shape(base_url, body, param, contains):
     assert_openai_error(post(base_url, body), 400, param, contains)
+
+
+def test_instructions_alone_are_answered(oai):
+    """``input`` is optional in the API (the SDK sends none here): the
+    instructions are the system turn, and an empty user turn follows."""
+    r = oai.responses.create(model="m", instructions="Say hello.", max_output_tokens=4)
+    assert r.status in ("incomplete", "completed") and r.usage.output_tokens > 0
+    longer = oai.responses.create(
+        model="m", instructions="Say hello in three languages, one per line, and nothing else.", max_output_tokens=4
+    )
+    assert longer.usage.input_tokens > r.usage.input_tokens  # the instructions were read
 
 
 def test_previous_response_id_is_a_clear_400(oai, hub):

@@ -95,7 +95,8 @@ def test_timings_on_the_final_stream_chunk(base_url, hub, path, body):
     with_timings = [p for p in payloads if "timings" in p]
     assert len(with_timings) == 1
     last = with_timings[0]
-    assert last["choices"][0]["finish_reason"] == "length"  # the finish chunk
+    # the finish chunk (sampled, the answer may end before its 5 tokens)
+    assert last["choices"][0]["finish_reason"] in ("length", "stop")
     check_timings(last["timings"], gen)
     assert payloads[-1]["usage"]["completion_tokens"] == gen.new_tokens
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from types import SimpleNamespace
 
 import httpx
 import orjson
@@ -131,7 +130,7 @@ def test_on_speculation_only_offered_names_are_read():
 
 def xml_server(pieces: list[str], grammar: bool) -> tuple[Server, ListObserver]:
     model = ScriptedModel(scripts=[Script(pieces, delay=0.05)], enforces_grammars=grammar)
-    model.template = SimpleNamespace(source="{# tools #}<tool_call>\n<function=name>\n<parameter=k>")  # type: ignore[attr-defined]
+    model.chat_template = "{# tools #}<tool_call>\n<function=name>\n<parameter=k>"
     obs = ListObserver()
     return Server(models=[model], observer=obs), obs
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
@@ -445,11 +445,22 @@ class Router:
 class Relayed:
     """Reasoning and tool calls an engine split off itself (a remote
     engine's ``reasoning_content`` and ``tool_calls`` deltas), relayed as
-    they come: a call's first piece opens it (:class:`ToolCallBegin`), the
-    rest are argument pieces."""
+    they come.
+
+    The renderers hold one streamed call open at a time (an Anthropic
+    content block, a Responses item), while the OpenAI stream names each
+    piece's call by index, and upstreams send several calls one after the
+    other or even interleaved. So the first call streams live (its first
+    piece with a name opens it, :class:`ToolCallBegin`; the rest are
+    argument pieces, in any order with the others'), and the calls after it
+    are gathered and sent whole at the end, in the order they began."""
 
     def __init__(self) -> None:
-        self.calls: dict[int, tuple[str, str, list[str]]] = {}
+        #: by index, in the order the calls began
+        self.calls: dict[int, _RelayedCall] = {}
+        #: the index of the call streaming live, once it has begun
+        self._live: int | None = None
+        self._sent = 0  # pieces of the live call's arguments sent
 
     def feed(self, item: Progress, router: Router) -> list[Routed]:
         out: list[Routed] = []
@@ -459,29 +470,45 @@ class Relayed:
         piece = item.call
         if piece is None:
             return out
-        index = piece.index
-        if index not in self.calls:
-            call_id = piece.id or toolcalls.new_call_id()
-            self.calls[index] = (call_id, piece.name or "", [])
-            out.append(ToolCallBegin(len(self.calls) - 1, call_id, piece.name or ""))
-        call_id, name, args = self.calls[index]
+        call = self.calls.get(piece.index)
+        if call is None:
+            call = self.calls[piece.index] = _RelayedCall(piece.id or toolcalls.new_call_id())
+        call.name = call.name or piece.name or ""
         if piece.arguments:
-            args.append(piece.arguments)
-            out.append(ToolArgumentsDelta(list(self.calls).index(index), piece.arguments))
+            call.pieces.append(piece.arguments)
+        first = next(iter(self.calls))
+        if piece.index != first:
+            return out  # sent whole at the end
+        if self._live is None and call.name:
+            self._live = first
+            out.append(ToolCallBegin(0, call.id, call.name))
+        if self._live is not None:
+            out += [ToolArgumentsDelta(0, text) for text in call.pieces[self._sent :]]
+            self._sent = len(call.pieces)
         return out
 
-    def finish(self) -> list[toolcalls.ToolCall]:
+    def finish(self) -> list[tuple[toolcalls.ToolCall, bool]]:
+        """Every call, and whether it went out streaming (to be closed)."""
         out = []
-        for call_id, name, args in self.calls.values():
+        for index, call in self.calls.items():
             try:
-                parsed = orjson.loads("".join(args) or "{}")
+                parsed = orjson.loads("".join(call.pieces) or "{}")
             except orjson.JSONDecodeError:
                 parsed = None
             # arguments that are not a JSON object are none (the renderers
             # and validation read them as one)
             text = orjson.dumps(parsed if isinstance(parsed, dict) else {}).decode()
-            out.append(toolcalls.ToolCall(call_id, name, text))
+            out.append((toolcalls.ToolCall(call.id, call.name, text), index == self._live))
         return out
+
+
+@dataclass
+class _RelayedCall:
+    """One call an engine parsed itself, as its pieces came."""
+
+    id: str
+    name: str = ""
+    pieces: list[str] = field(default_factory=list)
 
 
 class ProbsCarrier:

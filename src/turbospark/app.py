@@ -35,7 +35,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     else:
         message = exc.detail or f"HTTP {exc.status_code}"
     request.scope.setdefault("state", {})[ERROR_KEY] = message
-    shape = shape_for_path(path)
+    shape = shape_for_path(path, "anthropic-version" in request.headers)
     code = "not_found" if exc.status_code == 404 else None
     body: dict[str, Any] = shape(exc.status_code, message, type=None, param=None, code=code)
     return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))

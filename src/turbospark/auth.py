@@ -52,11 +52,7 @@ class Decision:
 #: Routes an admin key opens besides the admin routes: what the server holds
 #: and did (an admin sees every tenant there), never inference.
 VIEW_ROUTES = {
-    ("GET", "/v1/events"),
-    ("GET", "/v1/stats"),
-    ("GET", "/v1/slots"),
-    ("GET", "/metrics"),
-    ("HEAD", "/metrics"),
+    (method, path) for method in ("GET", "HEAD") for path in ("/v1/events", "/v1/stats", "/v1/slots", "/metrics")
 }
 MISSING_KEY = "invalid or missing API key"
 NOT_ADMIN = "this route needs an admin key (--admin-key); an inference key never administers"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -195,6 +196,14 @@ def _serve(args: argparse.Namespace) -> int:
         options = _model_options(args)
     except (ConfigError, ModelNotFound) as exc:
         return _fail(str(exc))
+    from .engine.hostcache import folder_problem
+    from .loading import GroupOptions
+
+    local = [o for g in options for o in ([opts for _, opts in g.replicas] if isinstance(g, GroupOptions) else [g])]
+    for folder in {os.path.expanduser(d) for d in (getattr(o, "cache_dir", None) for o in local) if d}:
+        problem = folder_problem(folder)  # found now, not when the KV is written at the exit
+        if problem is not None:
+            return _fail(f"--cache-dir {folder}: {problem}")
     try:
         auth = from_config(
             args.api_key,
@@ -293,7 +302,9 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     server = LiveUvicorn(
-        uvicorn_config(assembly.app, send_timeout=args.send_timeout, body_timeout=args.body_timeout),
+        uvicorn_config(
+            assembly.app, send_timeout=args.send_timeout, body_timeout=args.body_timeout, drain=assembly.drain
+        ),
         assembly.live,
         assembly.registry,
         assembly.drain,
@@ -304,7 +315,10 @@ def _serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # pragma: no cover - uvicorn normally handles it
         pass
     finally:
-        print("turbospark: shutting down", file=sys.stderr)
+        # (after a hangup the terminal is gone: writing to it fails, and the
+        # models and the event log must still close)
+        with contextlib.suppress(OSError):
+            print("turbospark: shutting down", file=sys.stderr)
         assembly.close()
     return 0
 

@@ -120,6 +120,7 @@ def assemble(
         remote_key_envs=tuple(remote_key_envs),
         model_defaults=dict(model_defaults or {}),
     )
+    state.drain.on_cut(registry.stop_waiting)  # loads waiting for room end at the deadline
     app = build_app(state, auth, policy)
     return Assembly(registry, observer, metrics, live, app, state.drain, sinks, owned)
 

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .engine.types import CancelFlag
 
@@ -55,6 +55,14 @@ class Drain:
         #: the deadline passed: generations are failed as they are watched
         self.cutting = False
         self._flags: set[CancelFlag] = set()
+        #: waits on a client (``middleware.ClientTimeouts``) that the cut ends
+        self._timers: set[tuple[asyncio.Timeout, asyncio.AbstractEventLoop]] = set()
+        #: other waits the cut ends (a load waiting for room: ``Registry.stop_waiting``)
+        self._on_cut: list[Callable[[], None]] = []
+
+    def on_cut(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (on the server's loop) when the deadline cuts."""
+        self._on_cut.append(fn)
 
     def start(self) -> None:
         self.draining = True
@@ -80,13 +88,35 @@ class Drain:
         finally:
             self._flags.discard(cancel)
 
+    @contextlib.contextmanager
+    def until_cut(self, timer: asyncio.Timeout) -> Iterator[None]:
+        """A wait on the client (a response write it does not take, a request
+        body that stops coming) that the cut ends at once, as if its own
+        timeout ran out: a request stuck so could neither end with its error
+        frame nor let the process exit."""
+        loop = asyncio.get_running_loop()
+        if self.cutting:
+            timer.reschedule(loop.time())
+        entry = (timer, loop)
+        self._timers.add(entry)
+        try:
+            yield
+        finally:
+            self._timers.discard(entry)
+
     def cut(self) -> int:
         """Fail every watched generation with :class:`ShuttingDown`, and
-        every one watched from now on; how many were running."""
+        every one watched from now on, and end the waits on clients; how many
+        generations were running."""
         self.cutting = True
         flags = [f for f in self._flags if not f.cancelled]
         for flag in flags:
             flag.fail(ShuttingDown())
+        for timer, loop in list(self._timers):
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_expire, timer, loop)
+        for fn in self._on_cut:
+            fn()
         return len(flags)
 
     async def _settle(self, seconds: float) -> bool:
@@ -107,8 +137,14 @@ class Drain:
                 timeout,
             )
         if await self._settle(timeout):
+            self.cut()  # nothing generates; a client taking nothing (an event watcher) lets go now
             return 0
         cut = self.cut()
         log.warning("drain timeout: ending %d generation(s) with an error", cut)
         await self._settle(CUT_GRACE_SECONDS)
         return cut
+
+
+def _expire(timer: asyncio.Timeout, loop: asyncio.AbstractEventLoop) -> None:
+    with contextlib.suppress(RuntimeError):  # (its wait ended meanwhile)
+        timer.reschedule(loop.time())

@@ -45,6 +45,52 @@ def percentile(sorted_values: list[float], p: float) -> float | None:
     return sorted_values[rank - 1]
 
 
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+#: per kind, the fields the fold reads and what each must be when present
+#: (None is taken wherever the fold reads it with a default)
+_FIELDS: dict[str, dict[str, Any]] = {
+    "gap": {"missed": _int},
+    "modelAttached": {"model": _text},
+    "modelDetached": {"model": _text},
+    "modelHealth": {"model": _text},
+    "requestStarted": {"id": _int, "atMs": _number, "method": _text, "path": _text},
+    "requestRouted": {"id": _int, "requested": _text, "served": _text, "stream": lambda v: isinstance(v, bool)},
+    "generated": {
+        "id": _int,
+        "model": _text,
+        "stopReason": _text,
+        **dict.fromkeys(("promptTokens", "newTokens", "reusedPrefixTokens", "draftedTokens", "acceptedTokens"), _int),
+        **dict.fromkeys(("prefixMissAt", "choice"), _int),
+        **dict.fromkeys(("queueSeconds", "prefillSeconds", "decodeSeconds"), _number),
+    },
+    "requestFinished": {"id": _int, "status": _int, "durationMs": _number, "error": _text},
+}
+#: read with ``event[...]``: must be there
+_REQUIRED = {"modelAttached": ("model",), "modelDetached": ("model",), "modelHealth": ("model",)}
+
+
+def well_formed(event: Any) -> bool:
+    """``event`` is shaped as the server writes its kind (an unknown kind
+    passes: the fold ignores it)."""
+    if not isinstance(event, Mapping) or not isinstance(event.get("kind"), str):
+        return False
+    fields = _FIELDS.get(event["kind"], {})
+    if any(name not in event for name in _REQUIRED.get(event["kind"], ())):
+        return False
+    return all(event.get(name) is None or check(event[name]) for name, check in fields.items())
+
+
 @dataclass
 class RequestRecord:
     """Everything the events said about one request."""
@@ -74,7 +120,7 @@ class RequestRecord:
     @property
     def queued_ms(self) -> float | None:
         """The engine's queue wait (submitted → admitted), once it generated."""
-        return self.usage.queue_seconds * 1000.0 if self.usage.generations else None
+        return self.usage.request_seconds[0] * 1000.0 if self.usage.generations else None
 
     @property
     def overhead_ms(self) -> float | None:
@@ -82,6 +128,7 @@ class RequestRecord:
 
     def to_dict(self) -> dict[str, Any]:
         u = self.usage
+        queue, prefill, decode = u.request_seconds  # (a request's own: its longest choice's when it had several)
         return {
             "id": self.id,
             "atMs": self.at_ms,
@@ -97,9 +144,9 @@ class RequestRecord:
             "model": self.model,
             "promptTokens": u.prompt_tokens,
             "newTokens": u.new_tokens,
-            "prefillMs": u.prefill_seconds * 1000.0,
-            "decodeMs": u.decode_seconds * 1000.0,
-            "queuedMs": self.queued_ms,
+            "prefillMs": prefill * 1000.0,
+            "decodeMs": decode * 1000.0,
+            "queuedMs": queue * 1000.0 if u.generations else None,
             "overheadMs": self.overhead_ms,
             "decodeTokPerSec": u.decode_tok_per_sec,
             "reusedTokens": u.reused_tokens,
@@ -119,6 +166,7 @@ class ModelTotals:
 
     def to_dict(self) -> dict[str, Any]:
         u = self.usage
+        queue, prefill, decode = u.request_seconds  # (a request's own: its longest choice's when it had several)
         return {
             "requests": self.requests,
             "generations": u.generations,
@@ -147,6 +195,12 @@ class Fold:
 
     events: int = 0
     dropped_events: int = 0  # "log gaps": events a view knows it missed
+    malformed: int = 0  # lines that were not events as the server writes them
+    #: server runs in what was fed (a log appended to by several runs: ids
+    #: start again at 1), and requests a run's end left unfinished
+    runs: int = 1
+    unfinished: int = 0
+    _last_started: int = 0
     requests: int = 0
     finished: int = 0
     errors: int = 0
@@ -158,6 +212,8 @@ class Fold:
     per_model: dict[str, ModelTotals] = field(default_factory=dict)
     _records: OrderedDict[int, RequestRecord] = field(default_factory=OrderedDict)
     _open: set[int] = field(default_factory=set)
+    #: earlier server runs' records (kept only without ``max_requests``)
+    _past: list[RequestRecord] = field(default_factory=list)
     _hidden: set[int] = field(default_factory=set)
     _prefill_ms: deque[float] = field(init=False)
     _queue_ms: deque[float] = field(init=False)
@@ -179,10 +235,21 @@ class Fold:
             self.feed(e)
         return self
 
-    def feed(self, event: Mapping[str, Any]) -> int | None:
+    def feed(self, event: Mapping[str, Any], trusted: bool = False) -> int | None:
         """Fold one event; returns the request id it touched (None for a
-        model or gap event, or a hidden request)."""
+        model or gap event, or a hidden request). Anything not shaped as the
+        server writes events (a log edited or damaged, a stream from something
+        else) is counted in ``malformed`` and left out, never folded in part;
+        ``trusted``: the server's own events as it makes them (its live views,
+        on the event path), which need no check."""
+        if not trusted and not well_formed(event):
+            self.malformed += 1
+            return None
         kind = event.get("kind")
+        if kind == "requestStarted":
+            if event["id"] <= self._last_started:
+                self._next_run()
+            self._last_started = event["id"]
         if kind == "gap":
             self.dropped_events += int(event.get("missed", 0))
             return None
@@ -237,6 +304,22 @@ class Fold:
             return None
         return rid
 
+    def _next_run(self) -> None:
+        """Request ids went back: a new server run (one process mints them
+        in order). What the last one left open never finished (it was
+        killed); its records go, so the new run's same ids are new requests."""
+        for rid in self._open:
+            rec = self._records[rid]
+            rec.error = rec.error or "unfinished: the server stopped first"
+            self.errors += 1
+            self.unfinished += 1
+        if self.max_requests is None:  # (an offline fold keeps every record: the report plots them)
+            self._past.extend(self._records.values())
+        self._records.clear()
+        self._open.clear()
+        self._hidden.clear()
+        self.runs += 1
+
     def _record(self, rid: int) -> RequestRecord:
         rec = self._records.get(rid)
         if rec is None:
@@ -270,8 +353,8 @@ class Fold:
         return self._records.get(rid)
 
     def records(self) -> list[RequestRecord]:
-        """Kept request records, oldest first."""
-        return list(self._records.values())
+        """Kept request records, oldest first (earlier server runs' first)."""
+        return [*self._past, *self._records.values()]
 
     def summary(self, max_requests: int | None = None) -> dict[str, Any]:
         """Aggregates plus the newest ``max_requests`` records (all kept

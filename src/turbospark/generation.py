@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,12 +75,16 @@ class FillIn:
     """Fill-in-the-middle: the model writes what goes between ``prefix`` and
     ``suffix`` (llama.cpp ``/infill``, OpenAI Completions and Ollama
     ``suffix``), with the model's own FIM tokens. ``files``: other files for
-    context as (name, text); ``middle``: text the middle starts with."""
+    context as (name, text); ``middle``: text the middle starts with.
+    ``budget``: laid out and cut to size as llama-server's ``/infill`` does
+    (editors send more context than fits and rely on it), given the most
+    tokens the answer may take (-1: unbounded)."""
 
     prefix: str
     suffix: str
     files: list[tuple[str, str]] = field(default_factory=list)
     middle: str = ""
+    budget: int | None = None
 
 
 @dataclass
@@ -110,6 +114,9 @@ class ChatRequest:
     #: structured output: a JSON schema, or any JSON object
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    #: a grammar the output must follow, in llguidance's Lark syntax
+    #: (llama.cpp's GBNF ``grammar``, converted by the dialect)
+    grammar: str | None = None
     #: reasoning effort asked for ("none" turns thinking off); None: the
     #: model's default
     reasoning: str | None = None
@@ -217,6 +224,27 @@ def _thinking(model: ChatModel, req: ChatRequest) -> bool:
     return effort is None or str(effort).lower() not in EFFORTS_OFF
 
 
+def thinks(model: ChatModel) -> bool | None:
+    """Whether the model can think apart from its answer: its chat template
+    handles thinking (Qwen3's ``enable_thinking``, DeepSeek-R1's ``<think>``,
+    gpt-oss's reasoning channel, EXAONE-Deep's ``<thought>``). None for a remote engine, which knows its
+    own model (a request is sent on as it is)."""
+    if getattr(model, "takes_messages", False):
+        return None
+    return template_thinks(_template_source(model))
+
+
+def template_thinks(source: str) -> bool:
+    """Whether a chat template handles thinking (see :func:`thinks`)."""
+    source = source.lower()
+    return any(word in source for word in ("think", "reasoning", "thought"))
+
+
+def asks_thinking(req: ChatRequest) -> bool:
+    """The request turns thinking on explicitly (not the model's default)."""
+    return req.reasoning is not None and str(req.reasoning).lower() not in EFFORTS_OFF
+
+
 def _template_source(model: ChatModel) -> str:
     template = getattr(model, "template", None)
     return getattr(template, "source", "") or ""
@@ -297,6 +325,8 @@ def fim_ids(model: ChatModel, fill: FillIn) -> list[int]:
     def text(t: str) -> list[int]:
         return model.tokenize(t, False, False) if t else []
 
+    if fill.budget is not None:
+        return _infill_ids(model, fill, fim, text)
     ids: list[int] = []
     sep = fim.get("sep", -1)
     for name, body in fill.files:
@@ -306,6 +336,81 @@ def fim_ids(model: ChatModel, fill: FillIn) -> list[int]:
     if fill.files and sep >= 0:
         ids += [sep, *text("\n")]
     return [*ids, pre, *text(fill.prefix), suf, *text(fill.suffix), mid, *text(fill.middle)]
+
+
+#: the answer's room when ``/infill`` sets no ``n_predict`` (its context cut
+#: leaves twice this; llama-server reserves its own ``-n`` instead)
+DEFAULT_FIM_ANSWER = 256
+#: the batch ``/infill``'s cut is reckoned in (llama-server's default
+#: ``n_batch``: ¾ of it for the prefix, ¼ for the suffix), at most half the context
+FIM_BATCH = 2048
+#: the most characters a token is taken to span where a text is cut before
+#: it is tokenised (its kept tokens are the same unless they average more)
+CHARS_PER_TOKEN = 32
+#: what separates context chunks for a vocabulary without a file separator
+#: (llama-server's, written so the model does not read it as code)
+_CHUNK = "\n\n--- snippet ---\n\n"
+
+
+def _infill_ids(model: ChatModel, fill: FillIn, fim: dict[str, int], text: Callable[[str], list[int]]) -> list[int]:
+    """llama-server's ``/infill`` layout (repo-level FIM: the repository
+    marker, each context file after a file separator, the current file's;
+    the request's ``prompt`` ends the prefix), cut to fit as it cuts it: the
+    prefix's last three quarters of a batch, the suffix's first quarter less
+    the prompt, and the newest context up to the context less a batch and
+    twice the answer's budget."""
+    n_ctx = model.max_context
+    n_batch = min(FIM_BATCH, n_ctx // 2)
+    rep, sep = fim.get("rep", -1), fim.get("sep", -1)
+
+    # only what can be kept is tokenised (a 20 MB prefix, tokenised whole
+    # to keep 1536 tokens of it, took 18 s): a text's last or first n tokens'
+    # worth of characters
+    def last(t: str, n: int) -> list[int]:
+        return text(t[-n * CHARS_PER_TOKEN :]) if n > 0 else []
+
+    def first(t: str, n: int) -> list[int]:
+        return text(t[: n * CHARS_PER_TOKEN]) if n > 0 else []
+
+    prompt = last(fill.middle, n_ctx)
+    prefix = last(fill.prefix, 3 * (n_batch // 4))
+    prefix = prefix[len(prefix) - min(len(prefix), 3 * (n_batch // 4)) :]
+    room = max(0, n_batch // 4 - (2 + len(prompt)))
+    suffix = first(fill.suffix, room)[:room]
+    # (an unbounded answer still needs room: the budget it gets by default)
+    budget = fill.budget if fill.budget is not None and fill.budget >= 0 else DEFAULT_FIM_ANSWER
+    want = max(0, n_ctx - n_batch - 2 * budget)
+    # the context: the newest files, from the current file's separator back
+    # to the repository header, as far as ``want`` reaches
+    pieces = [[sep, *text("filename\n")] if sep >= 0 else []]
+    have = len(pieces[0])
+    for name, body in reversed(fill.files):
+        if have >= want:
+            break
+        head = [sep, *text(f"{name}\n")] if sep >= 0 else text(_CHUNK)
+        pieces.append(head + last(body, want - have))
+        have += len(pieces[-1])
+    if have < want and rep >= 0:
+        pieces.append([rep, *text("myproject\n")])
+    extra = [t for piece in reversed(pieces) for t in piece]
+    take = min(want, len(extra))
+    context = extra[len(extra) - take :] if take else []
+    vocab = getattr(model, "file", None)  # (a vocabulary that wants BOS gets it before the prefix marker)
+    bos = [int(vocab.bos)] if vocab is not None and vocab.add_bos and vocab.bos >= 0 else []
+    # what llama-server's cut can still leave over the context (a long
+    # cursor line, a warm-up's whole batch) goes too: the oldest context
+    # first, then the prefix's start, the suffix's end, the line's start
+    over = len(context) + len(bos) + 3 + len(prefix) + len(prompt) + len(suffix) + max(1, budget) - n_ctx
+    for part, from_start in ((context, True), (prefix, True), (suffix, False), (prompt, True)):
+        if over <= 0:
+            break
+        drop = min(over, len(part))
+        if from_start:
+            del part[:drop]
+        else:
+            del part[len(part) - drop :]
+        over -= drop
+    return [*context, *bos, fim["pre"], *prefix, *prompt, fim["suf"], *suffix, fim["mid"]]
 
 
 def _specials(model: ChatModel) -> dict[str, int]:
@@ -319,6 +424,8 @@ def _grammar(req: ChatRequest, syntax: str | None, specials: dict[str, int]) -> 
         if req.tools and req.tool_choice in ("required", "named") and syntax is not None:
             name = req.tool_name if req.tool_choice == "named" else None
             return grammars.tool_call_grammar(req.tools, syntax, name, specials=specials)
+        if req.grammar is not None:
+            return req.grammar
         if req.json_schema is not None:
             grammars.check_schema(req.json_schema)
             return grammars.json_schema_grammar(req.json_schema)
@@ -417,8 +524,24 @@ def prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
     if getattr(model, "takes_messages", False):
         return _prepare_remote(model, req)
+    try:
+        return _prepare_local(model, req)
+    except AdmissionError as exc:
+        # the engine names the prompt's field "messages"; a raw prompt's is
+        # "prompt" (completions, Ollama generate, llama.cpp)
+        if exc.param == "messages" and _raw(req):
+            exc.param = "prompt"
+        raise
+
+
+def _raw(req: ChatRequest) -> bool:
+    """A prompt given as text or ids, not as messages (no chat template)."""
+    return req.prompt is not None or req.prompt_ids is not None or req.fill_in is not None
+
+
+def _prepare_local(model: ChatModel, req: ChatRequest) -> Prepared:
     ids, syntax, think = _render(model, req)
-    raw = req.prompt is not None or req.prompt_ids is not None or req.fill_in is not None
+    raw = _raw(req)
     if not ids:
         raise AdmissionError("the prompt is empty", "prompt" if raw else "messages")
     config = req.config
@@ -474,15 +597,21 @@ def _prepare_remote(model: ChatModel, req: ChatRequest) -> Prepared:
         raise AdmissionError(
             f"model {model.model_id!r} runs on a remote engine; fill-in-the-middle needs a local model", "suffix"
         )
-    raw = req.prompt is not None or req.prompt_ids is not None
+    raw = _raw(req)  # (fill-in-the-middle was refused above)
     if req.prompt == "" or (req.prompt_ids is not None and not req.prompt_ids):
         raise AdmissionError("the prompt is empty", "prompt")
     if not raw and not req.messages:
         raise AdmissionError("'messages' must contain at least one message", "messages")
+    if req.grammar is not None or (raw and (req.json_schema is not None or req.json_object)):
+        # (a raw prompt's structure is not in an OpenAI chat body: it would go unenforced)
+        where = "grammar" if req.grammar is not None else "json_schema"
+        raise AdmissionError(f"model {model.model_id!r} runs on a remote engine; '{where}' needs a local model", where)
     warnings: list[str] = []
     config = req.config
     if req.context_limit is not None and req.context_limit < model.max_context:
         warnings.append(f"{req.context_limit_field} is not applied to a remote engine")
+    if config.n_indent or config.max_predict_seconds:
+        warnings.append("n_indent and t_max_predict_ms are not applied to a remote engine")
     tools = req.tools if req.tool_choice != "none" and not raw else None
     syntax = toolcalls.syntax_for_template("") if tools else None
     offered = tuple(tool_names(tools)) if syntax is not None else ()
@@ -633,7 +762,7 @@ async def _choice(
 ) -> AsyncGenerator[Item, None]:
     """One choice: its run's deltas, its tool calls (with a guardrail
     re-ask when needed), its :class:`Final`."""
-    async for item in _one_choice(model, prepared, cancel, reporter, run, live):
+    async for item in _one_choice(model, prepared, cancel, reporter.for_choice(index), run, live):
         item.choice = index
         yield item
 
@@ -701,9 +830,10 @@ async def _one_choice(
         problems = [router.misnamed] if router.misnamed else []
     elif relayed is not None and relayed.calls:
         # calls the engine parsed itself went out as they came: closed here
-        calls = relayed.finish()
-        for i, call in enumerate(calls):
-            yield ToolCallDelta(i, call, streamed=True)
+        relayed_calls = relayed.finish()
+        calls = [call for call, _ in relayed_calls]
+        for i, (call, streamed) in enumerate(relayed_calls):
+            yield ToolCallDelta(i, call, streamed=streamed)
         problems = validate_calls(calls, req.tools if req else None)
         leftover = _calls_of(router.tail, prepared)[2] if router.tail else ""
         if leftover.strip():

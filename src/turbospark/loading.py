@@ -216,9 +216,12 @@ def attach_group(
     registry: Registry,
     group: GroupOptions,
     progress_for: Callable[[ModelSpec], Callable[[float], None] | None] | None = None,
+    room: int | None = None,
 ) -> list[Any]:
-    """Load a group's local replicas, make its remote ones, and add it to the
-    registry. Returns the models it made (the caller closes them)."""
+    """Load a group's local replicas (at most ``room`` of them, the places
+    left under ``--max-resident``; the rest load on first use), make its
+    remote ones, and add it to the registry. Returns the models it made (the
+    caller closes them)."""
     made: list[Any] = []
     members: list[tuple[str, Any, ModelSpec | None]] = []
     try:
@@ -229,8 +232,13 @@ def attach_group(
                 members.append((name, model, None))
             else:
                 spec = spec_for(dataclasses.replace(opts, id=member_id, aliases=()))
+                if room is not None and room <= 0:
+                    members.append((name, None, spec))
+                    continue
                 model = load_spec(spec, progress_for(spec) if progress_for else None)
                 members.append((name, model, spec))
+                if room is not None:
+                    room -= 1
             made.append(model)
         registry.add_group(
             group.id,
@@ -277,17 +285,23 @@ def populate(
             registry.check_names(arg.id, arg.aliases)
             scratch.configure(ModelSpec(arg.id, tuple(arg.aliases)))
     loaded: list[Any] = []
+
+    def room() -> int | None:  # places left under the cap for local models
+        if not registry.max_resident:
+            return None
+        return registry.max_resident - sum(1 for m in loaded if not getattr(m, "takes_messages", False))
+
     for arg in args:
         if isinstance(arg, GroupOptions):
-            loaded += attach_group(registry, arg, progress_for)
+            loaded += attach_group(registry, arg, progress_for, room())
         elif isinstance(arg, RemoteOptions):  # nothing to load: a client
             remote = RemoteModel(arg)
             registry.attach(remote)
             loaded.append(remote)
         elif isinstance(arg, ModelOptions):
             spec = spec_for(arg)
-            local = sum(1 for m in loaded if not getattr(m, "takes_messages", False))
-            if registry.max_resident and local >= registry.max_resident:
+            left = room()
+            if left is not None and left <= 0:
                 registry.configure(spec)
                 continue
             model = load_spec(spec, progress_for(spec) if progress_for else None)

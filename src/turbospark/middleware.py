@@ -17,6 +17,7 @@ for a status ≥ 400: nothing is parsed back out of a body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterable
 from typing import Any, cast
@@ -26,7 +27,7 @@ import orjson
 from .auth import ADMIN_KEY, TENANT_KEY
 from .dialects.common import BadRequest
 from .dialects.errors import shape_for_path
-from .drain import ShuttingDown
+from .drain import Drain, ShuttingDown
 from .guard import CORS_EXPOSE, CORS_MAX_AGE, CORS_METHODS, BrowserPolicy
 from .observe import (
     REQUEST_ID_KEY,
@@ -60,6 +61,9 @@ CANCEL_KEY = "turbospark_cancel"
 #: (a cancelled run ends at the engine's next step).
 SETTLE_SECONDS = 30.0
 DISCONNECTED = "client disconnected"
+#: Set by a route whose stream never ends by itself (``/v1/events``): its
+#: client closing it is its normal end, not an error.
+OPEN_ENDED_KEY = "turbospark_open_ended"
 TOO_SLOW = "client too slow"
 
 
@@ -141,7 +145,8 @@ class ObserveMiddleware:
         def outcome() -> str | None:
             if state.get(ERROR_KEY):
                 return str(state[ERROR_KEY])
-            if gone and not complete:
+            if gone and not state.get(OPEN_ENDED_KEY):  # (before the response's end: a
+                # non-streamed body rendered after the client left is handed to a closed socket)
                 return DISCONNECTED
             return f"HTTP {status}" if status >= 400 else None
 
@@ -150,7 +155,8 @@ class ObserveMiddleware:
         except BaseException as exc:
             status = status or 500
             if gone or isinstance(exc, OSError):
-                state.setdefault(ERROR_KEY, DISCONNECTED)
+                if not state.get(OPEN_ENDED_KEY):
+                    state.setdefault(ERROR_KEY, DISCONNECTED)
             else:
                 state.setdefault(ERROR_KEY, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
             reporter = state.get(REPORTER_KEY)
@@ -176,7 +182,8 @@ async def refuse(
 ) -> None:
     """An error in the path's dialect shape, sent without reading the body."""
     scope.setdefault("state", {})[ERROR_KEY] = message
-    shape = shape_for_path(scope.get("path", ""))
+    anthropic = any(name == b"anthropic-version" for name, _ in scope.get("headers", ()))
+    shape = shape_for_path(scope.get("path", ""), anthropic)
     body = orjson.dumps(shape(status, message, type=type, param=None, code=code))
     await send(
         {
@@ -429,10 +436,18 @@ class ClientTimeouts:
     :class:`BodyTimeout` in the handler reading it (a 408 in its dialect's
     shape)."""
 
-    def __init__(self, app: Any, send_timeout: float, body_timeout: float) -> None:
+    def __init__(self, app: Any, send_timeout: float, body_timeout: float, drain: Drain | None = None) -> None:
         self.app = app
         self.send_timeout = send_timeout
         self.body_timeout = body_timeout
+        #: a shutdown's drain ends both waits at its deadline (``Drain.until_cut``)
+        self.drain = drain
+
+    def _until_cut(self, timer: asyncio.Timeout) -> contextlib.AbstractContextManager[None]:
+        return self.drain.until_cut(timer) if self.drain is not None else contextlib.nullcontext()
+
+    def _cutting(self) -> bool:
+        return self.drain is not None and self.drain.cutting
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -446,9 +461,12 @@ class ClientTimeouts:
             if body_done:  # after the body: a disconnect, whenever it comes
                 return cast("dict[str, Any]", await receive())
             try:
-                async with asyncio.timeout(self.body_timeout):
-                    message: dict[str, Any] = await receive()
+                async with asyncio.timeout(self.body_timeout) as timer:
+                    with self._until_cut(timer):
+                        message: dict[str, Any] = await receive()
             except TimeoutError:
+                if self._cutting():  # a 503 in its dialect's shape
+                    raise ShuttingDown() from None
                 raise BodyTimeout(self.body_timeout) from None
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
@@ -464,15 +482,18 @@ class ClientTimeouts:
                 await send(message)
                 return
             try:
-                async with asyncio.timeout(self.send_timeout):
-                    await send(message)
+                async with asyncio.timeout(self.send_timeout) as timer:
+                    with self._until_cut(timer):
+                        await send(message)
             except TimeoutError:
-                state[ERROR_KEY] = TOO_SLOW
+                # (a shutdown's deadline: the error frame could not go out either)
+                why: Exception = ShuttingDown() if self._cutting() else ClientTooSlow(TOO_SLOW)
+                state[ERROR_KEY] = str(why)
                 cancel = state.get(CANCEL_KEY)
                 if cancel is not None:
-                    cancel.fail(ClientTooSlow(TOO_SLOW))
+                    cancel.fail(why)
                 _drop_connection(send)
-                raise ClientTooSlow(TOO_SLOW) from None
+                raise ClientTooSlow(str(why)) from None
 
         try:
             await self.app(scope, timed_receive, timed_send)

@@ -57,6 +57,14 @@ MAX_BACKOFF = 60.0
 HEALTHY_AFTER = 60.0
 #: the watchdog's default: seconds without an engine step while work waits
 STALL_TIMEOUT = 60.0
+#: how long a request waits for a resident model to go idle when it needs
+#: another loaded and ``max_resident`` are all busy, then the Retry-After of
+#: its 503, and how often it looks
+ROOM_WAIT_SECONDS = 60.0
+ROOM_RETRY_AFTER = 5
+ROOM_POLL_SECONDS = 0.1
+#: the codes of a load refused for want of room (or at shutdown), not a failure of the model
+ROOM_CODES = ("max_resident", "shutting_down")
 
 
 class RoutingError(Exception):
@@ -123,6 +131,26 @@ class Entry:
     #: a group member: its place in the group
     replica: Replica | None = None
     member_of: str | None = None
+    #: a remote model outside any group (no health checks): why its last
+    #: request got no answer, as last reported (``modelHealth``)
+    unreachable: str | None = None
+    #: the keep-alive in force (seconds idle before unloading; None: stays
+    #: resident): the last request's own (Ollama's ``keep_alive``), else
+    #: the operator's (``spec.keep_alive``); every request resets it
+    keep_alive: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.spec is not None:
+            self.keep_alive = self.spec.keep_alive
+
+    def expires_in(self, now: float) -> float | None:
+        """Seconds until the idle unload (None: never): counted from the
+        last use, or a whole keep-alive while a request holds it."""
+        if self.keep_alive is None or self.spec is None:
+            return None
+        if self.leases:
+            return self.keep_alive
+        return max(0.0, self.keep_alive - (now - self.last_used))
 
     @property
     def problem(self) -> str | None:
@@ -130,16 +158,19 @@ class Entry:
         if self.state == "failed":
             return self.failure
         if self.state == "down":
+            if self.unreachable:
+                return self.unreachable
             return self.replica.reason if self.replica is not None else "every replica is down"
         return self.stall_reason if self.stalled else None
 
     @property
     def state(self) -> str:
         """``failed``, ``stalled``, ``loaded`` or ``unloaded``; a replica
-        (or a group with no replica up) may be ``down``."""
+        (or a group with no replica up) may be ``down``, and a remote model
+        whose last request got no answer."""
         if self.group is not None:
             return "loaded" if any(r.up for r in self.group.replicas) else "down"
-        if self.replica is not None and not self.replica.up:
+        if (self.replica is not None and not self.replica.up) or self.unreachable:
             return "down"
         if self.failure is not None and self.model is None:
             return "failed"
@@ -212,6 +243,14 @@ class Registry:
         #: requests holding each loaded model object (by id): a failed model
         #: is freed only once none does (one may still be templating with it)
         self._in_use: dict[int, int] = {}
+        #: models being loaded past :meth:`make_room` (counted as resident:
+        #: two loads at once must not both take the last place)
+        self._reserved = 0
+        self._room_lock = asyncio.Lock()
+        #: detached entries whose model still runs the requests it had
+        self._leaving: list[Entry] = []
+        #: a shutdown's deadline passed: loads no longer wait for room
+        self._stopping = False
 
     # -- membership ------------------------------------------------------------
     def _owner_of(self, name: str) -> Entry | None:
@@ -275,6 +314,8 @@ class Registry:
             if entry is None:
                 raise KeyError(model_id)
             entry.detached = True
+            if entry.model is not None and entry.leases > 0:
+                self._leaving.append(entry)
         record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=model_id))
         return entry
 
@@ -370,8 +411,12 @@ class Registry:
             return list(self._entries.values())
 
     def models(self) -> list[Any]:
-        """The models resident in memory now."""
-        return [e.model for e in self.entries() if e.model is not None]
+        """The models resident in memory now: a detached one too while it
+        finishes its requests (the views and metrics show their work)."""
+        with self._lock:
+            self._leaving = [e for e in self._leaving if e.leases > 0 and e.model is not None]
+            leaving = list(self._leaving)
+        return [e.model for e in [*self.entries(), *leaving] if e.model is not None]
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.models())
@@ -436,8 +481,10 @@ class Registry:
         capability: Capability = "chat",
         key: Callable[[], str | None] | None = None,
         exclude: frozenset[str] = frozenset(),
+        room_wait: float | None = None,
     ) -> tuple[Route, Callable[[], None]]:
-        """Resolve, load on demand, and lease the model for one request (for
+        """Resolve, load on demand (waiting up to ``room_wait`` seconds for
+        room under ``max_resident``), and lease the model for one request (for
         a replica group: the replica ``key`` routes to, never one named in
         ``exclude``). Call the returned release exactly once when the
         request is done."""
@@ -450,10 +497,12 @@ class Registry:
         if entry.model is None and entry.failure is not None:
             self._may_reload(entry)
         entry.leases += 1  # leased before any await, so nothing unloads it
+        if entry.spec is not None:  # a request without its own keep-alive gets the operator's
+            entry.keep_alive = entry.spec.keep_alive
         try:
             if entry.model is None:
                 t0 = time.perf_counter()
-                await self._load(entry)
+                await self._load(entry, room_wait)
                 route.load_seconds = time.perf_counter() - t0
         except BaseException:
             entry.leases -= 1
@@ -488,11 +537,18 @@ class Registry:
             replica = group.pick(routing, skip)
             if replica is None:
                 raise RoutingError(503, f"no replica of {group.id!r} can take this request", "model_not_available")
+            # (a replica with no room to load waits for it only when no other could serve)
+            others = any(r.name not in skip and r is not replica for r in group.replicas)
             try:
-                member, release_member = await self.acquire(replica.entry.id, capability)
+                member, release_member = await self.acquire(
+                    replica.entry.id, capability, room_wait=0.0 if others else None
+                )
                 break
             except RoutingError as exc:  # a local replica failed and backs off: the next one
-                group.failed(replica, exc.message)
+                if exc.code not in ROOM_CODES:  # (no room to load it is not a failure of it)
+                    group.failed(replica, exc.message)
+                elif not others:
+                    raise  # the last one: its 503 and Retry-After
                 skip |= {replica.name}
         finished = group.started(replica)
 
@@ -505,25 +561,39 @@ class Registry:
         )
         return served, release
 
-    async def _load(self, entry: Entry) -> None:
+    async def _load(self, entry: Entry, room_wait: float | None = None) -> None:
         if entry.spec is None or self.loader is None:
             raise RoutingError(503, f"model {entry.id!r} is not loaded and cannot be reloaded", "model_not_available")
         if entry._loading is None:
-            entry._loading = asyncio.ensure_future(self._do_load(entry))
+            entry._loading = asyncio.ensure_future(self._do_load(entry, room_wait))
         try:
             await asyncio.shield(entry._loading)
         finally:
             if entry._loading is not None and entry._loading.done():
                 entry._loading = None
 
-    async def _do_load(self, entry: Entry) -> None:
-        await self.make_room(exclude=entry)
+    async def _do_load(self, entry: Entry, room_wait: float | None) -> None:
+        room_wait = ROOM_WAIT_SECONDS if room_wait is None else room_wait
+        if not await self.reserve(exclude=entry, wait=room_wait):
+            if self._stopping:
+                raise RoutingError(
+                    503, "the server is shutting down; try again shortly", "shutting_down", retry_after=ROOM_RETRY_AFTER
+                )
+            raise RoutingError(
+                503,
+                f"model {entry.id!r} is not loaded, {self.max_resident} model(s) are resident (max resident "
+                f"models) and every one has stayed busy for {room_wait:g} s; try again later",
+                "max_resident",
+                retry_after=ROOM_RETRY_AFTER,
+            )
         try:
             model = await asyncio.to_thread(self.loader, entry.spec)  # type: ignore[arg-type]
         except Exception as exc:
             if entry.failure is not None:  # a failed model's reload failed too
                 self._failed(entry, f"reload failed: {exc}")
             raise
+        finally:
+            self.unreserve()
         entry.model = model
         entry.info = _info_of(model)
         entry.stalled = False
@@ -541,6 +611,12 @@ class Registry:
         model = entry.model
         if model is None:
             return
+        if entry.replica is None:  # a lone remote model: what its requests found (passive)
+            unreachable = getattr(model, "unreachable", None)
+            if unreachable != entry.unreachable:
+                entry.unreachable = unreachable
+                state, why = ("down", unreachable) if unreachable else ("ok", "answering again")
+                record(self.observer, lambda: ModelHealth(at_ms=now_ms(), model=entry.id, state=state, reason=why))
         failure = getattr(model, "failure", None)
         if failure:
             entry.model = None
@@ -605,10 +681,37 @@ class Registry:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
+    async def reserve(self, exclude: Entry | None = None, wait: float = 0.0) -> bool:
+        """A place for one more resident model, held until :meth:`unreserve`
+        (call it once the model is loaded, or failed to). While every
+        resident model is busy, waits up to ``wait`` seconds for one to go
+        idle (as Ollama's scheduler waits); False if none did."""
+        deadline = time.monotonic() + wait
+        while True:
+            if self._stopping:
+                return False
+            async with self._room_lock:
+                if await self.make_room(exclude):
+                    self._reserved += 1
+                    return True
+            if time.monotonic() >= deadline:
+                log.warning("max resident models reached and every resident model is busy")
+                return False
+            await asyncio.sleep(ROOM_POLL_SECONDS)
+
+    def unreserve(self) -> None:
+        self._reserved -= 1
+
+    def stop_waiting(self) -> None:
+        """A shutdown's deadline: a load still waiting for room gives up (a
+        503 ``shutting_down``) rather than holding the exit."""
+        self._stopping = True
+
     async def make_room(self, exclude: Entry | None = None) -> bool:
-        """Room for one more resident model under ``max_resident``: evicts
-        least-recently-used idle, reloadable models past the cap. False when
-        the cap is reached and every resident model is busy."""
+        """Room for one more resident model under ``max_resident`` (loads in
+        progress count as resident): evicts least-recently-used idle,
+        reloadable models past the cap. False when the cap is reached and
+        every resident model is busy."""
         if not self.max_resident:
             return True
         resident = [
@@ -616,10 +719,9 @@ class Registry:
             for e in self.entries()
             if e.model is not None and e is not exclude and not getattr(e.model, "takes_messages", False)
         ]  # a remote model holds no memory here
-        while len(resident) >= self.max_resident:
+        while len(resident) + self._reserved >= self.max_resident:
             idle = [e for e in resident if e.leases == 0 and e.spec is not None]
             if not idle:
-                log.warning("max resident models reached and every resident model is busy")
                 return False
             victim = min(idle, key=lambda e: e.last_used)
             await self._unload(victim, "evicted (max resident models)")
@@ -639,10 +741,12 @@ class Registry:
     def set_keep_alive(self, entry: Entry, seconds: float | None) -> None:
         """A request's own keep-alive for its model (Ollama's ``keep_alive``):
         ``seconds`` idle before unloading (0: as soon as it is idle), None:
-        resident until unloaded otherwise. Only reloadable models."""
+        resident until unloaded otherwise. It holds until the next request,
+        which brings back the operator's unless it sets its own (as Ollama's
+        default comes back). Only reloadable models."""
         if entry.spec is None:
             return
-        entry.spec.keep_alive = seconds
+        entry.keep_alive = seconds
         self._ensure_reaper()
 
     def start(self) -> None:
@@ -667,7 +771,7 @@ class Registry:
                     self.check(e)
                 except Exception:  # pragma: no cover - the watchdog never dies
                     log.exception("checking %s failed", e.id)
-                ka = e.spec.keep_alive if e.spec is not None else None
+                ka = e.keep_alive if e.spec is not None else None
                 if ka is not None and e.model is not None and e.leases == 0 and now - e.last_used >= ka:
                     await self._unload(e, f"idle for {ka:g}s (keep-alive)")
 

@@ -19,9 +19,10 @@ from .fold import Fold, RequestRecord
 PLOTS = ("decode_rate.png", "time_breakdown.png", "prefix_reuse.png")
 
 
-def read_events(path: str) -> Iterator[dict[str, Any]]:
-    """Events from a JSONL log; a torn last line (the server was killed
-    mid-write) is skipped rather than failing the whole report."""
+def read_events(path: str) -> Iterator[Any]:
+    """Events from a JSONL log. A line that is not JSON (a torn last line:
+    the server was killed mid-write) comes as None, which the fold counts as
+    malformed and skips, rather than failing the whole report."""
     with open(path, "rb") as f:
         for line in f:
             line = line.strip()
@@ -30,7 +31,7 @@ def read_events(path: str) -> Iterator[dict[str, Any]]:
             try:
                 yield orjson.loads(line)
             except orjson.JSONDecodeError:
-                continue
+                yield None
 
 
 def fold_file(path: str) -> Fold:
@@ -65,6 +66,9 @@ def summary_lines(fold: Fold) -> list[str]:
         ("drafted tokens", str(s["draftedTokens"])),
         ("accepted tokens", str(s["acceptedTokens"])),
         ("log gaps", str(s["droppedEvents"])),
+        ("server runs", str(fold.runs)),
+        ("unfinished (run ended)", str(fold.unfinished)),
+        ("lines not read as events", str(fold.malformed)),
         ("models attached at end", ", ".join(s["models"]) or "–"),
     ]
     lines = [f"{name:<24}{value}" for name, value in rows]
@@ -122,8 +126,8 @@ def write_plots(fold: Fold, out_dir: str) -> list[str]:
     bottom = [0.0] * len(generated)
     for label, part in (
         ("queued", [r.queued_ms or 0.0 for r in generated]),
-        ("prefill", [r.usage.prefill_seconds * 1000.0 for r in generated]),
-        ("decode", [r.usage.decode_seconds * 1000.0 for r in generated]),
+        ("prefill", [r.usage.request_seconds[1] * 1000.0 for r in generated]),
+        ("decode", [r.usage.request_seconds[2] * 1000.0 for r in generated]),
         ("overhead (HTTP, templating)", [r.overhead_ms or 0.0 for r in generated]),
     ):
         ax.bar(ids, part, bottom=bottom, label=label)

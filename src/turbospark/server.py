@@ -104,7 +104,7 @@ class Server:
     def start(self, timeout: float = 30.0) -> Server:
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
-        config = uvicorn_config(self.app, self._log_level, self.send_timeout, self.body_timeout)
+        config = uvicorn_config(self.app, self._log_level, self.send_timeout, self.body_timeout, self.assembly.drain)
         self._server = server = LiveUvicorn(config, self.live, self.registry, self.assembly.drain, self.drain_timeout)
 
         def run() -> None:
@@ -209,6 +209,8 @@ class LiveUvicorn(uvicorn.Server):
             log.warning("turbospark: %s received, draining (a second signal exits now)", signal.Signals(sig).name)
             self._loop.call_soon_threadsafe(self.begin_drain)
             return
+        if sig == getattr(signal, "SIGHUP", None):
+            return  # a closing terminal may send it twice (the shell, then the kernel): not a second signal
         log.warning("turbospark: second signal, exiting now")
         self.drain.cut()
         self.should_exit = True
@@ -216,19 +218,28 @@ class LiveUvicorn(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """uvicorn's, without re-raising the signal afterwards: uvicorn
+        """uvicorn's (and SIGHUP), without re-raising the signal afterwards: uvicorn
         re-raises SIGTERM/SIGINT once it has stopped, which killed the process
         before ``turbospark serve`` could flush its event log and close its
         models. The caller's shutdown path runs instead, and it exits 0."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        signals = list(HANDLED_SIGNALS)
+        # a closed terminal (SIGHUP) drains as SIGTERM does (its default
+        # killed the process: streams cut without an error frame, no KV kept,
+        # the event log's tail lost), unless it is ignored (``nohup``)
+        hup = getattr(signal, "SIGHUP", None)
+        if hup is not None and signal.getsignal(hup) is not signal.SIG_IGN:
+            signals.append(hup)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
         try:
             yield
         finally:
             for sig, handler in original.items():
-                signal.signal(sig, handler)
+                # (the server is ending: a terminal's hangup, which may come
+                # twice, must not kill the models' and the event log's closing)
+                signal.signal(sig, signal.SIG_IGN if sig == hup else handler)
 
 
 #: the most bytes a request line and its headers may take (431 past it)
@@ -288,12 +299,14 @@ def uvicorn_config(
     log_level: str = "warning",
     send_timeout: float = SEND_TIMEOUT,
     body_timeout: float = BODY_TIMEOUT,
+    drain: Drain | None = None,
 ) -> uvicorn.Config:
     """The HTTP server's settings, for ``Server`` and ``turbospark serve``
-    alike; the app runs inside the client timeouts (``ClientTimeouts``)."""
+    alike; the app runs inside the client timeouts (``ClientTimeouts``),
+    which the drain's deadline ends."""
     protocol = _bounded_protocol()
     return uvicorn.Config(
-        ClientTimeouts(app, send_timeout, body_timeout),
+        ClientTimeouts(app, send_timeout, body_timeout, drain),
         log_level=log_level,
         access_log=False,
         lifespan="off",

@@ -7,7 +7,7 @@ sink use it, so every view derives rates and overhead the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -29,6 +29,10 @@ class Usage:
     accepted_tokens: int = 0
     #: the first generation's ``prefixMissAt`` (where its prompt left the cache)
     prefix_miss_at: int | None = None
+    #: (queue, prefill, decode) seconds of the choices after the first
+    #: (OpenAI ``n``; the first's are the sums less these): a request's
+    #: choices run side by side, so its own times are its longest choice's
+    choice_seconds: dict[int, tuple[float, float, float]] = field(default_factory=dict)
 
     def add(self, e: Mapping[str, Any]) -> None:
         """Add one ``generated`` event (its ``to_dict()`` shape)."""
@@ -38,9 +42,14 @@ class Usage:
         self.generations += 1
         self.prompt_tokens += int(e.get("promptTokens", 0))
         self.new_tokens += int(e.get("newTokens", 0))
-        self.queue_seconds += float(e.get("queueSeconds", 0.0))
-        self.prefill_seconds += float(e.get("prefillSeconds", 0.0))
-        self.decode_seconds += float(e.get("decodeSeconds", 0.0))
+        queue, prefill, decode = (float(e.get(k, 0.0)) for k in ("queueSeconds", "prefillSeconds", "decodeSeconds"))
+        self.queue_seconds += queue
+        self.prefill_seconds += prefill
+        self.decode_seconds += decode
+        choice = e.get("choice")
+        if choice:  # (most requests have one choice: nothing more to keep)
+            q, p, d = self.choice_seconds.get(choice, (0.0, 0.0, 0.0))
+            self.choice_seconds[choice] = (q + queue, p + prefill, d + decode)
         self.reused_tokens += int(e.get("reusedPrefixTokens", 0))
         self.evictions += bool(e.get("sessionSlotEvicted", False))
         self.drafted_tokens += int(e.get("draftedTokens", 0))
@@ -60,13 +69,27 @@ class Usage:
     def reuse_ratio(self) -> float | None:
         return ratio(self.reused_tokens, self.prompt_tokens)
 
+    @property
+    def request_seconds(self) -> tuple[float, float, float]:
+        """A request's own (queue, prefill, decode) seconds: its longest
+        choice's (its choices run side by side; a re-ask adds to its
+        choice's). The sums above are the engine's work."""
+        others = list(self.choice_seconds.values())
+        first = (
+            self.queue_seconds - sum(c[0] for c in others),
+            self.prefill_seconds - sum(c[1] for c in others),
+            self.decode_seconds - sum(c[2] for c in others),
+        )
+        return max((first, *others), key=sum)
+
     def overhead_ms(self, duration_ms: float | None) -> float | None:
         """What the request's wall time spent outside the engine (HTTP,
         parsing, templating): ``durationMs − 1000 × (queue + prefill +
-        decode)``; None until the request is over or if it never generated."""
+        decode)`` of :attr:`request_seconds`; None until the request is over
+        or if it never generated."""
         if duration_ms is None or not self.generations:
             return None
-        return max(0.0, duration_ms - 1000.0 * self.engine_seconds)
+        return max(0.0, duration_ms - 1000.0 * sum(self.request_seconds))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Static
 from ..fold import Fold, RequestRecord
 from .charts import rate_chart, time_chart
 from .client import EventSource
+from .text import plain, printable
 
 COLUMNS = (
     ("id", "id"),
@@ -55,9 +56,9 @@ def _models_text(f: Fold) -> Text:
             out.append(", ")
         state = f.unwell.get(name)
         if state is None:
-            out.append(name, style="bold")
+            out.append(printable(name), style="bold")
         else:
-            out.append(f"{name} {state[0]}", style="bold red")
+            out.append(printable(f"{name} {state[0]}"), style="bold red")
     return out if f.models else Text("–", style="bold")
 
 
@@ -73,17 +74,17 @@ def row_cells(rec: RequestRecord) -> list[Any]:
     gen = rec.usage.generations > 0
     route = "–" if rec.served is None else f"{rec.requested or '(none)'} → {rec.served}"
     rate = rec.usage.decode_tok_per_sec
-    return [
+    return [  # what a client chose is plain text (a str cell would be read as markup)
         str(rec.id),
         status_text(rec),
-        rec.method or "?",
-        rec.path or "?",
-        route,
+        plain(rec.method or "?"),
+        plain(rec.path or "?"),
+        plain(route),
         "–" if rec.stream is None else "yes" if rec.stream else "no",
         str(rec.usage.prompt_tokens) if gen else "–",
         str(rec.usage.new_tokens) if gen else "–",
-        _num(rec.usage.prefill_seconds * 1000.0) if gen else "–",
-        _num(rec.usage.decode_seconds * 1000.0) if gen else "–",
+        _num(rec.usage.request_seconds[1] * 1000.0) if gen else "–",
+        _num(rec.usage.request_seconds[2] * 1000.0) if gen else "–",
         _num(rec.queued_ms),
         _num(rec.overhead_ms),
         _num(rate),
@@ -102,7 +103,7 @@ def details_text(rec: RequestRecord) -> Text:
         if isinstance(value, float):
             value = f"{value:.2f}"
         out.append(f"{key:<16}", style="dim")
-        out.append(f"{value}\n", style="red" if key == "error" else "")
+        out.append(f"{printable(value)}\n", style="red" if key == "error" else "")
     out.rstrip()
     return out
 
@@ -160,7 +161,10 @@ class ConsoleApp(App[None]):
     # -- feeding ---------------------------------------------------------
     async def _consume(self) -> None:
         async for event in self.source.events():
+            runs = self.fold.runs
             rid = self.fold.feed(event)
+            if self.fold.runs != runs:  # the server restarted: its ids start again
+                self._rebuild = True
             if rid is not None:
                 self._touched.add(rid)
             self._dirty = True
@@ -225,7 +229,7 @@ class ConsoleApp(App[None]):
         if self.errors_only:
             filters.append("errors only")
         if self.model_filter:
-            filters.append(f"model {self.model_filter}")
+            filters.append(f"model {printable(self.model_filter)}")
         band = Text()
         for label, value, vstyle in (
             ("state", state, style),

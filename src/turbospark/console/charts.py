@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from ..fold import RequestRecord
+from .text import printable
 
 TICKS = "▁▂▃▄▅▆▇█"
 MODEL_COLORS = ("cyan", "green", "yellow", "magenta", "blue", "red")
@@ -36,7 +37,7 @@ def rate_chart(records: Sequence[RequestRecord], width: int = 60) -> Text:
     top = max(r.usage.decode_tok_per_sec or 0.0 for r in rated)
     models: dict[str, list[float]] = {}
     for r in rated:
-        models.setdefault(r.model or "?", []).append(r.usage.decode_tok_per_sec or 0.0)
+        models.setdefault(printable(r.model or "?"), []).append(r.usage.decode_tok_per_sec or 0.0)
     label_w = min(24, max(len(m) for m in models))
     for i, (model, rates) in enumerate(models.items()):
         color = MODEL_COLORS[i % len(MODEL_COLORS)]
@@ -60,8 +61,8 @@ def time_chart(records: Sequence[RequestRecord], width: int = 50, rows: int = 8)
             r,
             (
                 r.queued_ms or 0.0,
-                r.usage.prefill_seconds * 1000.0,
-                r.usage.decode_seconds * 1000.0,
+                r.usage.request_seconds[1] * 1000.0,
+                r.usage.request_seconds[2] * 1000.0,
                 r.overhead_ms or 0.0,
             ),
         )

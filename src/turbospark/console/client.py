@@ -105,8 +105,11 @@ class EventSource:
                                 if frame.id is not None:
                                     self.seq = frame.id
                                 if frame.data:
-                                    event = orjson.loads(frame.data)
-                                    if frame.event == "gap":
+                                    try:
+                                        event = orjson.loads(frame.data)
+                                    except orjson.JSONDecodeError:
+                                        continue  # not an event (the fold skips any other shape)
+                                    if frame.event == "gap" and isinstance(event, dict):
                                         event = {"kind": "gap", **event}
                                     yield event
                 except (httpx.HTTPError, OSError) as exc:

@@ -24,9 +24,14 @@ class Failure:
     code: str | None = None
     param: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    #: a prompt over the context: (its tokens, the context), which
+    #: llama-server's errors carry (``n_prompt_tokens``, ``n_ctx``) and
+    #: clients written for it read to trim their history
+    context: tuple[int, int] | None = None
 
     def body(self, shape: ErrorShape) -> dict[str, Any]:
-        return shape(self.status, self.message, type=self.type, param=self.param, code=self.code)
+        extra = {"context": self.context} if self.context is not None else {}
+        return shape(self.status, self.message, type=self.type, param=self.param, code=self.code, **extra)
 
     def sse_frame(self, shape: ErrorShape) -> bytes:
         """One SSE ``event: error`` frame carrying the body the non-streamed
@@ -59,12 +64,21 @@ _ANTHROPIC_TYPES = {
 
 
 def openai_error(
-    status: int, message: str, type: str | None = None, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    type: str | None = None,
+    param: str | None = None,
+    code: str | None = None,
+    context: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """``{"error": {"message", "type", "param", "code"}}``"""
+    """``{"error": {"message", "type", "param", "code"}}`` (and, for a prompt
+    over the context, llama-server's ``n_prompt_tokens`` and ``n_ctx``)."""
     if type is None or (type == "invalid_request_error" and status != 400):
         type = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    error: dict[str, Any] = {"message": message, "type": type, "param": param, "code": code}
+    if context is not None:
+        error["n_prompt_tokens"], error["n_ctx"] = context
+    return {"error": error}
 
 
 def anthropic_error(status: int, message: str, type: str | None = None, **_: Any) -> dict[str, Any]:
@@ -79,8 +93,22 @@ def ollama_error(status: int, message: str, **_: Any) -> dict[str, Any]:
     return {"error": message}
 
 
-def llamacpp_error(status: int, message: str, type: str | None = None, **_: Any) -> dict[str, Any]:
-    """llama-server's ``{"error": {"code", "message", "type"}}``."""
+def llamacpp_error(
+    status: int, message: str, type: str | None = None, context: tuple[int, int] | None = None, **_: Any
+) -> dict[str, Any]:
+    """llama-server's ``{"error": {"code", "message", "type"}}``; a prompt
+    over the context is its ``exceed_context_size_error`` with
+    ``n_prompt_tokens`` and ``n_ctx``."""
+    if context is not None:
+        return {
+            "error": {
+                "code": status,
+                "message": message,
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": context[0],
+                "n_ctx": context[1],
+            }
+        }
     if type is None or (type == "invalid_request_error" and status != 400):
         type = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"code": status, "message": message, "type": type}}
@@ -90,12 +118,16 @@ def llamacpp_error(status: int, message: str, type: str | None = None, **_: Any)
 LLAMACPP_PATHS = ("/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/embedding")
 
 
-def shape_for_path(path: str) -> ErrorShape:
+def shape_for_path(path: str, anthropic_client: bool = False) -> ErrorShape:
     """The error shape a client of this path parses (for errors raised before
-    any handler runs: 401s, unknown routes, wrong methods)."""
+    any handler runs: 401s, unknown routes, wrong methods). The model list is
+    both OpenAI's and Anthropic's: ``anthropic_client`` (the request carries
+    ``anthropic-version``) picks Anthropic's there."""
     if path.startswith("/api/") or path == "/api":
         return ollama_error
     if path.startswith("/v1/messages") or path.startswith("/messages"):
+        return anthropic_error
+    if anthropic_client and (path == "/v1/models" or path.startswith("/v1/models/")):
         return anthropic_error
     if path in LLAMACPP_PATHS:
         return llamacpp_error

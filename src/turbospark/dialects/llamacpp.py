@@ -62,7 +62,8 @@ class CompletionBody(BaseModel):
     model: str | None = None
     prompt: str | list[int | str] = ""
     n_predict: int | None = Field(default=None, ge=-1)
-    temperature: float | None = Field(default=None, ge=0.0)
+    #: (below 0: greedy, as llama-server takes it)
+    temperature: float | None = None
     top_k: int | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -71,7 +72,7 @@ class CompletionBody(BaseModel):
     repeat_last_n: int | None = Field(default=None, ge=-1)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    stop: list[str] | None = None
+    stop: list[str] | str | None = None
     ignore_eos: bool | None = None
     cache_prompt: bool | None = None
     stream: bool | None = False
@@ -79,12 +80,22 @@ class CompletionBody(BaseModel):
     samplers: list[str] | str | None = None
     logit_bias: list[list[Any]] | dict[str, float] | None = None
     id_slot: int | None = None
+    #: editors' limits: stop where a later line is indented less (llama.vim,
+    #: llama.vscode send the cursor's indentation), and once a line has
+    #: ended after this long decoding
+    n_indent: int | None = Field(default=None, ge=0)
+    t_max_predict_ms: int | float | None = None  # (0 or less: off)
+    #: only these fields of the answer ("timings/prompt_n": a nested one, as a top-level key)
+    response_fields: list[str] | None = None
+    #: constrained output: a GBNF grammar, or a JSON schema
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
 
 class ExtraFile(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
-    filename: str = ""
+    filename: str | None = None  # (absent: "tmp", as llama-server names it)
     text: str = ""
 
 
@@ -108,7 +119,7 @@ class DetokenizeBody(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[int] = Field(default_factory=list)  # (none: "", as llama-server answers)
 
 
 class TemplateBody(BaseModel):
@@ -132,8 +143,10 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
         config.repeat_penalty = body.repeat_penalty
     if body.repeat_last_n is not None:
         config.penalty_last_n = body.repeat_last_n  # -1: the whole context (fitted in prepare)
-    config.stop = stop_strings(body.stop) or ()
+    config.stop = stop_strings([body.stop] if isinstance(body.stop, str) else body.stop) or ()
     config.ignore_eos = bool(body.ignore_eos)
+    config.n_indent = body.n_indent or 0
+    config.max_predict_seconds = max(0.0, (body.t_max_predict_ms or 0) / 1000.0)
     if body.cache_prompt is False:
         warnings.append("cache_prompt false is ignored: a reused prefix gives the same output")
     if body.samplers is not None:
@@ -164,12 +177,25 @@ def _logit_bias(value: list[list[Any]] | dict[str, float]) -> dict[int, float]:
 
 def _budget(body: CompletionBody, req: ChatRequest) -> None:
     if body.n_predict is not None and body.n_predict != UNLIMITED:
-        if body.n_predict == 0:
-            raise BadRequest("'n_predict' 0 asks for nothing; send -1 or a positive number", "n_predict")
-        req.config.max_new_tokens = body.n_predict
+        # 0: the editors' warm-up (the prompt into the cache): one token, as llama-server answers it
+        req.config.max_new_tokens = max(1, body.n_predict)
         req.max_tokens_explicit = True
     elif body.n_predict == UNLIMITED:
         req.default_max_tokens = 1 << 30  # until the context is full or the model stops
+    if body.grammar:  # (an empty one is none, as llama-server reads it)
+        req.grammar = _lark(body.grammar)
+    elif body.json_schema is not None:
+        req.json_schema = body.json_schema or {"type": "object"}  # ({}: an object, as llama-server reads it)
+
+
+def _lark(gbnf: str) -> str:
+    """A GBNF grammar (llama.cpp's) in llguidance's Lark syntax."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    try:
+        return str(gbnf_to_lark(gbnf))
+    except Exception as exc:  # noqa: BLE001 - whatever the converter says of it
+        raise BadRequest(f"'grammar' is not a GBNF grammar this server can use: {exc}", "grammar") from None
 
 
 def prompt_of(prompt: str | list[int | str]) -> tuple[str | None, list[int] | None]:
@@ -197,7 +223,9 @@ def to_infill(body: InfillBody) -> Translation:
     warnings: list[str] = []
     if not isinstance(body.prompt, str):
         raise BadRequest("'prompt' of /infill must be text (it follows the middle marker)", "prompt")
-    fill = FillIn(body.input_prefix, body.input_suffix, [(f.filename, f.text) for f in body.input_extra], body.prompt)
+    budget = body.n_predict if body.n_predict is not None else UNLIMITED
+    files = [(f.filename if f.filename is not None else "tmp", f.text) for f in body.input_extra]
+    fill = FillIn(body.input_prefix, body.input_suffix, files, body.prompt, budget=budget)
     req = ChatRequest(fill_in=fill, config=_config(body, warnings))
     _budget(body, req)
     return Translation(req, warnings, bool(body.stream))
@@ -213,17 +241,28 @@ class CompletionRenderer(Unsent):
 
     media_type = SSE
 
-    def __init__(self, model_name: str, stream: bool, prompt: str, stop_words: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        stream: bool,
+        prompt: str,
+        stop_words: tuple[str, ...],
+        settings: dict[str, Any] | None = None,
+        fields: list[str] | None = None,
+    ) -> None:
         self.model = model_name
         self.stream = stream
         self.prompt = prompt
         self.stop_words = stop_words
+        #: ``generation_settings`` (llama.vscode reads its ``n_ctx`` after every answer)
+        self.settings = settings or {}
+        self.fields = fields
 
     def _last(self, final: Final) -> dict[str, Any]:
         reason = final.result.reason
         stopping = ""
         if reason is StopReason.STOP_STRING:
-            stopping = next((w for w in self.stop_words if w), "")
+            stopping = final.result.stop_string or next((w for w in self.stop_words if w), "")
         return {
             "index": 0,
             "id_slot": -1,
@@ -237,6 +276,7 @@ class CompletionRenderer(Unsent):
             "truncated": False,
             "stop_type": stop_type(reason),
             "stopping_word": stopping,
+            "generation_settings": self.settings,
             "timings": timings(final),
         }
 
@@ -244,7 +284,7 @@ class CompletionRenderer(Unsent):
         out = {"content": final.text, "tokens": [], **self._last(final)}
         if final.logprobs:
             out["completion_probabilities"] = probabilities(final.logprobs)
-        return out
+        return pick(out, self.fields)
 
     def text(self, delta: Delta) -> bytes:
         chunk = {"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": -1}
@@ -253,10 +293,52 @@ class CompletionRenderer(Unsent):
         return sse_data(chunk)
 
     def final(self, final: Final) -> bytes:
-        return sse_data({"content": "", "tokens": [], **self._last(final)})
+        return sse_data(pick({"content": "", "tokens": [], **self._last(final)}, self.fields))
 
     def error(self, failure: Failure) -> bytes:
         return sse_data(failure.body(llamacpp_error))
+
+
+def pick(answer: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
+    """``response_fields``: only the named fields of the answer, a nested one
+    by its path (``"timings/prompt_n"``) as a top-level key, as llama-server
+    does; fields it lacks are left out."""
+    if not fields:  # (an empty list asks for everything, as llama-server reads it)
+        return answer
+    out: dict[str, Any] = {}
+    for path in fields:
+        value: Any = answer
+        for part in path.split("/"):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            if path:
+                out[path] = value
+    return out
+
+
+def generation_settings(body: CompletionBody, n_ctx: int, config: GenerationConfig) -> dict[str, Any]:
+    """The settings an answer ran with (llama-server's ``generation_settings``)."""
+    return {
+        "n_ctx": n_ctx,
+        "n_predict": body.n_predict if body.n_predict is not None else UNLIMITED,
+        "temperature": config.temperature,
+        "top_k": config.top_k,
+        "top_p": config.top_p,
+        "min_p": config.min_p,
+        "seed": config.seed if config.seed is not None else 0xFFFFFFFF,  # (llama.cpp's "random")
+        "repeat_penalty": config.repeat_penalty,
+        "repeat_last_n": config.penalty_last_n,
+        "presence_penalty": config.presence_penalty,
+        "frequency_penalty": config.frequency_penalty,
+        "stop": list(config.stop),
+        "ignore_eos": config.ignore_eos,
+        "n_probs": body.n_probs or 0,
+        "n_indent": config.n_indent,
+        "t_max_predict_ms": round(config.max_predict_seconds * 1000),
+        "stream": bool(body.stream),
+    }
 
 
 def _probability(prob: TokenProb) -> dict[str, Any]:

@@ -200,7 +200,7 @@ def _config(body: _Common, warnings: list[str]) -> tuple[GenerationConfig, int |
     copy_sampling(o, config, fields)
     if o.seed is not None and o.seed >= 0:  # -1: random, as in Ollama
         config.seed = o.seed
-    stops = stop_strings(o.stop)
+    stops = stop_strings(o.stop, "options.stop")
     if stops is not None:
         config.stop = stops
     extra = o.model_extra or {}
@@ -564,10 +564,11 @@ def tag_entry(info: dict[str, Any], mtime_ns: int) -> dict[str, Any]:
 FOREVER_NS = (1 << 63) - 1
 
 
-def ps_entry(info: dict[str, Any], mtime_ns: int, now_ns: int) -> dict[str, Any]:
+def ps_entry(info: dict[str, Any], mtime_ns: int, now_ns: int, expires_in: float | None = None) -> dict[str, Any]:
+    """``expires_in``: seconds until the idle unload (None: never)."""
     return {
         **tag_entry(info, mtime_ns),
-        "expires_at": rfc3339(now_ns + FOREVER_NS),
+        "expires_at": rfc3339(now_ns + (FOREVER_NS if expires_in is None else int(expires_in * 1e9))),
         "size_vram": 0,
         "context_length": int(info.get("context") or 0),
     }

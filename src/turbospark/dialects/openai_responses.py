@@ -12,9 +12,9 @@ output_item.done), one ``function_call`` item per call (added →
 function_call_arguments.delta* → .done → output_item.done) → completed |
 incomplete, or ``response.failed`` when the engine fails mid-stream.
 
-There is no response store: ``previous_response_id``, ``conversation`` and
-``item_reference`` inputs are refused with a clear 400 instead of silently
-answering without the earlier turns.
+There is no response store: ``previous_response_id``, ``conversation``, a stored
+``prompt`` and ``item_reference`` inputs are refused with a clear 400 instead of
+silently answering without the earlier turns.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ class ResponsesRequest(_Wire):
     """The fields we act on or echo; everything else is ignored."""
 
     model: str | None = None
-    input: str | list[Any]
+    #: optional, as in the API: ``instructions`` alone is an empty user turn
+    input: str | list[Any] = ""
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -99,6 +100,8 @@ class ResponsesRequest(_Wire):
     text: TextConfig | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
+    #: a stored prompt template (``{"id": "pmpt_…"}``): refused, no store here
+    prompt: Any = None
     background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -328,6 +331,12 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
             "conversation is not supported: this server keeps no conversation store; "
             "send the whole conversation in 'input'",
             "conversation",
+        )
+    if body.prompt is not None:
+        raise BadRequest(
+            "prompt (a stored prompt template) is not supported: this server keeps no prompt store; "
+            "send its text in 'instructions' and 'input'",
+            "prompt",
         )
     if body.background:
         raise BadRequest("background responses are not supported", "background")

@@ -58,11 +58,20 @@ def pick(fields: Mapping[str, str], *names: str) -> dict[str, str]:
     return {k: v for k, v in fields.items() if k in names}
 
 
-def stop_strings(value: str | list[str] | None) -> tuple[str, ...] | None:
+#: the most stop strings a request may give (Anthropic's limit; OpenAI's
+#: dialects allow 16): each is looked for after every token, on the engine
+#: thread every request shares
+MAX_STOPS = 64
+
+
+def stop_strings(value: str | list[str] | None, param: str = "stop") -> tuple[str, ...] | None:
     """One stop string or a list of them; empty strings are dropped."""
     if value is None:
         return None
-    return tuple(s for s in ([value] if isinstance(value, str) else value) if s)
+    stops = tuple(s for s in ([value] if isinstance(value, str) else value) if s)
+    if len(stops) > MAX_STOPS:
+        raise BadRequest(f"'{param}': at most {MAX_STOPS} stop strings are supported, not {len(stops)}", param)
+    return stops
 
 
 class ToolChoice(NamedTuple):

@@ -21,8 +21,33 @@ class Utf8Stream:
     def feed(self, data: bytes) -> str:
         return self._decoder.decode(data, False) if data else ""
 
-    def flush(self) -> str:
+    def flush(self, cut: bool = False) -> str:
+        """The end of the text. ``cut``: the generation was stopped from
+        outside (``max_tokens``, a cancel), so a character it stopped inside
+        is left out rather than shown as U+FFFD: no client can use half a
+        character, and the text stays a prefix of what an uncut generation
+        writes. Bytes the model ended on by itself, or that no byte could
+        complete, are U+FFFD."""
+        held = self._decoder.getstate()[0]
+        if cut and held and _completable(held):
+            self._decoder.reset()
+            return ""
         return self._decoder.decode(b"", True)
+
+
+def _completable(held: bytes) -> bool:
+    """``held`` (the 1 to 3 bytes the decoder holds back) is the start of a
+    character some bytes could still complete. Not always: CPython holds
+    ``ED A0``..``ED BF`` too, the start of a surrogate, which never is one."""
+    lead = held[0]
+    rest = (2 if lead < 0xE0 else 3 if lead < 0xF0 else 4) - len(held)
+    for nxt in range(0x80, 0xC0):  # only the byte after the lead is narrowed
+        try:
+            (held + bytes([nxt]) + b"\x80" * (rest - 1)).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return True
+    return False
 
 
 class StopMatcher:
@@ -68,3 +93,34 @@ class StopMatcher:
     def flush(self) -> str:
         out, self._buf = self._buf, ""
         return out
+
+
+class IndentStop:
+    """llama.cpp's ``n_indent``: after the first line, the text ends where a
+    line starts (its first character that is not a space or a tab, a blank
+    line's newline included) indented less than ``n`` characters; the
+    indentation before it stays. The first line is never judged."""
+
+    __slots__ = ("n", "_at_start", "_indent")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._at_start = False  # inside a line's indentation (after a newline)
+        self._indent = 0
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Returns (text to emit, whether the text ends here)."""
+        if self.n <= 0:
+            return text, False
+        for i, c in enumerate(text):
+            if self._at_start:
+                if c in " \t":
+                    self._indent += 1
+                    continue
+                if self._indent < self.n:
+                    return text[:i], True
+                self._at_start = c == "\n"  # (a line of only indentation: the next starts here)
+                self._indent = 0
+            elif c == "\n":
+                self._at_start, self._indent = True, 0
+        return text, False

@@ -16,7 +16,10 @@ scheduler parks every slot's record here and ``persist`` writes the records
 (one file each, private to the user, in a folder named by the model file's
 identity and KV type); ``load`` reads them back at start, most recent first
 while the budget lasts, so an agent's next session after a restart starts
-warm. A file that does not parse, or a state llama.cpp refuses, is skipped.
+warm. A file that does not parse or whose checksum fails is skipped; a
+state llama.cpp refuses, or that does not hold the positions its tokens say,
+is dropped. One server at a time keeps a folder (a lock file): a second one
+on the same folder keeps its tier in memory only.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -143,6 +149,11 @@ class HostCache:
         self.restored += 1
         return self._entries[key]
 
+    def discard(self, key: int) -> None:
+        """Forget a record for good (one whose state would not restore)."""
+        if key in self._entries:
+            self._drop(key)
+
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
         self.bytes -= entry.size
@@ -152,14 +163,16 @@ class HostCache:
         return list(self._entries.values())
 
     def persist(self, folder: str) -> int:
-        """Write every record to ``folder`` (replacing what it held); returns
-        how many were written. Never raises for a disk problem."""
+        """Write every record to ``folder`` (replacing what it held, and
+        what a writer killed midway left); returns how many were written.
+        Never raises for a disk problem."""
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
-            old = {n for n in os.listdir(folder) if n.endswith(FILE_SUFFIX)}
+            names = os.listdir(folder)
         except OSError as e:
             log.warning("KV cache folder %s: %s", folder, e)
             return 0
+        old = {n for n in names if n.endswith(FILE_SUFFIX) or n.endswith(TMP_SUFFIX)}
         written = set()
         for i, entry in enumerate(self.records()):
             name = f"{i:06d}{FILE_SUFFIX}"
@@ -209,9 +222,90 @@ class HostCache:
         }
 
 
-#: a persisted record: MAGIC, one JSON header line, the tokens (int32), the state
-MAGIC = b"turbospark-kv 1\n"
+#: a persisted record: MAGIC, one JSON header line (with the SHA-256 of what
+#: follows: a record damaged on disk is skipped, never restored), the tokens
+#: (int32), the state
+MAGIC = b"turbospark-kv 2\n"
 FILE_SUFFIX = ".kv"
+TMP_SUFFIX = ".tmp"
+#: the longest header line read
+MAX_HEADER = 4096
+
+
+def folder_problem(folder: str) -> str | None:
+    """Why ``folder`` cannot keep the records (None when it can): made if
+    missing, then it must be a folder this process may write."""
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError as e:
+        return f"{e.strerror or e}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
+
+
+#: how long a model's next load waits for the one before it (unloaded,
+#: evicted, failed) to finish writing its records to the same folder
+HANDOVER_SECONDS = 120.0
+
+_held_lock = threading.Lock()
+#: the folders this process holds, by real path
+_held: dict[str, FolderLock] = {}
+
+
+class FolderLock:
+    """One model at a time keeps its records in a folder: the last to shut
+    down would replace the other's. Between processes a lock file
+    (``flock``); within this one a table, where a model still writing its
+    records on its way out hands the folder over to its next load (keep-alive,
+    eviction, a reload after a failure) rather than refusing it."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = os.path.realpath(folder)
+        self._fd: int | None = None
+        #: its model is closing: its next load waits for the folder
+        self.closing = False
+        self._released = threading.Event()
+
+    def acquire(self, wait: float = HANDOVER_SECONDS) -> str | None:
+        """None once held; else why not."""
+        deadline = time.monotonic() + wait
+        while True:
+            with _held_lock:
+                holder = _held.get(self.folder)
+                if holder is None:
+                    problem = self._lock_file()
+                    if problem is None:
+                        _held[self.folder] = self
+                    return problem
+            if not holder.closing:
+                return "another model of this server keeps its KV records there"
+            if not holder._released.wait(max(0.0, deadline - time.monotonic())):
+                return "the model before it was still writing its KV records there"
+
+    def _lock_file(self) -> str | None:
+        import fcntl
+
+        try:
+            fd = os.open(os.path.join(self.folder, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            return f"{e.strerror or e}"
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return "another server keeps its KV records there"
+        self._fd = fd
+        return None
+
+    def release(self) -> None:
+        with _held_lock:
+            if self._fd is not None:
+                os.close(self._fd)  # (closing drops the lock)
+                self._fd = None
+            if _held.get(self.folder) is self:
+                del _held[self.folder]
+        self._released.set()
 
 
 def cache_folder(root: str, model_path: str, cache_type: str) -> str:
@@ -225,13 +319,15 @@ def cache_folder(root: str, model_path: str, cache_type: str) -> str:
 
 
 def _write_record(folder: str, name: str, entry: SavedState) -> None:
-    head = {"owner": entry.owner, "prompt_len": entry.prompt_len, "tokens": len(entry.tokens)}
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")  # mode 0600
+    tokens = array.array("i", entry.tokens).tobytes()
+    head: dict[str, object] = {"owner": entry.owner, "prompt_len": entry.prompt_len, "tokens": len(entry.tokens)}
+    head["sha256"] = _digest(head, tokens, entry.state)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=TMP_SUFFIX)  # mode 0600
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC)
             f.write(json.dumps(head).encode() + b"\n")
-            f.write(array.array("i", entry.tokens).tobytes())
+            f.write(tokens)
             f.write(entry.state)
         os.replace(tmp, os.path.join(folder, name))
     except BaseException:
@@ -242,18 +338,40 @@ def _write_record(folder: str, name: str, entry: SavedState) -> None:
         raise
 
 
+def _digest(head: dict[str, object], tokens: bytes, state: bytes) -> str:
+    """SHA-256 of a record's header fields (who owns it, where its tokens
+    end), its tokens and its state."""
+    digest = hashlib.sha256(json.dumps(head, sort_keys=True).encode() + b"\n")
+    digest.update(tokens)
+    digest.update(state)
+    return digest.hexdigest()
+
+
 def _read_record(path: str) -> SavedState | None:
+    """The record in ``path``, or None for anything that is not one this
+    module wrote whole: never a reason to fail the model's load."""
     try:
-        with open(path, "rb") as f:
-            if f.read(len(MAGIC)) != MAGIC:
+        # a regular file only (a FIFO would block the engine thread for good)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or f.read(len(MAGIC)) != MAGIC:
                 return None
-            head = json.loads(f.readline())
-            n = int(head["tokens"])
-            tokens = array.array("i")
-            tokens.frombytes(f.read(4 * n))
+            head = json.loads(f.readline(MAX_HEADER))
+            if not isinstance(head, dict):
+                return None
+            n, owner, prompt_len, expected = head["tokens"], head["owner"], head.get("prompt_len", 0), head["sha256"]
+            if not (isinstance(n, int) and isinstance(owner, str) and isinstance(prompt_len, int)):
+                return None
+            left = os.fstat(f.fileno()).st_size - f.tell()
+            if not 0 < 4 * n < left or not 0 <= prompt_len <= n:
+                return None
+            raw = f.read(4 * n)
             state = f.read()
-        if len(tokens) != n or not n or not state:
+        fields = {"owner": owner, "prompt_len": prompt_len, "tokens": n}
+        if len(raw) != 4 * n or not state or _digest(fields, raw, state) != expected:
             return None
-        return SavedState(str(head["owner"]), tokens.tolist(), state, int(head.get("prompt_len", 0)))
-    except (OSError, ValueError, KeyError, TypeError):
+        tokens = array.array("i")
+        tokens.frombytes(raw)
+        return SavedState(owner, tokens.tolist(), state, prompt_len)
+    except Exception:  # noqa: BLE001 - whatever the file holds, it is skipped
         return None

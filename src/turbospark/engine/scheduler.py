@@ -47,8 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .detok import StopMatcher, Utf8Stream
-from .hostcache import HostCache, common_prefix
+from .detok import IndentStop, StopMatcher, Utf8Stream
+from .hostcache import FolderLock, HostCache, common_prefix, folder_problem
 from .llama import Batch, LlamaContext, LlamaModelFile
 from .sampling import SamplerChain
 from .speculative import TIMING_LOCK, Calibration, NgramDrafter, StepCosts
@@ -199,6 +199,7 @@ class Seq:
         "probs",
         "probs_out",
         "miss_at",
+        "indent",
     )
 
     def __init__(
@@ -216,6 +217,7 @@ class Seq:
         self.generated: list[int] = []
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(job.config.stop)
+        self.indent = IndentStop(job.config.n_indent) if job.config.n_indent > 0 else None
         self.text: list[str] = []
         self.out: list[str] = []
         self.reused = reused
@@ -288,6 +290,7 @@ class Scheduler:
         self.host = HostCache(host_cache_bytes if prefix_reuse else 0)
         #: where the host tier is kept across restarts (--cache-dir), if anywhere
         self.cache_dir = cache_dir if self.host.enabled else None
+        self._folder_lock: FolderLock | None = None
         self.max_queue = max_queue
         self.prefill_chunk = max(1, prefill_chunk)
         self.end_turn_tokens = end_turn_tokens
@@ -374,6 +377,20 @@ class Scheduler:
                 self._check_room_locked()
             self._waiting.append(job)
             self._cond.notify()
+        # a client that leaves while its job waits gives its place back at
+        # once (the engine may be inside a long step; the next request in
+        # line, or one refused by a full wait list, need not wait for it)
+        job.cancel.on_cancel(lambda: self._withdraw(job))
+
+    def _withdraw(self, job: Job) -> None:
+        """End a cancelled job that is still waiting (any thread)."""
+        with self._cond:
+            try:
+                self._waiting.remove(job)
+            except ValueError:
+                return  # admitted (the engine ends it at its next step) or ended
+            self._cond.notify()
+        self._end(job, self._cancelled_result(job))
 
     @property
     def waiting(self) -> int:
@@ -411,6 +428,8 @@ class Scheduler:
         with self._cond:
             self._stopping = True
             self._cond.notify()
+        if self._folder_lock is not None:
+            self._folder_lock.closing = True  # a next load of this model waits for its records
         self._thread.join(timeout)
         while self._thread.is_alive():
             log.warning("%s: the engine thread is still busy; waiting for it before freeing its context", self.name)
@@ -476,13 +495,31 @@ class Scheduler:
             raise fault
 
     def _load_host(self, folder: str) -> None:
-        n = self.host.load(folder)
+        """Take the folder (one server at a time) and read its records; a
+        folder that cannot keep them, or another server's, leaves the tier in
+        memory only, with a warning (never a reason to fail the model)."""
+        problem = folder_problem(folder)
+        lock = FolderLock(folder)
+        if problem is None:
+            problem = lock.acquire()
+        if problem is not None:
+            log.warning("%s: KV cache folder %s: %s; the host tier is kept in memory only", self.name, folder, problem)
+            self.cache_dir = None
+            return
+        self._folder_lock = lock
+        try:
+            n = self.host.load(folder)
+        except Exception:  # noqa: BLE001 - the second tier never fails the model
+            log.exception("%s: reading the KV records in %s failed", self.name, folder)
+            return
         if n:
             log.info("%s: %d saved KV record(s) loaded from %s", self.name, n, folder)
 
     def _persist_host(self, folder: str) -> None:
         """Park every slot's record in the host tier, then write the tier to
         ``folder`` (the scheduler thread, on its way out: it owns the KV)."""
+        if self._folder_lock is not None:
+            self._folder_lock.closing = True  # a next load of this model waits for it
         try:
             for slot in self.slots:
                 if slot.tokens:
@@ -491,6 +528,9 @@ class Scheduler:
             log.info("%s: %d KV record(s) kept in %s", self.name, n, folder)
         except Exception:  # never fail a shutdown over the second tier
             log.exception("keeping the KV records in %s failed", folder)
+        finally:
+            if self._folder_lock is not None:
+                self._folder_lock.release()
 
     def _calibrate(self, n: int) -> None:
         """Time one decode step of ``n`` tokens on an idle slot (after its
@@ -748,9 +788,18 @@ class Scheduler:
         ctx = self.ctx
         ctx.seq_rm(dst.seq_id)
         entry = self.host.get(key)
-        if ctx.set_seq_state(dst.seq_id, entry.state) and ctx.seq_rm(dst.seq_id, n, -1):
-            log.debug("restored %d tokens of KV from the host tier into slot %d", n, dst.seq_id)
-            return n
+        # the state must end where its tokens say: the next decode continues
+        # there (one that does not fails llama_decode for every sequence in
+        # the step). (Its first position is not checked: a sliding-window
+        # cache reports the window's.)
+        if ctx.set_seq_state(dst.seq_id, entry.state) and ctx.seq_pos_max(dst.seq_id) == len(entry.tokens) - 1:
+            if ctx.seq_rm(dst.seq_id, n, -1):
+                log.debug("restored %d tokens of KV from the host tier into slot %d", n, dst.seq_id)
+                return n
+            ctx.seq_rm(dst.seq_id)  # a memory that cannot keep a part: the record stays for a whole match
+            return 0
+        log.warning("%s: a saved KV record would not restore; dropped", self.name)
+        self.host.discard(key)  # never tried again, nor kept on disk
         ctx.seq_rm(dst.seq_id)
         return 0
 
@@ -907,11 +956,22 @@ class Scheduler:
         text = seq.utf8.feed(self._pieces[token])
         if text:
             emit, hit = seq.stops.feed(text)
+            cut = False
+            if seq.indent is not None and emit:
+                emit, cut = seq.indent.feed(emit)
             if emit:
                 seq.out.append(emit)
                 seq.text.append(emit)
+            if cut:  # (at or before any stop string; what the matcher holds comes after it)
+                self._finish(seq, StopReason.MAX_TOKENS, flush=False)
+                return
             if hit:
                 self._finish(seq, StopReason.STOP_STRING, flush=False)
+                return
+            # llama.cpp's t_max_predict_ms: judged only as a line ends, so a line is never cut
+            limit = seq.job.config.max_predict_seconds
+            if limit and "\n" in emit and seq.last_token_at - (seq.first_token_at or seq.last_token_at) > limit:
+                self._finish(seq, StopReason.MAX_TOKENS)
                 return
         if seq.new_tokens >= seq.max_new:
             self._finish(seq, StopReason.MAX_TOKENS)
@@ -954,8 +1014,11 @@ class Scheduler:
         if reason is StopReason.STOP_STRING and seq.probs:
             self._drop_stop_probs(seq)
         if flush:
-            tail, _ = seq.stops.feed(seq.utf8.flush())
+            cut = reason in (StopReason.MAX_TOKENS, StopReason.CANCELLED)
+            tail, _ = seq.stops.feed(seq.utf8.flush(cut))
             tail += seq.stops.flush()
+            if tail and seq.indent is not None:
+                tail, _ = seq.indent.feed(tail)
             if tail:
                 seq.out.append(tail)
                 seq.text.append(tail)

@@ -74,6 +74,13 @@ class GenerationConfig:
     #: Whether a finished text is a tool call (set when tools are offered),
     #: so the engine reports ``toolCalls`` as the stop reason.
     tool_call_check: Callable[[str], bool] | None = None
+    #: llama.cpp's ``n_indent``: once a line has ended, stop where a later
+    #: line starts indented less than this many spaces or tabs (a blank line
+    #: too), so an editor's completion stays inside its block. 0: off.
+    n_indent: int = 0
+    #: llama.cpp's ``t_max_predict_ms`` in seconds: once a line has ended,
+    #: stop when decoding has taken this long (an editor's latency cap). 0: off.
+    max_predict_seconds: float = 0.0
     #: A place on the wait list held since admission (``Scheduler.reserve``):
     #: the submit that takes it is never refused as overloaded.
     reservation: Any = field(default=None, repr=False, compare=False)
@@ -279,8 +286,17 @@ class ContextOverflow(AdmissionError):
         limit_name: str = "the model's context",
     ) -> None:
         where = f" ({limit_name})"
-        if prompt_tokens >= limit:
+        if prompt_tokens > limit:
             message = f"prompt is too long: {prompt_tokens} tokens > {limit} maximum{where}"
+            param = "messages" if param == "max_tokens" else param
+        elif prompt_tokens == limit:
+            # it fits, but leaves no room for the reply's first token: the
+            # longest prompt is one less (worded so the "too long" parsers
+            # still compact, and true)
+            message = (
+                f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum "
+                f"({limit_name}, with one token to reply)"
+            )
             param = "messages" if param == "max_tokens" else param
         else:
             message = (

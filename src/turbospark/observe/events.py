@@ -144,12 +144,17 @@ class Generated(ServerEvent):
     #: whole or there was none (a client that changes its prompt's start,
     #: a cache-busting stamp, shows here)
     prefix_miss_at: int | None = None
+    #: which of the request's choices (OpenAI ``n``) this run was; they run
+    #: side by side, so their times overlap. Omitted for the first (0)
+    choice: int = 0
     _optional: ClassVar[frozenset[str]] = frozenset({"reused_from"})
 
     def to_dict(self) -> dict[str, Any]:
         out = ServerEvent.to_dict(self)
         if not self.drafted_tokens:
             del out["draftedTokens"], out["acceptedTokens"]
+        if not self.choice:
+            del out["choice"]
         return out
 
 

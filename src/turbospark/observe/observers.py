@@ -123,12 +123,21 @@ class Reporter:
     end the request only after the last ``generated`` (a cancelled run ends
     at the engine's next step, after the client is gone)."""
 
-    __slots__ = ("observer", "request_id", "_runs")
+    __slots__ = ("observer", "request_id", "_runs", "choice")
 
-    def __init__(self, observer: Observer | None, request_id: RequestId | None) -> None:
+    def __init__(self, observer: Observer | None, request_id: RequestId | None, choice: int = 0) -> None:
         self.observer = observer if request_id is not None else None
         self.request_id = request_id
         self._runs: set[Any] = set()
+        #: the choice (OpenAI ``n``) whose runs this reports
+        self.choice = choice
+
+    def for_choice(self, index: int) -> Reporter:
+        """The same request's reporter for one of its choices (its runs
+        are the request's: :meth:`settled` waits for every choice's)."""
+        other = Reporter(self.observer, self.request_id, index)
+        other._runs = self._runs
+        return other
 
     def generated(self, model_id: str, result: RawDecodeResult) -> None:
         """Record one attempt's ``generated`` (a failed run has no result
@@ -154,6 +163,7 @@ class Reporter:
                 queue_seconds=result.queue_seconds,
                 reused_from=result.reused_from,
                 prefix_miss_at=result.prefix_miss_at,
+                choice=self.choice,
             ),
         )
 

@@ -269,7 +269,7 @@ async def attach_model(request: Request) -> Response:
         registry.check_names(spec.id, spec.aliases)
     except RegistryError as exc:
         raise BadRequest(str(exc), "id", status=409, code="model_exists") from None
-    if not await registry.make_room():
+    if not await registry.reserve():
         raise BadRequest(
             f"{registry.max_resident} model(s) are resident (--max-resident) and every one is busy; "
             "try again when one is idle",
@@ -278,14 +278,17 @@ async def attach_model(request: Request) -> Response:
             code="max_resident",
         )
     try:
-        model = await asyncio.to_thread(load_spec, spec)  # off the event loop
-    except (RuntimeError, ValueError, OSError) as exc:
-        raise BadRequest(f"could not load {body.model!r}: {exc}", "model", status=422, code="load_failed") from None
-    try:
-        entry = registry.attach(model, spec)
-    except RegistryError as exc:  # a concurrent attach took the name meanwhile
-        await asyncio.to_thread(model.close)
-        raise BadRequest(str(exc), "id", status=409, code="model_exists") from None
+        try:
+            model = await asyncio.to_thread(load_spec, spec)  # off the event loop
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise BadRequest(f"could not load {body.model!r}: {exc}", "model", status=422, code="load_failed") from None
+        try:
+            entry = registry.attach(model, spec)
+        except RegistryError as exc:  # a concurrent attach took the name meanwhile
+            await asyncio.to_thread(model.close)
+            raise BadRequest(str(exc), "id", status=409, code="model_exists") from None
+    finally:
+        registry.unreserve()  # resident now (or not at all)
     return JSONResponse(entry_card(entry), status_code=201)
 
 

@@ -14,7 +14,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..dialects import anthropic as msgs
-from ..dialects.common import validate
 from ..dialects.errors import anthropic_error
 from ..generation import count_prompt
 from .common import (
@@ -22,7 +21,7 @@ from .common import (
     endpoint,
     normalize,
     off_loop,
-    read_json,
+    read_body,
     request_id,
     respond,
     route_and_prepare,
@@ -43,7 +42,7 @@ def _headers(request: Request, warnings: list[str]) -> dict[str, str]:
 
 @endpoint(anthropic_error)
 async def messages(request: Request) -> Response:
-    body = validate(msgs.MessagesRequest, await read_json(request))
+    body = await read_body(request, msgs.MessagesRequest)
     tr = msgs.to_chat_request(body)
     assert tr.request is not None
     model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
@@ -54,7 +53,7 @@ async def messages(request: Request) -> Response:
 @endpoint(anthropic_error)
 async def count_tokens(request: Request) -> Response:
     """Renders the prompt exactly as a real request would prefill it."""
-    body = validate(msgs.CountTokensRequest, await read_json(request))
+    body = await read_body(request, msgs.CountTokensRequest)
     req, warnings = msgs.to_prompt_request(body)
     normalize(req, request)  # counted as the real request will be prefilled
 

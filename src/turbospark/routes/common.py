@@ -19,13 +19,13 @@ from starlette.responses import Response, StreamingResponse
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..auth import TENANT_KEY
-from ..dialects.common import BadRequest, parse_json_object
+from ..dialects.common import BadRequest, parse_json_object, validate
 from ..dialects.errors import ErrorShape, Failure
 from ..dialects.render import SSE, ChoicesRenderer, FrameOut, Renderer
 from ..dialects.stamps import normalize_messages
 from ..drain import Drain, ShuttingDown
 from ..engine.interface import ChatModel
-from ..engine.types import AdmissionError, CancelFlag, EngineError, Overloaded, ReaderBehind
+from ..engine.types import AdmissionError, CancelFlag, ContextOverflow, EngineError, Overloaded, ReaderBehind
 from ..generation import ChatRequest, Final, Prepared, prepare, stream
 from ..middleware import CANCEL_KEY, DISCONNECTED, ERROR_KEY, LEASES_KEY, REPORTER_KEY, TOO_SLOW
 from ..observe import NO_REPORTER, REQUEST_ID_KEY, Observer, Reporter, RequestIds, RequestRouted, record
@@ -34,10 +34,13 @@ from ..replicas import routing_key
 from ..upstream.client import UpstreamError
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from ..sinks.live import LiveEvents
 
 log = logging.getLogger("turbospark.http")
 T = TypeVar("T")
+M = TypeVar("M", bound="BaseModel")
 
 #: the request's :class:`Failover`, when it was routed to a replica
 FAILOVER_KEY = "turbospark.failover"
@@ -92,11 +95,24 @@ def request_id(request: Request) -> int | None:
 PARSE_OFF_LOOP = 1 << 20
 
 
-async def read_json(request: Request) -> dict[str, Any]:
+async def _read(request: Request, parse: Callable[[bytes], T]) -> T:
+    """The body through ``parse``, on a worker thread when it is large (a
+    30 MB list of token ids took the event loop, so every stream and
+    ``/health``, for seconds)."""
     body = await request.body()
     if len(body) > PARSE_OFF_LOOP:
-        return await asyncio.to_thread(parse_json_object, body)
-    return parse_json_object(body)
+        return await asyncio.to_thread(parse, body)
+    return parse(body)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    return await _read(request, parse_json_object)
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """The body read as ``model`` (a dialect's pydantic request): parsed,
+    its depth checked and validated in one go."""
+    return await _read(request, lambda body: cast(M, validate(model, parse_json_object(body))))
 
 
 def bind_request(req: Any, request: Request) -> Any:
@@ -371,7 +387,8 @@ def classify(exc: BaseException) -> Failure:
         retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after else {}
         return Failure(exc.status, exc.message, None, exc.code, exc.param, retry)
     if isinstance(exc, AdmissionError):
-        return Failure(400, str(exc), "invalid_request_error", exc.code, exc.param)
+        context = (exc.prompt_tokens, exc.limit) if isinstance(exc, ContextOverflow) else None
+        return Failure(400, str(exc), "invalid_request_error", exc.code, exc.param, context=context)
     if isinstance(exc, Overloaded):
         return Failure(503, str(exc), None, "overloaded", None, {"Retry-After": str(exc.retry_after)})
     if isinstance(exc, ReaderBehind):
@@ -439,12 +456,15 @@ class DisconnectWatch:
         self.request = request
         self.cancel = cancel
         self._task: asyncio.Task[None] | None = None
+        #: the client disconnected
+        self.gone = False
 
     async def _watch(self) -> None:
         receive = self.request.receive
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                self.gone = True
                 self.cancel.cancel("the client disconnected")
                 return
 
@@ -461,9 +481,11 @@ async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, 
     """The whole answer (every choice), cancelled if the client disconnects while waiting
     (or cut by a drain that ran out of time)."""
     with state_of(request).drain.watch(cancel):
-        async with DisconnectWatch(request, cancel):
+        async with DisconnectWatch(request, cancel) as watch:
             finals = [i async for i in generate_items(request, model, prepared, cancel) if isinstance(i, Final)]
-            return sorted(finals, key=lambda f: f.choice)
+        if watch.gone:  # nobody to answer: a 499, as a client gone while sending its body
+            raise ClientDisconnect()
+        return sorted(finals, key=lambda f: f.choice)
 
 
 async def stream_frames(
@@ -564,7 +586,26 @@ def streaming_response(
     return StreamingResponse(frames, media_type=media_type, headers=h)
 
 
+#: the longest warning header sent: clients read response heads into a
+#: bounded buffer (Node's HTTP parser: 16 KiB), and a request can name
+#: thousands of ignored tools
+MAX_WARNING = 4096
+
+
 def warning_headers(warnings: list[str]) -> dict[str, str]:
+    """The warnings as one header. They may quote the request (a tool type,
+    a field name): a header value is Latin-1 without control characters, so
+    anything else is escaped (``\\u6f22``) rather than failing the answer,
+    and a long one is cut."""
     if not warnings:
         return {}
-    return {"X-Turbospark-Warning": "; ".join(warnings)}
+    text = header_safe("; ".join(warnings))
+    if len(text) > MAX_WARNING:
+        text = f"{text[: MAX_WARNING - 40]}... ({len(text) - MAX_WARNING + 40} more characters)"
+    return {"X-Turbospark-Warning": text}
+
+
+def header_safe(text: str) -> str:
+    """``text`` as printable ASCII: control characters and anything past
+    ASCII escaped as Python writes them."""
+    return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -20,12 +20,11 @@ from starlette.routing import Route
 from ..dialects import ollama as ollama_names
 from ..dialects import ollama_embed as oe
 from ..dialects import openai_embeddings as emb
-from ..dialects.common import validate
 from ..dialects.errors import ollama_error, openai_error
 from ..engine.interface import ChatModel
 from ..engine.types import Embeddings
 from ..registry import Route as ModelRoute
-from .common import JSONResponse, endpoint, read_json, run_routed
+from .common import JSONResponse, endpoint, read_body, run_routed
 
 
 async def encode(model: ChatModel, texts: list[str], truncate: bool = False) -> Embeddings:
@@ -47,7 +46,7 @@ async def embed(
 
 @endpoint(openai_error)
 async def openai_embeddings(request: Request) -> Response:
-    body = validate(emb.EmbeddingRequest, await read_json(request))
+    body = await read_body(request, emb.EmbeddingRequest)
     texts = emb.texts_of(body)
     result, route = await embed(request, body.model, texts)
     assert result is not None  # texts_of refuses an empty input
@@ -57,7 +56,7 @@ async def openai_embeddings(request: Request) -> Response:
 @endpoint(ollama_error)
 async def ollama_embed(request: Request) -> Response:
     started = time.perf_counter_ns()
-    body = validate(oe.EmbedRequest, await read_json(request))
+    body = await read_body(request, oe.EmbedRequest)
     texts = oe.embed_texts(body)
     dimensions = oe.check_dimensions(body.dimensions)
     result, route = await embed(request, ollama_names.model_name(body.model), texts, body.truncate is not False)
@@ -67,7 +66,7 @@ async def ollama_embed(request: Request) -> Response:
 
 @endpoint(ollama_error)
 async def ollama_embeddings(request: Request) -> Response:
-    body = validate(oe.EmbeddingsRequest, await read_json(request))
+    body = await read_body(request, oe.EmbeddingsRequest)
     texts = oe.legacy_texts(body)
     result, _ = await embed(request, ollama_names.model_name(body.model), texts)
     return JSONResponse(oe.render_legacy(result))

@@ -35,6 +35,7 @@ from starlette.routing import Route
 from ..auth import ADMIN_KEY, TENANT_KEY
 from ..dialects.common import BadRequest
 from ..dialects.errors import openai_error
+from ..middleware import OPEN_ENDED_KEY
 from ..sinks.live import Gap, LiveEvents, Numbered
 from .common import JSONResponse, endpoint, state_of, streaming_response
 
@@ -109,7 +110,17 @@ async def events(request: Request) -> Response:
     since = _int_param(request.headers.get("last-event-id"), "Last-Event-ID")
     if since is None:
         since = _int_param(request.query_params.get("since"), "since")
+    if request.method == "HEAD":
+        # the headers alone: the stream never ends, and a HEAD's body is
+        # never sent, so streaming it would hold the connection for good
+        return streaming_response(_no_frames())
+    request.scope["state"][OPEN_ENDED_KEY] = True  # a watcher closing it is its end, not an error
     return streaming_response(_frames(live, since, viewer(request)))
+
+
+async def _no_frames() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover (makes this an async generator)
 
 
 @endpoint(openai_error)

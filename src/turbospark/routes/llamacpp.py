@@ -11,14 +11,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..dialects import llamacpp as ll
-from ..dialects.common import BadRequest, validate
+from ..dialects.common import BadRequest
 from ..dialects.errors import llamacpp_error
 from ..dialects.translate import Translation
 from .common import (
     JSONResponse,
     endpoint,
     off_loop,
-    read_json,
+    read_body,
     respond,
     route_and_prepare,
     route_model,
@@ -31,25 +31,28 @@ async def _generate(request: Request, body: ll.CompletionBody, tr: Translation) 
     assert tr.request is not None
     model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
     prompt = body.prompt if isinstance(body.prompt, str) else ""
-    renderer = ll.CompletionRenderer(body.model or route.served, tr.stream, prompt, prepared.config.stop)
+    settings = ll.generation_settings(body, model.max_context, prepared.config)
+    renderer = ll.CompletionRenderer(
+        body.model or route.served, tr.stream, prompt, prepared.config.stop, settings, body.response_fields
+    )
     return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
 
 
 @endpoint(llamacpp_error)
 async def completion(request: Request) -> Response:
-    body = validate(ll.CompletionBody, await read_json(request))
+    body = await read_body(request, ll.CompletionBody)
     return await _generate(request, body, ll.to_completion(body))
 
 
 @endpoint(llamacpp_error)
 async def infill(request: Request) -> Response:
-    body = validate(ll.InfillBody, await read_json(request))
+    body = await read_body(request, ll.InfillBody)
     return await _generate(request, body, ll.to_infill(body))
 
 
 @endpoint(llamacpp_error)
 async def tokenize(request: Request) -> Response:
-    body = validate(ll.TokenizeBody, await read_json(request))
+    body = await read_body(request, ll.TokenizeBody)
     model, _ = await route_model(request, body.model, "chat", False)
     ids = await off_loop(model.tokenize, body.content, body.add_special, body.parse_special)
     if not body.with_pieces:
@@ -59,7 +62,7 @@ async def tokenize(request: Request) -> Response:
 
 @endpoint(llamacpp_error)
 async def detokenize(request: Request) -> Response:
-    body = validate(ll.DetokenizeBody, await read_json(request))
+    body = await read_body(request, ll.DetokenizeBody)
     model, _ = await route_model(request, body.model, "chat", False)
     if getattr(model, "takes_messages", False):  # a remote engine: its vocabulary is not here
         return JSONResponse({"content": await off_loop(model.detokenize, body.tokens)})
@@ -71,7 +74,7 @@ async def detokenize(request: Request) -> Response:
 
 @endpoint(llamacpp_error)
 async def apply_template(request: Request) -> Response:
-    body = validate(ll.TemplateBody, await read_json(request))
+    body = await read_body(request, ll.TemplateBody)
     model, _ = await route_model(request, body.model, "chat", False)
     return JSONResponse({"prompt": await off_loop(model.chat_text, body.messages)})
 
@@ -86,7 +89,7 @@ async def props(request: Request) -> Response:
 
 @endpoint(llamacpp_error)
 async def embedding(request: Request) -> Response:
-    body = validate(ll.EmbeddingBody, await read_json(request))
+    body = await read_body(request, ll.EmbeddingBody)
     texts = [body.content] if isinstance(body.content, str) else body.content
     if not texts:
         raise BadRequest("'content' must not be empty", "content")

@@ -5,6 +5,7 @@ routes/embeddings.py."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -15,15 +16,16 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..dialects import ollama as ol
-from ..dialects.common import BadRequest, validate
+from ..dialects.common import BadRequest
 from ..dialects.errors import ollama_error
 from ..dialects.translate import Translation
+from ..generation import asks_thinking, template_thinks, thinks
 from .common import (
     JSONResponse,
     admit,
     bind_request,
     endpoint,
-    read_json,
+    read_body,
     respond,
     route_chat,
     route_model,
@@ -43,6 +45,10 @@ async def _answer(request: Request, requested: str, tr: Translation, renderer: o
         model, route = await route_chat(request, req, name, tr.stream)
     else:  # a load or unload request: no prompt to route by
         model, route = await route_model(request, name, "chat", tr.stream)
+    if req is not None and asks_thinking(req) and thinks(model) is False:
+        # as Ollama answers it: clients retry without ``think`` on this 400,
+        # or ask /api/show for the "thinking" capability first
+        raise BadRequest(f"{json.dumps(name, ensure_ascii=False)} does not support thinking", "think")
     keep_alive = tr.extras.get("keep_alive")
     if keep_alive is not None:
         state_of(request).registry.set_keep_alive(route.entry, None if math.isinf(keep_alive) else keep_alive)
@@ -56,7 +62,7 @@ async def _answer(request: Request, requested: str, tr: Translation, renderer: o
 @endpoint(ollama_error)
 async def chat(request: Request) -> Response:
     started = time.perf_counter_ns()
-    body = validate(ol.ChatBody, await read_json(request))
+    body = await read_body(request, ol.ChatBody)
     tr = ol.chat_request(body)
     return await _answer(request, body.model, tr, ol.Renderer("chat", body.model, tr.stream, started))
 
@@ -64,7 +70,7 @@ async def chat(request: Request) -> Response:
 @endpoint(ollama_error)
 async def generate(request: Request) -> Response:
     started = time.perf_counter_ns()
-    body = validate(ol.GenerateBody, await read_json(request))
+    body = await read_body(request, ol.GenerateBody)
     tr = ol.generate_request(body)
     return await _answer(request, body.model, tr, ol.Renderer("generate", body.model, tr.stream, started))
 
@@ -96,6 +102,8 @@ def _capabilities(entry: Any) -> list[str]:
         caps.append("embedding")
     if entry.model is not None and getattr(entry.model, "vision", None):
         caps.append("vision")
+    if entry.capable("chat") and template_thinks(_info(entry).get("chat_template") or ""):
+        caps.append("thinking")  # known from its last load, as the template is
     return caps
 
 
@@ -112,7 +120,7 @@ async def tags(request: Request) -> Response:
 @endpoint(ollama_error)
 async def show(request: Request) -> Response:
     st = state_of(request)
-    name = validate(ol.ShowBody, await read_json(request)).requested()
+    name = (await read_body(request, ol.ShowBody)).requested()
     entry = st.registry.lookup(ol.model_name(name) or name)  # lookups never fall back
     if entry is None:
         raise BadRequest(f"model '{name}' not found", "model", status=404, code="model_not_found")
@@ -129,7 +137,7 @@ async def ps(request: Request) -> Response:
         if entry.model is None and entry.state != "failed" and entry.group is None:
             continue  # configured but not resident
         info = _info(entry)
-        row = ol.ps_entry(info, _mtime_ns(info, st.started_at), now)
+        row = ol.ps_entry(info, _mtime_ns(info, st.started_at), now, entry.expires_in(time.monotonic()))
         row["state"] = entry.state  # this server's: loaded, stalled, failed (then not in memory), down
         if entry.group is not None:
             row["replicas"] = entry.group.describe()

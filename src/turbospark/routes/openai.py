@@ -11,14 +11,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..dialects import openai_chat as chat
-from ..dialects.common import BadRequest, validate
-from ..dialects.errors import openai_error
+from ..dialects.common import BadRequest
+from ..dialects.errors import openai_error, shape_for_path
 from ..dialects.render import Renderer
 from ..dialects.translate import Translation
 from .common import (
     JSONResponse,
     endpoint,
-    read_json,
+    error_response,
+    read_body,
     respond,
     route_and_prepare,
     state_of,
@@ -35,7 +36,7 @@ async def openai_generation(
     """What the two OpenAI generation routes (chat, legacy completions) share:
     the body validated against ``schema``, translated, routed and prepared,
     then answered through ``renderer_class``."""
-    body = validate(schema, await read_json(request))
+    body = await read_body(request, schema)
     tr = translate(body)
     assert tr.request is not None
     model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
@@ -113,7 +114,9 @@ async def get_model(request: Request) -> Response:
     name = request.path_params["model_id"]
     entry = st.registry.lookup(name)
     if entry is None or entry.id != name and name not in entry.aliases:
-        raise BadRequest(f"model {name!r} not found", "model", status=404, code="model_not_found")
+        missing = BadRequest(f"model {name!r} not found", "model", status=404, code="model_not_found")
+        # in the shape of the client asking (the path is OpenAI's and Anthropic's)
+        return error_response(shape_for_path(request.url.path, from_anthropic_client(request)), missing, request)
     if from_anthropic_client(request):
         return JSONResponse(anthropic_card(entry, int(st.started_at)))
     return JSONResponse(model_card(entry, int(st.started_at)))
@@ -123,5 +126,6 @@ routes = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/models", list_models, methods=["GET"]),  # (llama-server answers it too)
     Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
 ]

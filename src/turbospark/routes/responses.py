@@ -7,12 +7,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..dialects import openai_responses as rs
-from ..dialects.common import validate
 from ..dialects.errors import openai_error
 from ..engine.interface import ChatModel
 from ..engine.types import AdmissionError
 from ..generation import ChatRequest, Prepared, prepare
-from .common import endpoint, read_json, respond, route_and_prepare, warning_headers
+from .common import endpoint, read_body, respond, route_and_prepare, warning_headers
 
 #: Engine parameter names in admission errors -> this dialect's names.
 _PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
@@ -30,7 +29,7 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
 
 @endpoint(openai_error)
 async def create_response(request: Request) -> Response:
-    body = validate(rs.ResponsesRequest, await read_json(request))
+    body = await read_body(request, rs.ResponsesRequest)
     tr = rs.to_chat_request(body)
     assert tr.request is not None
     model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream, _prepare)

@@ -22,6 +22,7 @@ server down:
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -60,15 +61,22 @@ class JsonlSink:
         self._stop = False
         self._missed = 0  # lost since the last gap marker
         self._failing = False
-        self._torn = False  # a partial line may end the file
         self._fd = self._open()
         self._size = os.fstat(self._fd).st_size
+        # a partial line may end the file (a process killed mid-write, a full
+        # disk): the first line written starts on a line of its own
+        self._torn = not _ends_a_line(self.path, self._size)
         self._flush_every = flush_every
         self._thread = threading.Thread(target=self._run, name="turbospark-jsonl", daemon=True)
         self._thread.start()
 
     def _open(self) -> int:
-        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # (readable by its owner only: paths, model names and errors quoting
+        # requests; a file an older version made 0644 too)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        with contextlib.suppress(OSError):  # (not ours to change: it stays as it is)
+            os.fchmod(fd, 0o600)
+        return fd
 
     # -- the observer --------------------------------------------------------
     def record(self, event: ServerEvent) -> None:
@@ -173,3 +181,15 @@ class JsonlSink:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _ends_a_line(path: str, size: int) -> bool:
+    """The file is empty or its last byte ends a line."""
+    if not size:
+        return True
+    try:
+        with open(path, "rb") as f:
+            f.seek(size - 1)
+            return f.read(1) == b"\n"
+    except OSError:
+        return True

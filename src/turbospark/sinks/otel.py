@@ -43,6 +43,8 @@ from ..usage import Usage
 from .paths import RouteTemplates, default_templates
 
 log = logging.getLogger("turbospark.sinks")
+#: the longest a shutdown waits for the collector to take the last spans
+CLOSE_SECONDS = 3.0
 
 #: ``gen_ai.provider.name`` / ``gen_ai.system``
 PROVIDER = "turbospark"
@@ -160,12 +162,19 @@ class OtelSink:
         flush = getattr(self.provider, "force_flush", None)
         return bool(flush(int(timeout * 1000))) if flush is not None else True
 
-    def close(self) -> None:
-        """End what is still open, stop the worker, shut an owned provider."""
+    def close(self, timeout: float = CLOSE_SECONDS) -> None:
+        """End what is still open, stop the worker, shut an owned provider:
+        its last spans are exported for at most ``timeout`` seconds (a
+        collector that takes the connection and never answers would hold the
+        exit ten seconds a batch), then given up, and the loss logged."""
         self._queue.put((_STOP, None))
         self._thread.join(10)
         if self._owned:
-            self.provider.shutdown()
+            closing = threading.Thread(target=self.provider.shutdown, name="turbospark-otel-close", daemon=True)
+            closing.start()
+            closing.join(timeout)
+            if closing.is_alive():
+                log.warning("the OpenTelemetry collector did not take the last spans in %.0f s; they are lost", timeout)
 
     # -- the worker --------------------------------------------------------------
     def _run(self) -> None:
@@ -230,7 +239,10 @@ class OtelSink:
             name, context=parent, kind=self._kind, start_time=req.start_ns, attributes=_attributes(req, op)
         )
         if req.status is not None and (req.status >= 500 or req.error):
-            span.set_attribute("error.type", str(req.status))
+            # the status when it says the error; a response whose headers
+            # said 200 says nothing: the error's class (semantic conventions)
+            kind = "client_disconnected" if req.error == "client disconnected" else "stream_failed"
+            span.set_attribute("error.type", str(req.status) if req.status >= 400 else kind)
             span.set_status(self._status(self._code.ERROR, req.error or f"HTTP {req.status}"))
         if incomplete:
             span.set_attribute("turbospark.incomplete", True)
@@ -265,9 +277,10 @@ def _attributes(req: _Request, op: str | None) -> dict[str, Any]:
                 "gen_ai.usage.cache_read.input_tokens": u.reused_tokens,
                 "gen_ai.response.finish_reasons": list(req.stop_reasons),
                 "turbospark.generations": u.generations,
-                "turbospark.queue_seconds": u.queue_seconds,
-                "turbospark.prefill_seconds": u.prefill_seconds,
-                "turbospark.decode_seconds": u.decode_seconds,
+                # (the request's own: its longest choice's when it had several)
+                "turbospark.queue_seconds": u.request_seconds[0],
+                "turbospark.prefill_seconds": u.request_seconds[1],
+                "turbospark.decode_seconds": u.request_seconds[2],
                 "turbospark.session_slot_evicted": bool(u.evictions),
             }
         )

@@ -144,8 +144,8 @@ class PrometheusSink:
         )
         self.replica_down = Counter(
             "turbospark_replica_down",
-            "Times a replica (model id@replica) was taken out of routing: a failed health check or a request "
-            "it failed before its first token.",
+            "Times a replica (model id@replica) was taken out of routing (a failed health check or a request "
+            "it failed before its first token), or a remote model outside any group got no answer to a request.",
             ["model"],
             registry=r,
         )
@@ -242,7 +242,7 @@ class PrometheusSink:
         elif isinstance(event, RequestFinished):
             self._finished(event)
         elif isinstance(event, ModelHealth):
-            if event.state == "down":  # a replica taken out of routing
+            if event.state == "down":  # a replica taken out of routing, a lone remote model unanswering
                 self.replica_down.labels(event.model).inc()
         elif isinstance(event, (ModelAttached, ModelDetached)):
             with self._lock:
@@ -281,10 +281,10 @@ class PrometheusSink:
             o = self._open.pop(f.id, None)
         path, method = (o.path, o.method) if o is not None else (UNMATCHED, "other")
         self.requests.labels(path, method, str(f.status)).inc()
-        if f.status >= 400:
-            self.request_errors.labels(path, method, "status").inc()
-        elif f.error == "client disconnected":
+        if f.error == "client disconnected":  # its 499 too: the client's leaving, whenever it left
             self.request_errors.labels(path, method, "disconnected").inc()
+        elif f.status >= 400:
+            self.request_errors.labels(path, method, "status").inc()
         elif f.error:
             self.request_errors.labels(path, method, "stream").inc()
         if o is not None and o.generations and o.model is not None:

@@ -26,6 +26,13 @@ from .wire import context_overflow, error_message
 ERROR_BODY_LIMIT = 64 * 1024
 
 
+#: configured header values at least this long, in headers named as
+#: credentials, are kept out of relayed errors (shorter ones are not secrets)
+MIN_SECRET = 8
+SECRET_HEADER_WORDS = ("key", "token", "auth", "secret", "cookie", "session", "signature", "password")
+#: a secret's start this long at the end of a body read in part is cut too
+MIN_PARTIAL = 4
+
 #: the code of :class:`UpstreamError` for a stream that closed without its
 #: ``[DONE]`` (whole if a ``finish_reason`` came before it)
 CUT = "upstream_stream_cut"
@@ -123,10 +130,43 @@ class Endpoint:
 
     def request_headers(self) -> dict[str, str]:
         h = dict(self.headers)
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        key = self._key()
         if key:
             h["Authorization"] = f"Bearer {key}"
         return h
+
+    def _key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def _secrets(self) -> list[str]:
+        """The key, and configured header values that look like credentials
+        (by the header's name), longest first."""
+        found = [self._key() or ""]
+        found += [v for k, v in self.headers.items() if any(w in k.lower() for w in SECRET_HEADER_WORDS)]
+        return sorted({s for s in found if len(s) >= MIN_SECRET}, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        """``text`` (an upstream's error, relayed to clients, events, views
+        and logs) without the credentials this server sent it: an upstream
+        or a gateway may echo the request's headers back."""
+        for secret in self._secrets():
+            text = text.replace(secret, "[redacted]")
+        return text
+
+    def redact_body(self, raw: bytes) -> bytes:
+        """An error body redacted before any of it is cut to a message (a
+        secret cut in two would no longer be found), including a secret's
+        start at the end of a body read only in part."""
+        secrets = self._secrets()
+        if not secrets:
+            return raw
+        text = self.redact(raw.decode("utf-8", "replace"))
+        for secret in secrets:
+            for k in range(len(secret) - 1, MIN_PARTIAL - 1, -1):
+                if text.endswith(secret[:k]):
+                    text = text[:-k] + "[redacted]"
+                    break
+        return text.encode()
 
 
 #: how long an idle pooled connection is kept: under the 5 s after which
@@ -164,6 +204,9 @@ class Connection:
         self._lock = threading.Lock()
         self._async: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         self._sync: httpx.Client | None = None
+        #: why the last request got no answer at all (None once one is answered):
+        #: what the views show of a remote model with no health checks
+        self.unreachable: str | None = None
 
     def _timeout(self) -> httpx.Timeout:
         e = self.endpoint
@@ -235,13 +278,15 @@ class Connection:
     async def stream_json(self, path: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """POST ``body`` and yield each SSE ``data`` object. Raises
         :class:`UpstreamError` for an error answer (before anything was
-        yielded) or an error event in the stream."""
+        yielded) or an error event in the stream; what it quotes of the
+        upstream's answer is redacted (``Endpoint.redact_body``)."""
         e = self.endpoint
         client = self.client()
         opened = _Opened()
         request = client.build_request(
             "POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e), extensions={"trace": opened.hook}
         )
+        answered = False
         try:
             try:
                 resp = await client.send(request, stream=True)
@@ -250,24 +295,24 @@ class Connection:
                     raise
                 # a kept connection the upstream closed as it was reused (its idle timeout): once more
                 resp = await client.send(request, stream=True)
+            answered, self.unreachable = True, None
             async with aclosing(resp):
                 if resp.status_code >= 400:
-                    raw = await _read_limited(resp)
+                    raw = e.redact_body(await _read_limited(resp))
                     raise answer_error(resp.status_code, raw, resp.headers)
                 kind = resp.headers.get("content-type", "")
                 if resp.status_code != 200 or "text/event-stream" not in kind:
-                    raise UpstreamError(
-                        502,
-                        f"upstream {e.base_url} answered {resp.status_code} {kind or 'without a content type'} "
-                        "to a streamed request, not an event stream",
-                        retryable=True,
-                    )
+                    raw = e.redact_body(await _read_limited(resp)) if "json" in kind else b""
+                    raise _not_a_stream(e, resp.status_code, kind, raw)
                 event = ""
+                finished = False  # a choice said how it ended
                 lines = resp.aiter_lines()
                 async for line in lines:
                     if line.startswith("event:"):
                         event = line[6:].strip()
                         continue
+                    if line.startswith("error:"):  # llama-server before 2025-09: the error as its own field
+                        event, line = "error", "data:" + line[6:]
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -281,29 +326,45 @@ class Connection:
                     if not isinstance(obj, dict):
                         continue
                     if event == "error" or ("error" in obj and "choices" not in obj):
-                        message, code = error_message(500, data.encode())
-                        raise UpstreamError(502, f"the upstream failed mid-stream: {message}", code, answered=True)
+                        raise stream_error(e.redact_body(data.encode()), resp.headers)
                     event = ""
                     yield obj
+                    choices = obj.get("choices")
+                    finished = finished or any(isinstance(c, dict) and c.get("finish_reason") for c in choices or ())
+                    if finished and not choices and isinstance(obj.get("usage"), dict):
+                        # the usage chunk comes last: the answer is whole, even
+                        # if the upstream holds the stream open without [DONE]
+                        await _finish(lines)
+                        return
                 # closed with no [DONE]: a proxy's cut, a crash between chunks
                 raise UpstreamError(
                     502, f"the upstream's stream ({e.base_url}) closed before its end", CUT, retryable=True
                 )
         except httpx.TimeoutException as exc:
+            self._no_answer(answered, exc)
             raise UpstreamError(
                 504, f"upstream {e.base_url} timed out ({type(exc).__name__})", retryable=True
             ) from None
         except httpx.HTTPError as exc:
+            self._no_answer(answered, exc)
             raise UpstreamError(502, f"upstream {e.base_url} unreachable ({_why(exc)})", retryable=True) from None
 
+    def _no_answer(self, answered: bool, exc: BaseException) -> None:
+        if not answered:
+            self.unreachable = (
+                f"{'timed out' if isinstance(exc, httpx.TimeoutException) else 'unreachable'} ({_why(exc)})"
+            )
+
     def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A blocking POST (worker threads: embeddings, token counts)."""
+        """A blocking POST (worker threads: embeddings, token counts); an
+        error answer's text redacted as a stream's is."""
         e = self.endpoint
         client = self.blocking()
         opened = _Opened()
         request = client.build_request(
             "POST", e.url(path), content=orjson.dumps(body), headers=_json_headers(e), extensions={"trace": opened}
         )
+        answered = False
         try:
             try:
                 resp = client.send(request, stream=True)
@@ -312,18 +373,21 @@ class Connection:
                     raise
                 # a kept connection the upstream closed as it was reused (its idle timeout): once more
                 resp = client.send(request, stream=True)
+            answered, self.unreachable = True, None
             try:  # (read outside the retry: an answer cut while read is not sent again)
                 resp.read()
             finally:
                 resp.close()
         except httpx.TimeoutException as exc:
+            self._no_answer(answered, exc)
             raise UpstreamError(
                 504, f"upstream {e.base_url} timed out ({type(exc).__name__})", retryable=True
             ) from None
         except httpx.HTTPError as exc:
+            self._no_answer(answered, exc)
             raise UpstreamError(502, f"upstream {e.base_url} unreachable ({_why(exc)})", retryable=True) from None
         if resp.status_code >= 400:
-            raise answer_error(resp.status_code, resp.content[:ERROR_BODY_LIMIT], resp.headers)
+            raise answer_error(resp.status_code, e.redact_body(resp.content[:ERROR_BODY_LIMIT]), resp.headers)
         try:
             data = orjson.loads(resp.content)
         except orjson.JSONDecodeError:
@@ -359,6 +423,52 @@ def answer_error(status: int, raw: bytes, headers: httpx.Headers) -> UpstreamErr
         retryable=status == 429 or status >= 500,
         answered=True,
     )
+
+
+def stream_error(raw: bytes, headers: httpx.Headers) -> UpstreamError:
+    """An error event inside a stream (vLLM, SGLang, llama-server send one
+    for a failure after the answer began, and SGLang for a refusal before
+    it): the HTTP status it names, as an answer with that status would be
+    (a context overflow worded as ours); 502 when it names none. Once output
+    went out, the run's failure is the upstream's whatever it says
+    (``RemoteModel._failed``)."""
+    status = _named_status(raw)
+    if status is not None:
+        exc = answer_error(status, raw, headers)
+        if exc.status >= 500:
+            exc.message = f"the upstream failed mid-stream: {exc.message}"
+            exc.args = (exc.message,)
+        return exc
+    message, code = error_message(500, raw)
+    return UpstreamError(502, f"the upstream failed mid-stream: {message}", code, answered=True)
+
+
+def _named_status(raw: bytes) -> int | None:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    err = data.get("error", data) if isinstance(data, dict) else None
+    if not isinstance(err, dict):
+        return None
+    for value in (err.get("code"), err.get("status"), data.get("code")):
+        if isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599:
+            return value
+    return None
+
+
+def _not_a_stream(e: Endpoint, status: int, kind: str, raw: bytes) -> UpstreamError:
+    """A 2xx that is not an event stream: an error in a JSON body (a gateway
+    in front of the engine may answer so) is relayed with its message."""
+    what = f"upstream {e.base_url} answered {status} {kind or 'without a content type'} to a streamed request"
+    try:
+        data = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict) and "error" in data and "choices" not in data:
+        message, code = error_message(status, raw)
+        return UpstreamError(502, f"{what}, an error: {message}", code, retryable=True)
+    return UpstreamError(502, f"{what}, not an event stream", retryable=True)
 
 
 async def _read_limited(resp: httpx.Response) -> bytes:

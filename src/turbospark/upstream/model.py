@@ -100,6 +100,11 @@ class RemoteModel:
         self.in_flight = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
+    @property
+    def unreachable(self) -> str | None:
+        """Why its last request got no answer (None once one was answered)."""
+        return self.connection.unreachable
+
     # -- what clients are told -------------------------------------------------
     @property
     def tokenizer(self) -> Any:

@@ -155,6 +155,9 @@ class Reading:
     text: list[str] = field(default_factory=list)
     #: the answer's log-probabilities, when they were asked for
     logprobs: list[TokenProb] = field(default_factory=list)
+    #: tool calls by id, and the last one a piece went to (pieces without an index)
+    _call_ids: dict[str, int] = field(default_factory=dict)
+    _last_call: int = 0
 
     def chunk(self, data: dict[str, Any]) -> list[Progress]:
         """One streamed chunk (chat or completion) as progress items."""
@@ -181,13 +184,39 @@ class Reading:
             if isinstance(content, str) and content:
                 out.append(Progress(content, 1, self._probs(chat_probs(choice.get("logprobs")))))
             for call in delta.get("tool_calls") or ():
-                fn = call.get("function") or {}
-                piece = CallPiece(int(call.get("index", 0)), call.get("id"), fn.get("name"), fn.get("arguments") or "")
+                if not isinstance(call, dict):
+                    continue
+                fn = call.get("function")
+                fn = fn if isinstance(fn, dict) else {}
+                name, args, call_id = fn.get("name"), fn.get("arguments"), call.get("id")
+                index = self._call_index(call.get("index"), call_id if isinstance(call_id, str) else None)
+                piece = CallPiece(
+                    index,
+                    call_id if isinstance(call_id, str) else None,
+                    name if isinstance(name, str) else None,
+                    args if isinstance(args, str) else orjson.dumps(args).decode() if isinstance(args, dict) else "",
+                )
                 out.append(Progress("", 1, call=piece))
         for p in out:
             if p.text:
                 self.text.append(p.text)
         return out
+
+    def _call_index(self, index: Any, call_id: str | None) -> int:
+        """A call piece's index. Without one (some servers leave it out, or
+        send null), a new id is a new call and a piece with no id continues
+        the last call."""
+        at: int
+        if isinstance(index, int) and not isinstance(index, bool):
+            at = index
+            if call_id:
+                self._call_ids[call_id] = at
+        elif call_id:
+            at = self._call_ids.setdefault(call_id, max(self._call_ids.values(), default=-1) + 1)
+        else:
+            at = self._last_call
+        self._last_call = at
+        return at
 
     def _probs(self, probs: list[TokenProb]) -> list[TokenProb] | tuple[()]:
         if not probs:
@@ -249,7 +278,7 @@ def error_message(status: int, raw: bytes) -> tuple[str, str | None]:
 
 
 UPSTREAM_CONTEXT = "the upstream's context"
-#: vLLM's refusals of a request over its context, with their numbers:
+#: vLLM's and SGLang's refusals of a request over its context, with their numbers:
 #: (the pattern, which groups hold the limit, the prompt and the reply's budget)
 _VLLM_OVERFLOW = [
     # "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum
@@ -276,6 +305,21 @@ _VLLM_OVERFLOW = [
     ),  # fmt: skip
     # "... maximum context length is 4096 tokens. However, your request has 5000 input tokens"
     (re.compile(r"maximum context length is (\d+) tokens\. However, your request has (\d+) input tokens"), 1, 2, 0),
+    # vLLM (newer) and SGLang: "Requested token count exceeds the model's maximum context length
+    # of 4096 tokens. You requested a total of 5000 tokens: 3000 tokens from the input messages
+    # and 2000 tokens for the completion." (the counts may be written as floats)
+    (
+        re.compile(
+            r"maximum context length of (\d+) tokens\. You requested a total of [\d.]+ tokens: (\d+)(?:\.\d+)? "
+            r"tokens from the input messages and (\d+)(?:\.\d+)? tokens for the completion"
+        ),
+        1,
+        2,
+        3,
+    ),  # fmt: skip
+    # SGLang's, sent inside the stream: "The input (5000 tokens) is longer than the model's
+    # context length (4096 tokens)."
+    (re.compile(r"The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)"), 2, 1, 0),
 ]
 
 
@@ -283,7 +327,7 @@ def context_overflow(message: str, raw: bytes) -> ContextOverflow | None:
     """An upstream's refusal of a prompt over its context, with its numbers,
     as this server words its own (``ContextOverflow``: what Claude Code
     reads to compact, the code Codex acts on): llama-server's
-    ``exceed_context_size_error`` and vLLM's messages. None for any other
+    ``exceed_context_size_error`` and vLLM's and SGLang's messages. None for any other
     error, or one without the numbers."""
     try:
         data = orjson.loads(raw) if raw else None
