@@ -63,8 +63,31 @@ class ScriptedModel:
         return SimpleNamespace(source=self.chat_template)
 
     @property
-    def tokenizer(self) -> ScriptedModel:
-        return self
+    def template_source(self) -> str:
+        return self.chat_template
+
+    @property
+    def fim_tokens(self) -> dict[str, int]:
+        return {}  # no fill-in-the-middle
+
+    @property
+    def marked_tokens(self) -> dict[str, int]:
+        return {}
+
+    @property
+    def leading_bos(self) -> tuple[int, ...]:
+        return ()
+
+    failure: str | None = None
+
+    def stalled_for(self) -> float:
+        return 0.0
+
+    def compile_grammar(self, grammar: str, trigger: str | None = None) -> None:
+        """Scripts are played as written: nothing to compile."""
+
+    def close(self) -> None:
+        pass
 
     @property
     def vocab_size(self) -> int:
@@ -94,6 +117,9 @@ class ScriptedModel:
 
     def detokenize(self, tokens: list[int]) -> str:
         return " ".join(str(t) for t in tokens)
+
+    def chat_text(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+        return " ".join(f"<{m['role']}> {m.get('content') or ''}" for m in messages) + " <assistant>"
 
     def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> list[int]:
         self.calls.append({"messages": messages, "tools": tools, **kw})
@@ -128,6 +154,12 @@ class ScriptedModel:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return Run(channel)
+
+    def generate_many(
+        self, prompt_ids: list[int], configs: list[GenerationConfig], images: Any, cancel: CancelFlag
+    ) -> list[Run]:
+        """No shared prefill: one script played per choice."""
+        return [self.generate(prompt_ids, config, images, cancel) for config in configs]
 
     async def _play(
         self, prompt_ids: list[int], config: GenerationConfig, cancel: CancelFlag, put: Callable[[Any], None]

@@ -80,7 +80,7 @@ def test_queued_request_whose_client_left_never_runs(single):
     base_url = srv.url
     client, cm, r = start_stream(base_url, max_tokens=400)
     a_id = int(r.headers["x-request-id"])
-    srv.registry.lookup("single").model.scheduler.inject(pause=8.0)
+    srv.registry.lookup("single").model.engine.scheduler.inject(pause=8.0)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             base_url + "/v1/chat/completions",

@@ -17,7 +17,7 @@ def kinds(events):
 
 
 def served_model(server):
-    return server.registry.lookup("smollm2-135m").model
+    return server.registry.lookup("smollm2-135m").model.engine
 
 
 def test_sdk_non_stream_raw_prompt_usage_and_events(server, oai, hub):

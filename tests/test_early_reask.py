@@ -112,10 +112,12 @@ def test_a_speculative_read_that_is_no_call_is_text_from_then_on(short_hold: flo
 def test_the_router_holds_a_misnamed_call_only_for_a_re_ask():
     from tests.fakes import ScriptedModel
     from turbospark.answer import Router
-    from turbospark.generation import ChatRequest, prepare
+    from turbospark.generation import prepare
+    from turbospark.local import LocalBackend
+    from turbospark.request import ChatRequest
 
     req = ChatRequest(messages=[{"role": "user", "content": "x"}], tools=[BASH])
-    prepared = prepare(ScriptedModel(), req)
+    prepared = prepare(LocalBackend(ScriptedModel()), req)
     head = '{"name": "UpdateConfig", "arguments": {'
     held = Router(prepared, live=True, reask=True)
     assert held.feed(head) == [] and held.misnamed is not None and "UpdateConfig" in held.misnamed

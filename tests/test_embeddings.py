@@ -24,6 +24,7 @@ from turbospark.dialects.common import BadRequest
 from turbospark.engine.embedding import POOLING_MEAN, Embedder, choose_pooling, pooling_of
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.types import AdmissionError, Embeddings, EngineError
+from turbospark.local import LocalBackend
 
 from .fakes import ScriptedModel
 from .support import assert_ollama_error, assert_openai_error, post_body
@@ -45,7 +46,7 @@ def cos(a: Any, b: Any) -> float:
 
 @pytest.fixture(scope="module")
 def real_model(server):
-    return server.registry.models()[0]
+    return server.registry.models()[0].engine
 
 
 def real_tokens(model: Any, text: str) -> int:
@@ -337,7 +338,7 @@ def test_ollama_empty_input_loads_and_returns_nothing(base_url, hub):
 def test_ollama_embed_truncates_long_input_by_default(server, small):
     # served by the model with a 64-token embedding context, attached for
     # this test: cutting at the default model's 2048 tokens costs 17 s here
-    server.registry.attach(small)
+    server.registry.attach(LocalBackend(small))
     try:
         base_url = server.url
         long = "word " * 300

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from turbospark import ListObserver, Server
-from turbospark.generation import ChatRequest, render
+from turbospark.prompt import render
+from turbospark.request import ChatRequest
 from turbospark.sinks.prometheus import PrometheusSink
 from turbospark.tools.prompting import inline_tools, template_knows_tools
 
@@ -167,7 +168,7 @@ def test_a_served_tools_request_is_rendered_by_the_templates_own_tool_section(qw
     the offered tools itself (its <tools> section), not the Hermes inline
     fallback used for templates that ignore tools."""
     srv, events = qwen_server
-    model = srv.registry.models()[0]
+    model = srv.registry.models()[0].engine
     assert template_knows_tools(model.template.source)
     tools = [
         {
@@ -219,7 +220,7 @@ def test_after_a_reask_every_rate_is_summed_tokens_over_summed_times():
     from turbospark.dialects.ollama import stats
     from turbospark.dialects.openai_chat import timings
     from turbospark.engine.types import RawDecodeResult, StopReason
-    from turbospark.generation import Final
+    from turbospark.request import Final
 
     first = RawDecodeResult(
         prompt_tokens=100,

@@ -184,7 +184,7 @@ def test_the_router_reads_an_opening_call_only_when_the_engine_says_its_grammar_
     stays with the hold and the parsers, as an unheld call."""
     from turbospark.answer import Delta, Router, ToolArgumentsDelta, ToolCallBegin
     from turbospark.engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED
-    from turbospark.generation import Prepared
+    from turbospark.request import Prepared
     from turbospark.tools.grammar import opening_call_grammar
 
     _, trigger = opening_call_grammar([BASH])

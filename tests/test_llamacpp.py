@@ -265,13 +265,15 @@ def test_infill_layout_and_cut_as_llama_servers_and_always_within_the_context():
     newest context within the context less a batch and twice the answer.
     What that still leaves over the context goes (a warm-up reserves
     nothing; a long cursor line is never cut by it), oldest first."""
-    from turbospark.generation import FillIn, fim_ids
+    from turbospark.prompt import fim_ids
+    from turbospark.request import FillIn
 
     marks = {"pre": 1 << 20, "suf": (1 << 20) + 1, "mid": (1 << 20) + 2, "rep": (1 << 20) + 3, "sep": (1 << 20) + 4}
 
     class Vocab:
         model_id, max_context = "m", 4096
         fim_tokens = marks
+        leading_bos = ()
 
         longest = 0
 

@@ -322,7 +322,7 @@ THINKING_TEMPLATE = (
 
 
 def test_which_templates_think():
-    from turbospark.generation import template_thinks
+    from turbospark.tools.prompting import template_thinks
 
     assert template_thinks(THINKING_TEMPLATE) and template_thinks("{{ '<thought>' }}")  # EXAONE-Deep's tag
     assert template_thinks("{% if reasoning_effort %}{% endif %}")  # gpt-oss's switch

@@ -15,6 +15,7 @@ import pytest
 from turbospark import ListObserver, Server
 from turbospark.catalog import resolve_model
 from turbospark.engine.model import ModelOptions
+from turbospark.local import LocalBackend
 from turbospark.registry import ModelSpec, Registry, RegistryError, RoutingError
 
 from .fakes import ScriptedModel
@@ -133,9 +134,9 @@ def test_no_capable_model_is_503():
 
 def test_duplicate_names_are_refused_naming_both():
     reg = Registry()
-    reg.attach(ScriptedModel(model_id="one", aliases=("shared",)))
+    reg.attach(LocalBackend(ScriptedModel(model_id="one", aliases=("shared",))))
     with pytest.raises(RegistryError) as exc:
-        reg.attach(ScriptedModel(model_id="two", aliases=("shared",)))
+        reg.attach(LocalBackend(ScriptedModel(model_id="two", aliases=("shared",))))
     assert "'shared'" in str(exc.value) and "'two'" in str(exc.value) and "'one'" in str(exc.value)
     with pytest.raises(RegistryError):
         reg.configure(ModelSpec(id="one"))
@@ -146,12 +147,12 @@ def test_resolution_rules_unit():
     with pytest.raises(RoutingError) as exc:
         reg.resolve("x")
     assert exc.value.status == 503
-    reg.attach(ScriptedModel(model_id="solo"))
+    reg.attach(LocalBackend(ScriptedModel(model_id="solo")))
     r = reg.resolve("claude-sonnet-4-5")
     assert (r.requested, r.served, r.fell_back) == ("claude-sonnet-4-5", "solo", True)
     assert reg.resolve(None).served == "solo"
     assert reg.resolve("solo:latest").served == "solo"
-    reg.attach(ScriptedModel(model_id="duo"))
+    reg.attach(LocalBackend(ScriptedModel(model_id="duo")))
     with pytest.raises(RoutingError) as exc:
         reg.resolve(None)
     assert exc.value.status == 400
@@ -210,7 +211,7 @@ def test_attach_and_detach_while_requests_stream():
         assert dup.status_code == 409
 
         # detach beta while it is mid-stream: that request completes
-        beta = srv.registry.lookup("beta").model
+        beta = srv.registry.lookup("beta").model.engine
         b_out: dict = {}
         tb = stream_in_thread(srv.url, "beta", b_out, max_tokens=200)
         d = httpx.delete(srv.url + "/v1/admin/models/beta", timeout=10)
@@ -403,7 +404,7 @@ def test_admin_attach_inherits_the_server_defaults_and_respects_max_resident():
         gamma = srv.registry.lookup("gamma")
         assert srv.registry.lookup("alpha").model is None  # evicted to make room
         assert gamma.spec.keep_alive == 300.0
-        sch = gamma.model.scheduler
+        sch = gamma.model.engine.scheduler
         assert (sch.max_queue, sch.speculative, gamma.model.ctx.threads) == (3, False, 1)
         # what the request sets wins over the defaults
         assert httpx.delete(srv.url + "/v1/admin/models/gamma", timeout=10).status_code == 200
@@ -411,7 +412,7 @@ def test_admin_attach_inherits_the_server_defaults_and_respects_max_resident():
             srv.url + "/v1/admin/models", timeout=60, json={"model": "smollm2-135m", "id": "delta", "threads": 2}
         )
         assert r.status_code == 201, r.text
-        assert srv.registry.lookup("delta").model.ctx.threads == 2
+        assert srv.registry.lookup("delta").model.engine.ctx.threads == 2
         # every resident model busy: the attach is refused, nothing is loaded
         out: dict = {}
         t = stream_in_thread(srv.url, "delta", out, max_tokens=600)  # busy throughout the attach

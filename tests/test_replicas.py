@@ -192,7 +192,7 @@ def test_routing_key_sees_past_a_long_system_prompt() -> None:
 
 
 def test_reasoning_efforts_become_what_upstreams_take() -> None:
-    from turbospark.generation import ChatRequest
+    from turbospark.request import ChatRequest
 
     def body(effort: str | None) -> dict[str, Any]:
         return wire.request_body(ChatRequest(messages=[{"role": "user", "content": "x"}], reasoning=effort), None)

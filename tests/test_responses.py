@@ -13,7 +13,8 @@ import pytest
 from turbospark import ListObserver, Server
 from turbospark.dialects import openai_responses as rs
 from turbospark.engine.types import StopReason
-from turbospark.generation import ChatRequest, render
+from turbospark.prompt import render
+from turbospark.request import ChatRequest
 
 from .fakes import Script, ScriptedModel
 from .support import MALFORMED_BODIES, assert_openai_error, post_body, sse_frames
@@ -39,7 +40,7 @@ def kinds(events) -> list[str]:
 
 
 def the_model(server) -> Any:
-    return server.registry.models()[0]
+    return server.registry.models()[0].engine
 
 
 def post_stream(url: str, body: dict[str, Any]) -> tuple[httpx.Response, list[tuple[str, dict[str, Any]]]]:

@@ -453,7 +453,7 @@ def test_qwen_template_tokenizer_and_output(qwen):
 
 def test_the_engines_tool_calls_ending_stands_only_with_a_valid_call():
     from turbospark.engine.types import RawDecodeResult, StopReason
-    from turbospark.generation import Final
+    from turbospark.request import Final
     from turbospark.tools.calls import ToolCall
 
     raw = RawDecodeResult(

@@ -24,20 +24,17 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import orjson
 
 from .engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED, Progress, TokenProb
+from .request import Prepared
 from .tools import calls as toolcalls
 from .tools import grammar as grammars
 from .tools.guardrails import answered_arguments, canonical_arguments
 from .tools.reasoning import ReasoningSplitter
 from .tools.rescue import may_become_call
 from .tools.streaming import CallReader, Compact, Opened, Piece, XmlCallReader, head_name, past_keys
-
-if TYPE_CHECKING:
-    from .generation import Prepared
 
 #: the longest an answer that begins as a JSON object is held back while it
 #: may still be rescued as a call (a silent stream trips clients' watchdogs)

@@ -226,7 +226,7 @@ def _serve(args: argparse.Namespace) -> int:
     def loaded(model: Any) -> None:
         info = model.info()
         took = time.perf_counter() - started[0]
-        if not model.supports_chat:
+        if not model.capabilities.chat:
             print(
                 f"  model {model.model_id}: {info['description']}, embeddings only, "
                 f"threads {info['threads']}, loaded in {took:.1f}s",

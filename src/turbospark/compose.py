@@ -130,7 +130,8 @@ def _close_models(registry: Registry, owned: set[int]) -> None:
     demand) and those in ``owned`` (ids); a model object a caller passed in
     stays open."""
     for entry in registry.entries():
-        remote = getattr(entry.model, "takes_messages", False)  # attached remotes hold connections
+        # (attached remotes hold connections: always closed)
+        remote = entry.model is not None and not entry.model.capabilities.resident
         if entry.model is not None and (entry.spec is not None or id(entry.model) in owned or remote):
             try:
                 entry.model.close()

@@ -12,12 +12,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .backend import Backend
 from .catalog import CATALOG, GGUF_MAGIC, cache_dir, resolve_model
 from .engine.model import LlamaChatModel, ModelOptions, derive_id
+from .local import LocalBackend
 from .registry import MAX_FAILURES, Entry, ModelSpec, Registry
 from .replicas import Replica
 from .upstream.model import RemoteModel, RemoteOptions
 
+#: a packaged name or GGUF path, options, or a model object the caller owns
 ModelArg = str | ModelOptions | Any
 
 
@@ -130,9 +133,9 @@ async def probe_replica(replica: Replica) -> str | None:
     """A replica's health: a remote answers its health path, a local model's
     engine neither failed nor stalled (the registry's watchdog decides those)."""
     entry: Entry = replica.entry
-    model = entry.model
-    if isinstance(model, RemoteModel):
-        return await model.connection.healthy()
+    model: Backend | None = entry.model
+    if model is not None and not model.capabilities.resident:
+        return await model.probe()
     if entry.failure is not None and model is None:
         # a failed engine is reloaded by the next request routed to it, once
         # its backoff is over: until then (or after too many failures) down
@@ -256,9 +259,9 @@ def attach_group(
     return made
 
 
-def load_spec(spec: ModelSpec, progress: Callable[[float], None] | None = None) -> LlamaChatModel:
-    """The registry's loader: build the llama.cpp model a spec describes."""
-    return LlamaChatModel(spec.options, progress)
+def load_spec(spec: ModelSpec, progress: Callable[[float], None] | None = None) -> Backend:
+    """The registry's loader: the llama.cpp model a spec describes, as a backend."""
+    return LocalBackend(LlamaChatModel(spec.options, progress))
 
 
 def populate(
@@ -289,7 +292,7 @@ def populate(
     def room() -> int | None:  # places left under the cap for local models
         if not registry.max_resident:
             return None
-        return registry.max_resident - sum(1 for m in loaded if not getattr(m, "takes_messages", False))
+        return registry.max_resident - sum(1 for m in loaded if m.capabilities.resident)
 
     for arg in args:
         if isinstance(arg, GroupOptions):
@@ -314,5 +317,6 @@ def populate(
             if on_loaded:
                 on_loaded(model)
         else:
-            registry.attach(arg)  # a model object the caller owns
+            # a model object the caller owns: a backend, or an engine put behind one
+            registry.attach(arg if isinstance(arg, LocalBackend | RemoteModel) else LocalBackend(arg))
     return loaded

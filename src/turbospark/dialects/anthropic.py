@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, Final, Prepared
+from ..request import ChatRequest, Final, Prepared
 from ..tools.calls import ToolCall
 from .common import BadRequest, argument_pieces, check_json_schema, check_tool_schemas, new_id, sse_event
 from .errors import Failure, anthropic_error

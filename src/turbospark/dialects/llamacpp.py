@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..answer import Delta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..generation import ChatRequest, FillIn, Final
+from ..request import ChatRequest, FillIn, Final
 from .common import BadRequest, sse_data
 from .errors import Failure, llamacpp_error
 from .openai_chat import timings

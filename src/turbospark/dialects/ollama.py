@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..engine.types import GenerationConfig, StopReason
-from ..generation import ChatRequest, FillIn, Final
+from ..request import ChatRequest, FillIn, Final
 from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, ndjson
 from .errors import Failure

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..generation import ChatRequest, Final
+from ..request import ChatRequest, Final
 from ..tools.calls import ToolCall
 from .common import BadRequest, check_json_schema, check_tool_schemas, new_id, sse_data, text_of, unix_time
 from .errors import Failure, openai_error

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..answer import Delta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..generation import ChatRequest, FillIn, Final
+from ..request import ChatRequest, FillIn, Final
 from .common import BadRequest, new_id, sse_data, unix_time
 from .errors import Failure, openai_error
 from .openai_chat import StreamOptions, choices, sampling, timings, usage

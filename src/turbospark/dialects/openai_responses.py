@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..generation import ChatRequest, Final
+from ..request import ChatRequest, Final
 from ..tools.calls import ToolCall
 from .common import (
     BadRequest,

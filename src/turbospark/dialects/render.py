@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
-from ..generation import Final
+from ..request import Final
 from .errors import Failure
 
 #: what a renderer returns for one stream item: one frame, several, or none

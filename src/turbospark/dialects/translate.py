@@ -13,7 +13,7 @@ import orjson
 from pydantic import BaseModel
 
 from ..engine.types import GenerationConfig, TokenProb
-from ..generation import ChatRequest
+from ..request import ChatRequest
 from .common import BadRequest
 
 

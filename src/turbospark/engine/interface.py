@@ -1,53 +1,88 @@
-"""The model interface (CONTRACT §3): what the generation core, the
-registry and the routes may ask of a model. Nothing wraps a model: the
-generation core reports each run through the request's ``observe.Reporter``,
-so every caller sees the real model (its template included).
+"""The local engine's interface: what ``local.LocalBackend`` and
+``prompt.prepare_local`` ask of a model that runs here (CONTRACT §3).
+:class:`~turbospark.engine.model.LlamaChatModel` implements it, and so does
+the tests' scripted model; every member is required (nothing is probed).
 
-Optional, read with ``getattr`` by the registry's watchdog: ``failure`` (why
-the model's engine died, or None) and ``stalled_for()`` (seconds without an
-engine step while work waits); a model without them is always healthy.
-Read by the generation core: ``enforces_grammars`` (True when every token
-obeys ``config.grammar``; tool calls then stream as they are written; a
-model without it is not trusted to), ``marked_tokens`` (text → id of the
-tokens a grammar names by id) and ``compile_grammar(grammar, trigger)``
-(compiles it off the engine thread, raising AdmissionError when it cannot)."""
+The core never sees this interface: it drives a ``backend.Backend``. A
+local model's tokens and template are known here, so it renders prompts,
+enforces grammars (``enforces_grammars``: every token obeys
+``config.grammar``, and tool calls stream as they are written) and admits
+requests itself."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from .channel import Run
 from .types import CancelFlag, Embeddings, GenerationConfig
 
 
-@runtime_checkable
 class ChatModel(Protocol):
     model_id: str
     aliases: tuple[str, ...]
+    #: "chat" models also embed; an embedding model only embeds
     supports_chat: bool
     supports_embeddings: bool
-    vision: Any
-    default_reasoning: Any
+    default_reasoning: str | None
     default_system: str | None
+    #: the sampler applies ``config.grammar``
+    enforces_grammars: bool
 
-    @property
-    def tokenizer(self) -> Any: ...
     @property
     def vocab_size(self) -> int: ...
     @property
     def max_context(self) -> int: ...
+    @property
+    def template_source(self) -> str:
+        """The chat template's text (read for what it handles: tools, thinking)."""
+        ...
+
+    @property
+    def fim_tokens(self) -> dict[str, int]:
+        """Fill-in-the-middle tokens: pre, suf, mid, pad, rep, sep (-1: none)."""
+        ...
+
+    @property
+    def marked_tokens(self) -> dict[str, int]:
+        """Text → id of the tokens a grammar names by id."""
+        ...
+
+    @property
+    def leading_bos(self) -> tuple[int, ...]:
+        """The BOS a prompt starts with when the vocabulary wants one."""
+        ...
+
+    @property
+    def vision(self) -> bool: ...
+    @property
+    def failure(self) -> str | None:
+        """Why its engine died (it then serves nothing more), else None."""
+        ...
+
+    def stalled_for(self) -> float:
+        """Seconds its engine has made no step while work waits (0: none)."""
+        ...
 
     def info(self) -> dict[str, Any]: ...
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
     def detokenize(self, tokens: list[int]) -> str: ...
+    def chat_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str: ...
     def render_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kw: Any
     ) -> list[int]: ...
     def prompt_ids(self, text: str) -> list[int]: ...
+    def compile_grammar(self, grammar: str, trigger: str | None = None) -> None:
+        """Compile off the engine thread (AdmissionError when it cannot)."""
+        ...
+
     def check_admission(self, n_prompt: int, max_new: int) -> None: ...
     def default_max_new(self, n_prompt: int, default: int) -> int: ...
     def reserve(self, config: GenerationConfig) -> Callable[[], None]: ...
     def load(self) -> dict[str, Any]: ...
     def generate(self, prompt_ids: list[int], config: GenerationConfig, images: Any, cancel: CancelFlag) -> Run: ...
+    def generate_many(
+        self, prompt_ids: list[int], configs: list[GenerationConfig], images: Any, cancel: CancelFlag
+    ) -> list[Run]: ...
     def encode(self, texts: list[str], truncate: bool = False) -> Embeddings: ...
+    def close(self) -> None: ...

@@ -98,8 +98,9 @@ class LlamaChatModel:
     #: the sampler applies ``config.grammar`` (engine/sampling.py)
     enforces_grammars = True
     supports_embeddings = True
-    vision = None
-    default_reasoning = None
+    #: images are not read (no multimodal projector is loaded)
+    vision = False
+    default_reasoning: str | None = None
 
     def __init__(self, opts: ModelOptions, progress: Callable[[float], None] | None = None) -> None:
         self.opts = opts
@@ -175,8 +176,12 @@ class LlamaChatModel:
 
     # ------------------------------------------------------------ interface
     @property
-    def tokenizer(self) -> LlamaChatModel:
-        return self
+    def template_source(self) -> str:
+        return self.template.source
+
+    @property
+    def leading_bos(self) -> tuple[int, ...]:
+        return (self.file.bos,) if self.file.add_bos and self.file.bos >= 0 else ()
 
     @property
     def marked_tokens(self) -> dict[str, int]:

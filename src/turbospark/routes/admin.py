@@ -211,10 +211,9 @@ def _key_envs(request: Request) -> tuple[set[str], dict[str, set[str | None]]]:
     st = state_of(request)
     bound: dict[str, set[str | None]] = {}
     for e in st.registry.entries():
-        opts = getattr(e.model, "options", None)
-        name = getattr(opts, "api_key_env", None)
-        if isinstance(name, str):
-            bound.setdefault(name, set()).add(_origin(getattr(opts, "base_url", None)))
+        upstream = e.model.upstream if e.model is not None else None
+        if upstream is not None and upstream.api_key_env is not None:
+            bound.setdefault(upstream.api_key_env, set()).add(_origin(upstream.base_url))
     return set(st.remote_key_envs), bound
 
 

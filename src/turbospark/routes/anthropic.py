@@ -7,15 +7,13 @@ ignores the query string.
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..backend import Backend
 from ..dialects import anthropic as msgs
 from ..dialects.errors import anthropic_error
-from ..generation import count_prompt
 from .common import (
     JSONResponse,
     endpoint,
@@ -57,8 +55,8 @@ async def count_tokens(request: Request) -> Response:
     req, warnings = msgs.to_prompt_request(body)
     normalize(req, request)  # counted as the real request will be prefilled
 
-    async def count(model: Any) -> int:
-        return await off_loop(count_prompt, model, req)
+    async def count(model: Backend) -> int:
+        return await off_loop(model.count_prompt, req)
 
     n, _ = await run_routed(request, body.model, "chat", count, req.normalized)
     return JSONResponse({"input_tokens": n}, headers=_headers(request, warnings))

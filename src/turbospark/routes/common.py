@@ -19,18 +19,19 @@ from starlette.responses import Response, StreamingResponse
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..auth import TENANT_KEY
+from ..backend import Backend
 from ..dialects.common import BadRequest, parse_json_object, validate
 from ..dialects.errors import ErrorShape, Failure
 from ..dialects.render import SSE, ChoicesRenderer, FrameOut, Renderer
 from ..dialects.stamps import normalize_messages
 from ..drain import Drain, ShuttingDown
-from ..engine.interface import ChatModel
 from ..engine.types import AdmissionError, CancelFlag, ContextOverflow, EngineError, Overloaded, ReaderBehind
-from ..generation import ChatRequest, Final, Prepared, prepare, stream
+from ..generation import prepare, stream
 from ..middleware import CANCEL_KEY, DISCONNECTED, ERROR_KEY, LEASES_KEY, REPORTER_KEY, TOO_SLOW
 from ..observe import NO_REPORTER, REQUEST_ID_KEY, Observer, Reporter, RequestIds, RequestRouted, record
 from ..registry import Capability, Registry, Route, RoutingError
 from ..replicas import routing_key
+from ..request import ChatRequest, Final, Prepared
 from ..upstream.client import UpstreamError
 
 if TYPE_CHECKING:
@@ -330,7 +331,7 @@ async def run_routed(
 
 
 async def generate_items(
-    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag, live: bool = False
+    request: Request, model: Backend, prepared: Prepared, cancel: CancelFlag, live: bool = False
 ) -> AsyncGenerator[Any, None]:
     """The generation core's items for this request; a replica that fails
     before the first item is replaced once (:class:`Failover`). ``live``:
@@ -361,7 +362,7 @@ async def generate_items(
 
 async def prepare_and_admit(
     request: Request,
-    model: ChatModel,
+    model: Backend,
     req: ChatRequest,
     prepare_fn: Callable[[Any, ChatRequest], Prepared] = prepare,
 ) -> Prepared:
@@ -477,7 +478,7 @@ class DisconnectWatch:
             self._task.cancel()
 
 
-async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag) -> list[Final]:
+async def run_nonstream(request: Request, model: Backend, prepared: Prepared, cancel: CancelFlag) -> list[Final]:
     """The whole answer (every choice), cancelled if the client disconnects while waiting
     (or cut by a drain that ran out of time)."""
     with state_of(request).drain.watch(cancel):
@@ -490,7 +491,7 @@ async def run_nonstream(request: Request, model: ChatModel, prepared: Prepared, 
 
 async def stream_frames(
     request: Request,
-    model: ChatModel,
+    model: Backend,
     prepared: Prepared,
     cancel: CancelFlag,
     renderer: Renderer,
@@ -521,7 +522,7 @@ async def stream_frames(
 
 
 async def first_item(
-    request: Request, model: ChatModel, prepared: Prepared, cancel: CancelFlag
+    request: Request, model: Backend, prepared: Prepared, cancel: CancelFlag
 ) -> tuple[AsyncGenerator[Any, None], Any]:
     """Start a generation and wait for its first item, so that a remote
     engine's refusal (a 429 with its ``Retry-After``, a 400, no replica
@@ -562,7 +563,7 @@ def _frames(out: FrameOut) -> Iterable[bytes]:
 
 
 async def respond(
-    request: Request, model: ChatModel, prepared: Prepared, renderer: Renderer, headers: dict[str, str]
+    request: Request, model: Backend, prepared: Prepared, renderer: Renderer, headers: dict[str, str]
 ) -> Response:
     """Every generating route's answer: one JSON body from the renderer, or,
     when the client asked for a stream, the renderer's frames."""

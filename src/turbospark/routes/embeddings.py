@@ -17,17 +17,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..backend import Backend
 from ..dialects import ollama as ollama_names
 from ..dialects import ollama_embed as oe
 from ..dialects import openai_embeddings as emb
 from ..dialects.errors import ollama_error, openai_error
-from ..engine.interface import ChatModel
 from ..engine.types import Embeddings
 from ..registry import Route as ModelRoute
 from .common import JSONResponse, endpoint, read_body, run_routed
 
 
-async def encode(model: ChatModel, texts: list[str], truncate: bool = False) -> Embeddings:
+async def encode(model: Backend, texts: list[str], truncate: bool = False) -> Embeddings:
     """The model's blocking ``encode`` in a worker thread."""
     return await anyio.to_thread.run_sync(model.encode, texts, truncate)
 
@@ -38,7 +38,7 @@ async def embed(
     """Route the request and encode ``texts`` (none: routed only); in a
     replica group a failed replica is replaced once (``run_routed``)."""
 
-    async def run(model: ChatModel) -> Embeddings | None:
+    async def run(model: Backend) -> Embeddings | None:
         return await encode(model, texts, truncate) if texts else None
 
     return await run_routed(request, requested, "embeddings", run)

@@ -10,10 +10,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..backend import Backend, Vocabulary
 from ..dialects import llamacpp as ll
 from ..dialects.common import BadRequest
 from ..dialects.errors import llamacpp_error
 from ..dialects.translate import Translation
+from ..engine.types import AdmissionError
 from .common import (
     JSONResponse,
     endpoint,
@@ -50,40 +52,53 @@ async def infill(request: Request) -> Response:
     return await _generate(request, body, ll.to_infill(body))
 
 
+def _vocabulary(model: Backend, what: str) -> Vocabulary:
+    """The routed model's tokens, or the 400 of a model whose tokens are
+    not known here (a remote engine's are its own)."""
+    vocab = model.vocabulary
+    if vocab is None:
+        where = f" ({model.upstream.base_url})" if model.upstream is not None else ""
+        raise AdmissionError(
+            f"model {model.model_id!r} runs on a remote engine{where}; {what} needs a local model", "model"
+        )
+    return vocab
+
+
 @endpoint(llamacpp_error)
 async def tokenize(request: Request) -> Response:
     body = await read_body(request, ll.TokenizeBody)
     model, _ = await route_model(request, body.model, "chat", False)
-    ids = await off_loop(model.tokenize, body.content, body.add_special, body.parse_special)
+    vocab = _vocabulary(model, "tokenizing")
+    ids = await off_loop(vocab.tokenize, body.content, body.add_special, body.parse_special)
     if not body.with_pieces:
         return JSONResponse({"tokens": ids})
-    return JSONResponse({"tokens": [{"id": t, "piece": model.detokenize([t])} for t in ids]})
+    return JSONResponse({"tokens": [{"id": t, "piece": vocab.detokenize([t])} for t in ids]})
 
 
 @endpoint(llamacpp_error)
 async def detokenize(request: Request) -> Response:
     body = await read_body(request, ll.DetokenizeBody)
     model, _ = await route_model(request, body.model, "chat", False)
-    if getattr(model, "takes_messages", False):  # a remote engine: its vocabulary is not here
-        return JSONResponse({"content": await off_loop(model.detokenize, body.tokens)})
-    bad = next((t for t in body.tokens if not 0 <= t < model.vocab_size), None)
+    vocab = _vocabulary(model, "detokenizing")
+    bad = next((t for t in body.tokens if not 0 <= t < vocab.vocab_size), None)
     if bad is not None:
-        raise BadRequest(f"token {bad} is not in the vocabulary ({model.vocab_size} tokens)", "tokens")
-    return JSONResponse({"content": await off_loop(model.detokenize, body.tokens)})
+        raise BadRequest(f"token {bad} is not in the vocabulary ({vocab.vocab_size} tokens)", "tokens")
+    return JSONResponse({"content": await off_loop(vocab.detokenize, body.tokens)})
 
 
 @endpoint(llamacpp_error)
 async def apply_template(request: Request) -> Response:
     body = await read_body(request, ll.TemplateBody)
     model, _ = await route_model(request, body.model, "chat", False)
-    return JSONResponse({"prompt": await off_loop(model.chat_text, body.messages)})
+    vocab = _vocabulary(model, "rendering the chat template")
+    return JSONResponse({"prompt": await off_loop(vocab.chat_text, body.messages)})
 
 
 @endpoint(llamacpp_error)
 async def props(request: Request) -> Response:
     model, route = await route_model(request, request.query_params.get("model"), "chat", False)
     info = route.entry.info or {}
-    template = getattr(getattr(model, "template", None), "source", "") or ""
+    template = str(info.get("chat_template") or "")
     return JSONResponse(ll.props(info, int(info.get("parallel") or 1), template))
 
 

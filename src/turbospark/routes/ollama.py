@@ -19,7 +19,7 @@ from ..dialects import ollama as ol
 from ..dialects.common import BadRequest
 from ..dialects.errors import ollama_error
 from ..dialects.translate import Translation
-from ..generation import asks_thinking, template_thinks, thinks
+from ..tools.prompting import template_thinks
 from .common import (
     JSONResponse,
     admit,
@@ -45,7 +45,7 @@ async def _answer(request: Request, requested: str, tr: Translation, renderer: o
         model, route = await route_chat(request, req, name, tr.stream)
     else:  # a load or unload request: no prompt to route by
         model, route = await route_model(request, name, "chat", tr.stream)
-    if req is not None and asks_thinking(req) and thinks(model) is False:
+    if req is not None and req.asks_thinking() and model.capabilities.thinking is False:
         # as Ollama answers it: clients retry without ``think`` on this 400,
         # or ask /api/show for the "thinking" capability first
         raise BadRequest(f"{json.dumps(name, ensure_ascii=False)} does not support thinking", "think")
@@ -100,7 +100,7 @@ def _capabilities(entry: Any) -> list[str]:
         caps += ["completion", "tools"]  # tools: any chat model (see tools/prompting.py)
     elif entry.capable("embeddings"):
         caps.append("embedding")
-    if entry.model is not None and getattr(entry.model, "vision", None):
+    if entry.model is not None and entry.model.capabilities.vision:
         caps.append("vision")
     if entry.capable("chat") and template_thinks(_info(entry).get("chat_template") or ""):
         caps.append("thinking")  # known from its last load, as the template is

@@ -6,18 +6,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..backend import Backend
 from ..dialects import openai_responses as rs
 from ..dialects.errors import openai_error
-from ..engine.interface import ChatModel
 from ..engine.types import AdmissionError
-from ..generation import ChatRequest, Prepared, prepare
+from ..generation import prepare
+from ..request import ChatRequest, Prepared
 from .common import endpoint, read_body, respond, route_and_prepare, warning_headers
 
 #: Engine parameter names in admission errors -> this dialect's names.
 _PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
 
 
-def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
+def _prepare(model: Backend, req: ChatRequest) -> Prepared:
     """``prepare``, with admission errors naming this dialect's fields."""
     try:
         return prepare(model, req)

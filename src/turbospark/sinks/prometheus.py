@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -47,6 +47,9 @@ from ..observe import (
     ServerEvent,
 )
 from .paths import UNMATCHED, RouteTemplates, default_templates, method_label
+
+if TYPE_CHECKING:
+    from ..registry import Registry
 
 #: Latency buckets (seconds), close to vLLM's: sub-10 ms for a tiny model on
 #: a fast machine up to many minutes for a long generation on a CPU.
@@ -196,7 +199,7 @@ class PrometheusSink:
         )
 
     # -- wiring ----------------------------------------------------------------
-    def watch(self, models: Any) -> None:
+    def watch(self, models: Registry) -> None:
         """Report requests running/waiting of ``models`` (a ``Registry``) at
         scrape time. Rebinding replaces the previous source."""
         with self._lock:
@@ -295,7 +298,7 @@ class EngineLoadCollector:
     """Sequences running and waiting per resident model, read at scrape time
     from the schedulers (state, not a number computed from events)."""
 
-    def __init__(self, models: Any) -> None:
+    def __init__(self, models: Registry) -> None:
         self.models = models
 
     def describe(self) -> Iterable[Any]:
@@ -309,14 +312,11 @@ class EngineLoadCollector:
             "turbospark_num_requests_waiting", "Requests queued for a sequence now.", labels=["model"]
         )
         for model in self.models.models():
-            load = getattr(model, "load", None)
-            if load is None:
-                continue
             try:
-                state = load()
+                state = model.load()
             except Exception:  # a model closing under the scrape
                 continue
-            name = str(getattr(model, "model_id", "?"))
+            name = model.model_id
             running.add_metric([name], float(state.get("running", 0)))
             waiting.add_metric([name], float(state.get("waiting", 0)))
         return [running, waiting]
@@ -328,7 +328,7 @@ class ReplicaCollector:
     served is in the per-model counters (``model="id@replica"``) and how
     often it went down in ``turbospark_replica_down_total``, from events."""
 
-    def __init__(self, models: Any) -> None:
+    def __init__(self, models: Registry) -> None:
         self.models = models
 
     def describe(self) -> Iterable[Any]:
@@ -343,8 +343,8 @@ class ReplicaCollector:
         in_flight = GaugeMetricFamily(
             "turbospark_replica_in_flight", "Requests a replica of a group is serving now.", labels=["model", "replica"]
         )
-        for entry in getattr(self.models, "entries", list)():
-            group = getattr(entry, "group", None)
+        for entry in self.models.entries():
+            group = entry.group
             if group is None:
                 continue
             for r in group.replicas:

@@ -29,6 +29,14 @@ def template_knows_tools(template_source: str) -> bool:
     return "tools" in template_source
 
 
+def template_thinks(template_source: str) -> bool:
+    """Whether a chat template handles thinking apart from the answer
+    (Qwen3's ``enable_thinking``, DeepSeek-R1's ``<think>``, gpt-oss's
+    reasoning channel, EXAONE-Deep's ``<thought>``)."""
+    source = template_source.lower()
+    return any(word in source for word in ("think", "reasoning", "thought"))
+
+
 def functions_of(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """The ``function`` objects of OpenAI-style tools."""
     out = []

@@ -1,10 +1,11 @@
 """A model another server runs: vLLM, SGLang, llama-server or another
 turbospark, reached over its OpenAI-compatible API.
 
-It implements the model interface (``engine/interface.py``) with
-``takes_messages``: the generation core does not render or tokenise for it,
-it hands over the request as a body (``request_body``) and gets a
-:class:`~turbospark.engine.channel.Run` back (``generate_body``) whose
+It is a ``backend.Backend`` whose tokens are not known here: its
+``prepare`` checks the request and translates it into the body it is sent
+(``Prepared.body``; the upstream templates, tokenises, enforces grammars and
+admits, and its refusals are relayed), and ``start`` sends it, returning a
+:class:`~turbospark.engine.channel.Run` whose
 progress is the upstream's streamed text, reasoning and tool-call pieces, and
 whose result carries the upstream's own counts (``usage``, llama-server
 ``timings``) and wall-clock times measured here: prefill = request sent →
@@ -20,6 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backend import Capabilities, Health, Upstream
 from ..engine.channel import Channel, Run
 from ..engine.types import (
     AdmissionError,
@@ -31,6 +33,9 @@ from ..engine.types import (
     ReaderBehind,
     StopReason,
 )
+from ..request import ChatRequest, Prepared
+from ..tools import calls as toolcalls
+from ..tools.prompting import tool_names
 from . import wire
 from .client import CUT, Connection, Endpoint, UpstreamError
 
@@ -80,40 +85,32 @@ class RemoteOptions:
 
 
 class RemoteModel:
-    """The model interface over one upstream (see the module docstring)."""
+    """The backend over one upstream (see the module docstring)."""
 
-    supports_chat = True
-    vision: Any = None
-    default_reasoning: Any = None
-    default_system: str | None = None
-    #: the generation core sends it the request, not token ids
-    takes_messages = True
-    #: the upstream may or may not enforce grammars; calls are read as they come
-    enforces_grammars = False
+    #: its tokens are the upstream's: none are known here
+    vocabulary = None
 
     def __init__(self, options: RemoteOptions) -> None:
         self.options = options
         self.model_id = options.id
         self.aliases = tuple(options.aliases)
-        self.supports_embeddings = options.embeddings
+        # (the upstream may or may not enforce grammars: calls are read as
+        # they come; its template's thinking is its own)
+        self.capabilities = Capabilities(embeddings=options.embeddings, thinking=None, resident=False)
+        self.upstream = Upstream(options.base_url, options.api_key_env)
         self.connection = Connection(options.endpoint())
         self.in_flight = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    @property
-    def unreachable(self) -> str | None:
+    def health(self) -> Health:
         """Why its last request got no answer (None once one was answered)."""
-        return self.connection.unreachable
+        return Health(unreachable=self.connection.unreachable)
+
+    async def probe(self) -> str | None:
+        """Its health path read now: why it is down, or None."""
+        return await self.connection.healthy()
 
     # -- what clients are told -------------------------------------------------
-    @property
-    def tokenizer(self) -> Any:
-        return None
-
-    @property
-    def vocab_size(self) -> int:
-        return 0
-
     @property
     def max_context(self) -> int:
         return self.options.ctx
@@ -141,45 +138,65 @@ class RemoteModel:
     def load(self) -> dict[str, Any]:
         return {"running": self.in_flight, "waiting": 0, "slots": []}
 
-    # -- what only a local engine has --------------------------------------------
     def _local_only(self, what: str) -> AdmissionError:
         return AdmissionError(
             f"model {self.model_id!r} runs on a remote engine ({self.options.base_url}); {what} needs a local model",
             "model",
         )
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        raise self._local_only("tokenizing")
-
-    def detokenize(self, tokens: list[int]) -> str:
-        raise self._local_only("detokenizing")
-
-    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> list[int]:
-        raise self._local_only("rendering a prompt into tokens")
-
-    def prompt_ids(self, text: str) -> list[int]:
-        raise self._local_only("tokenizing")
-
-    def chat_text(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> str:
-        raise self._local_only("rendering the chat template")
-
-    def check_admission(self, n_prompt: int, max_new: int) -> None:
-        """The upstream decides (its error is relayed with its status)."""
-
-    def default_max_new(self, n_prompt: int, default: int) -> int:
-        return default
-
     def reserve(self, config: GenerationConfig) -> Callable[[], None]:
+        """No wait list here: the upstream admits (its refusals are relayed)."""
         return _nothing
 
-    def generate(self, prompt_ids: list[int], config: GenerationConfig, images: Any, cancel: CancelFlag) -> Run:
-        raise EngineError(f"model {self.model_id!r} takes requests, not token ids (generate_body)")
+    def count_text(self, text: str) -> int:
+        """Its tokens are the upstream's: not counted here."""
+        return 0
 
     # -- requests ------------------------------------------------------------------
-    def request_body(self, req: Any) -> dict[str, Any]:
-        """The body for a ``generation.ChatRequest`` (sampling added per run)."""
+    def prepare(self, req: ChatRequest) -> Prepared:
+        """Checked and translated into the body it is sent. Tool calls the
+        upstream parses come back as calls; calls it leaves in the text are
+        read by the same parsers and rescue as a local model's."""
+        if req.fill_in is not None:
+            raise AdmissionError(
+                f"model {self.model_id!r} runs on a remote engine; fill-in-the-middle needs a local model", "suffix"
+            )
+        raw = req.is_raw()  # (fill-in-the-middle was refused above)
+        if req.prompt == "" or (req.prompt_ids is not None and not req.prompt_ids):
+            raise AdmissionError("the prompt is empty", "prompt")
+        if not raw and not req.messages:
+            raise AdmissionError("'messages' must contain at least one message", "messages")
+        if req.grammar is not None or (raw and (req.json_schema is not None or req.json_object)):
+            # (a raw prompt's structure is not in an OpenAI chat body: it would go unenforced)
+            where = "grammar" if req.grammar is not None else "json_schema"
+            raise AdmissionError(
+                f"model {self.model_id!r} runs on a remote engine; '{where}' needs a local model", where
+            )
+        warnings: list[str] = []
+        config = req.config
+        if req.context_limit is not None and req.context_limit < self.max_context:
+            warnings.append(f"{req.context_limit_field} is not applied to a remote engine")
+        if config.n_indent or config.max_predict_seconds:
+            warnings.append("n_indent and t_max_predict_ms are not applied to a remote engine")
+        tools = req.tools if req.tool_choice != "none" and not raw else None
+        syntax = toolcalls.syntax_for_template("") if tools else None
+        offered = tuple(tool_names(tools)) if syntax is not None else ()
+        body = self.request_body(req)
+        return Prepared([], config, req, syntax, offered, not raw, False, warnings, body=body)
+
+    def request_body(self, req: ChatRequest) -> dict[str, Any]:
+        """The body for a request (sampling added per run)."""
         default = req.default_max_tokens if req.default_max_tokens < self.options.ctx else None
         return wire.request_body(req, default)
+
+    def start(self, prepared: Prepared, config: GenerationConfig, cancel: CancelFlag) -> Run:
+        """One run of what :meth:`prepare` made (see :meth:`generate_body`)."""
+        assert prepared.body is not None, "prepared by another backend"
+        return self.generate_body(prepared.body, config, cancel)
+
+    def start_many(self, prepared: Prepared, configs: list[GenerationConfig], cancel: CancelFlag) -> list[Run]:
+        """Each choice is a run of its own upstream."""
+        return [self.start(prepared, config, cancel) for config in configs]
 
     def _payload(self, body: dict[str, Any], config: GenerationConfig, stream: bool) -> dict[str, Any]:
         out = {**body, **wire.sampling(config), "model": self.options.model, "stream": stream}
@@ -273,10 +290,10 @@ class RemoteModel:
             exc.status = 502 if exc.status < 500 else exc.status
         put(exc)
 
-    def count_prompt(self, body: dict[str, Any]) -> int:
+    def count_prompt(self, req: ChatRequest) -> int:
         """The prompt's length in the upstream's own tokens: a one-token
         completion of it, read from its ``usage`` (blocking: worker threads)."""
-        payload = self._payload(body, GenerationConfig(temperature=0.0), False)
+        payload = self._payload(self.request_body(req), GenerationConfig(temperature=0.0), False)
         payload["max_tokens"] = 1
         payload.pop("response_format", None)
         data = self.connection.post_json(self._path(payload), payload)
@@ -288,7 +305,7 @@ class RemoteModel:
 
     def encode(self, texts: list[str], truncate: bool = False) -> Embeddings:
         """The upstream's ``/embeddings`` (blocking: worker threads)."""
-        if not self.supports_embeddings:
+        if not self.capabilities.embeddings:
             raise self._local_only("embedding")
         data = self.connection.post_json("/embeddings", {"model": self.options.model, "input": texts})
         rows = sorted(data.get("data") or [], key=lambda r: r.get("index", 0) if isinstance(r, dict) else 0)
