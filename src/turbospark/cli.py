@@ -13,10 +13,7 @@ from typing import Any
 
 from . import __version__
 from .catalog import CATALOG, DEFAULT_MODEL, ModelNotFound
-from .drain import DEFAULT_DRAIN_SECONDS
-from .registry import STALL_TIMEOUT
-
-DEFAULT_PARALLEL = 4
+from .cli_options import CONSOLE, REPORT, SERVE, Option, add_options, merge_server, model_defaults, model_values
 
 
 def _progress_printer(label: str) -> Callable[[float], None]:
@@ -35,39 +32,6 @@ def _progress_printer(label: str) -> Callable[[float], None]:
         sys.stderr.flush()
 
     return show
-
-
-#: serve flags that map onto model options; None on the command line means
-#: "not given", so a config file value is kept
-MODEL_FLAGS = {
-    "ctx": "ctx",
-    "threads": "threads",
-    "parallel": "parallel",
-    "session_slots": "session_slots",
-    "draft_max": "draft_max",
-    "max_queue": "max_queue",
-    "cache_ram": "cache_ram",
-    "cache_type": "cache_type",
-    "cache_dir": "cache_dir",
-    "flash_attn": "flash_attn",
-    "batch": "batch",
-    "prefill_chunk": "prefill_chunk",
-    "keep_alive": "keep_alive",
-}
-FLAG_DEFAULTS = {"ctx": 4096, "parallel": DEFAULT_PARALLEL}
-
-
-def _size(text: str) -> int:
-    """``32M``, ``512k``, ``1G`` or plain bytes."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    try:
-        n = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 32M)") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1 byte")
-    return n
 
 
 def _fail(message: str) -> int:
@@ -92,118 +56,102 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     """Models from --config and --model, with explicit flags applied last.
     Also sets ``args.model_defaults``: the options a model attached later
     (``POST /v1/admin/models``) starts from (the file's [defaults], then the
-    flags)."""
-    from .config import MODEL_KEYS, ConfigError, load_config
+    flags), and the server settings the flags leave to the file."""
+    from .config import MODEL_KEYS, load_config
     from .loading import options_for
-    from .middleware import BODY_TIMEOUT, SEND_TIMEOUT
 
     opts: list[Any] = []
     server: dict[str, Any] = {}
-    defaults: dict[str, Any] = dict(FLAG_DEFAULTS)
+    defaults = model_defaults()
     if args.config:
         cfg = load_config(args.config)
         opts.extend(cfg.models)
         server = cfg.server
         defaults.update({MODEL_KEYS[k][0]: v for k, v in cfg.defaults.items()})
-    base = {k: v for k, v in FLAG_DEFAULTS.items()}
+    base = model_defaults()
     for arg in args.model or ([] if opts else [DEFAULT_MODEL]):
         opts.append(options_for(arg, **base))
     for alias in args.alias or []:
-        target, sep, name = alias.partition("=")
-        if not sep:
-            if len(opts) != 1:
-                raise ConfigError(f"--alias {alias}: several models are served; write --alias MODEL_ID={alias}")
-            target, name = opts[0].id or "", alias
-            chosen = opts[0]
-        else:
-            chosen = next((o for o in opts if o.id == target), None)
-            if chosen is None:
-                raise ConfigError(f"--alias {alias}: no model with id {target!r}")
-        chosen.aliases = (*chosen.aliases, name)
+        _add_alias(opts, alias)
+    given = model_values(args)
     for o in _local_options(opts):
-        for flag, attr in MODEL_FLAGS.items():
-            value = getattr(args, flag)
-            if value is not None:
-                setattr(o, attr, value)
-        if args.prefix_reuse is not None:
-            o.prefix_reuse = args.prefix_reuse == "on"
-        if args.speculative is not None:
-            o.speculative = args.speculative == "ngram"
-    given = {attr: getattr(args, flag) for flag, attr in MODEL_FLAGS.items()}
-    defaults.update({attr: value for attr, value in given.items() if value is not None})
-    if args.prefix_reuse is not None:
-        defaults["prefix_reuse"] = args.prefix_reuse == "on"
-    if args.speculative is not None:
-        defaults["speculative"] = args.speculative == "ngram"
+        for attr, value in given.items():
+            setattr(o, attr, value)
+    defaults.update(given)
     args.model_defaults = defaults
-    fallback = {
-        "host": "127.0.0.1",
-        "port": 8080,
-        "max_resident": 0,
-        "drain_timeout": DEFAULT_DRAIN_SECONDS,
-        "stall_timeout": STALL_TIMEOUT,
-        "send_timeout": SEND_TIMEOUT,
-        "body_timeout": BODY_TIMEOUT,
-    }
-    for key in (
-        "host",
-        "port",
-        "event_log",
-        "max_resident",
-        "otlp_endpoint",
-        "drain_timeout",
-        "stall_timeout",
-        "send_timeout",
-        "body_timeout",
-    ):
-        if getattr(args, key) is None:
-            setattr(args, key, server.get(key, fallback.get(key)))
-    for key in ("guardrails", "metrics_auth", "normalize_client_stamps"):  # on/off flags, booleans in the file
-        if getattr(args, key) is None:
-            setattr(args, key, "off" if server.get(key) is False else "on")
-    args.api_key = list(args.api_key or []) + list(server.get("api_keys", []))
-    args.admin_key = list(args.admin_key or []) + list(server.get("admin_keys", []))
-    args.api_key_file = list(args.api_key_file or []) + ([server["api_key_file"]] if "api_key_file" in server else [])
-    for key, flag in (
-        ("allowed_hosts", "allowed_host"),
-        ("cors_origins", "cors_origin"),
-        ("models_dirs", "models_dir"),
-        ("remote_key_envs", "remote_key_env"),
-    ):
-        setattr(args, flag, list(getattr(args, flag) or []) + list(server.get(key, [])))
-    if args.max_body is None:
-        args.max_body = server.get("max_body")
-    if args.event_log_max_bytes is None:
-        args.event_log_max_bytes = server.get("event_log_max_bytes")
+    merge_server(args, server)
     return opts
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from .auth import KeyFileError, OpenBind, check_bind, from_config
-    from .compose import assemble
+def _add_alias(opts: list[Any], alias: str) -> None:
+    """``--alias [MODEL_ID=]NAME``: one more name for a model."""
     from .config import ConfigError
-    from .engine.memory import MemoryRefused
-    from .guard import policy_from
-    from .registry import RegistryError
-    from .server import LiveUvicorn, bind_socket, uvicorn_config
-    from .sinks.otel import otel_wanted
+
+    target, sep, name = alias.partition("=")
+    if not sep:
+        if len(opts) != 1:
+            raise ConfigError(f"--alias {alias}: several models are served; write --alias MODEL_ID={alias}")
+        target, name = opts[0].id or "", alias
+        chosen = opts[0]
+    else:
+        chosen = next((o for o in opts if o.id == target), None)
+        if chosen is None:
+            raise ConfigError(f"--alias {alias}: no model with id {target!r}")
+    chosen.aliases = (*chosen.aliases, name)
+
+
+class _Refused(Exception):
+    """A reason ``serve`` does not start: printed, and the exit status is 2."""
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import bind_socket
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        options = _model_options(args)
-    except (ConfigError, ModelNotFound) as exc:
+        options = _checked_options(args)
+        auth, policy = _guards(args)
+        assembly = _assemble(args, options, auth, policy)
+    except _Refused as exc:
         return _fail(str(exc))
+    _print_models(assembly.registry)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        assembly.close()
+        return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
+    _print_banner(args, sock.getsockname()[1], auth, policy)
+    _run(args, assembly, sock)
+    return 0
+
+
+def _checked_options(args: argparse.Namespace) -> list[Any]:
+    """The models to serve (see :func:`_model_options`), their --cache-dir
+    folders checked now, not when the KV is written at the exit."""
+    from .config import ConfigError
     from .engine.hostcache import folder_problem
     from .loading import GroupOptions
 
+    try:
+        options = _model_options(args)
+    except (ConfigError, ModelNotFound) as exc:
+        raise _Refused(str(exc)) from None
     local = [o for g in options for o in ([opts for _, opts in g.replicas] if isinstance(g, GroupOptions) else [g])]
     for folder in {os.path.expanduser(d) for d in (getattr(o, "cache_dir", None) for o in local) if d}:
         problem = folder_problem(folder)  # found now, not when the KV is written at the exit
         if problem is not None:
-            return _fail(f"--cache-dir {folder}: {problem}")
+            raise _Refused(f"--cache-dir {folder}: {problem}")
+    return options
+
+
+def _guards(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The API keys and the browser policy (refused: an open bind, a bad key file)."""
+    from .auth import KeyFileError, OpenBind, check_bind, from_config
+    from .guard import policy_from
+
     try:
         auth = from_config(
             args.api_key,
@@ -215,17 +163,24 @@ def _serve(args: argparse.Namespace) -> int:
         check_bind(args.host, auth)
         policy = policy_from(args.host, args.allowed_host, args.cors_origin, args.max_body)
     except (KeyFileError, OpenBind, ValueError) as exc:
-        return _fail(str(exc))
+        raise _Refused(str(exc)) from None
+    return auth, policy
 
-    started = [time.perf_counter()]
 
-    def progress_for(spec: Any) -> Callable[[float], None]:
-        started[0] = time.perf_counter()
+class _LoadDisplay:
+    """What the terminal shows while the models load: a progress bar, then
+    one summary per model."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def progress_for(self, spec: Any) -> Callable[[float], None]:
+        self.started = time.perf_counter()
         return _progress_printer(os.path.basename(spec.path))
 
-    def loaded(model: Any) -> None:
+    def loaded(self, model: Any) -> None:
         info = model.info()
-        took = time.perf_counter() - started[0]
+        took = time.perf_counter() - self.started
         if not model.capabilities.chat:
             print(
                 f"  model {model.model_id}: {info['description']}, embeddings only, "
@@ -241,8 +196,17 @@ def _serve(args: argparse.Namespace) -> int:
         )
         print(f"    {info['kv_cache']}; speculative: {'ngram' if info['speculative'] else 'off'}", file=sys.stderr)
 
+
+def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: Any) -> Any:
+    """The server, its models loaded (see :func:`compose.assemble`)."""
+    from .compose import assemble
+    from .engine.memory import MemoryRefused
+    from .registry import RegistryError
+    from .sinks.otel import otel_wanted
+
+    display = _LoadDisplay()
     try:
-        assembly = assemble(
+        return assemble(
             options,
             auth=auth,
             policy=policy,
@@ -257,18 +221,22 @@ def _serve(args: argparse.Namespace) -> int:
             model_folders=args.models_dir or None,
             remote_key_envs=args.remote_key_env,
             model_defaults=args.model_defaults,
-            progress_for=progress_for,
-            on_loaded=loaded,
+            progress_for=display.progress_for,
+            on_loaded=display.loaded,
         )
     except ImportError as exc:
-        return _fail(f"tracing needs the otel extra (pip install 'turbospark[otel]'): {exc}")
+        raise _Refused(f"tracing needs the otel extra (pip install 'turbospark[otel]'): {exc}") from None
     except OSError as exc:
         if args.event_log and getattr(exc, "filename", None) == args.event_log:
-            return _fail(f"cannot open the event log {args.event_log}: {exc.strerror or exc}")
-        return _fail(str(exc))
+            raise _Refused(f"cannot open the event log {args.event_log}: {exc.strerror or exc}") from None
+        raise _Refused(str(exc)) from None
     except (RegistryError, RuntimeError, ValueError, MemoryRefused) as exc:
-        return _fail(str(exc))
-    registry = assembly.registry
+        raise _Refused(str(exc)) from None
+
+
+def _print_models(registry: Any) -> None:
+    """The models the load summaries did not show: groups, remote ones, and
+    those loaded on first use."""
     for entry in registry.entries():
         if entry.group is not None:
             names = ", ".join(r.entry.id for r in entry.group.replicas)
@@ -281,14 +249,11 @@ def _serve(args: argparse.Namespace) -> int:
         elif entry.model is None:
             print(f"  model {entry.id}: configured, loads on first use", file=sys.stderr)
 
-    try:
-        sock = bind_socket(args.host, args.port)
-    except OSError as exc:
-        assembly.close()
-        return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
+
+def _print_banner(args: argparse.Namespace, port: int, auth: Any, policy: Any) -> None:
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"turbospark {__version__} listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
-    address = f"http://{host}:{sock.getsockname()[1]}"
+    print(f"turbospark {__version__} listening on http://{host}:{port}", file=sys.stderr)
+    address = f"http://{host}:{port}"
     print(f"  dashboard: {address}/dashboard   console: turbospark console --url {address}", file=sys.stderr)
     print(
         "  auth: "
@@ -301,6 +266,12 @@ def _serve(args: argparse.Namespace) -> int:
         + _traces_label(args),
         file=sys.stderr,
     )
+
+
+def _run(args: argparse.Namespace, assembly: Any, sock: Any) -> None:
+    """Serve until a signal, then drain and close everything."""
+    from .server import LiveUvicorn, uvicorn_config
+
     server = LiveUvicorn(
         uvicorn_config(
             assembly.app, send_timeout=args.send_timeout, body_timeout=args.body_timeout, drain=assembly.drain
@@ -320,7 +291,6 @@ def _serve(args: argparse.Namespace) -> int:
         with contextlib.suppress(OSError):
             print("turbospark: shutting down", file=sys.stderr)
         assembly.close()
-    return 0
 
 
 def _traces_label(args: argparse.Namespace) -> str:
@@ -360,225 +330,16 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="turbospark", description="Local LLM server on llama.cpp.")
     p.add_argument("--version", action="version", version=f"turbospark {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-
-    s = sub.add_parser("serve", help="serve models over HTTP")
-    s.add_argument("--model", "-m", action="append", help="GGUF path or packaged model name (repeatable)")
-    s.add_argument("--config", metavar="FILE", help="turbospark.toml with server settings and models")
-    s.add_argument(
-        "--alias", action="append", metavar="[MODEL_ID=]NAME", help="another name a model answers to (repeatable)"
+    commands: tuple[tuple[str, str, tuple[Option, ...], Callable[[argparse.Namespace], int]], ...] = (
+        ("serve", "serve models over HTTP", SERVE, _serve),
+        ("models", "list the packaged models and whether they are installed", (), _models),
+        ("console", "live terminal view of a server's events", CONSOLE, _console),
+        ("report", "summary and PNG plots of an --event-log file", REPORT, _report),
     )
-    s.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=None, help="port (default 8080; 0 = any free port)")
-    s.add_argument(
-        "--ctx", type=int, default=None, help="context per request in tokens (default 4096; 0 = the model's)"
-    )
-    s.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    s.add_argument(
-        "--parallel",
-        type=int,
-        default=None,
-        help=f"sequences decoded together in one batch (default {DEFAULT_PARALLEL})",
-    )
-    s.add_argument(
-        "--session-slots",
-        type=int,
-        default=None,
-        help="conversations whose KV stays resident (>= parallel; default = parallel)",
-    )
-    s.add_argument("--prefix-reuse", choices=["on", "off"], default=None, help="reuse KV prefixes (default on)")
-    s.add_argument(
-        "--speculative",
-        choices=["ngram", "off"],
-        default=None,
-        help="prompt-lookup speculative decoding, exact (default ngram)",
-    )
-    s.add_argument(
-        "--draft-max",
-        type=int,
-        default=None,
-        help="most tokens drafted per step (default 16; fewer are verified when this machine's step costs say so)",
-    )
-    s.add_argument(
-        "--max-queue", type=int, default=None, help="most requests waiting for a sequence (0 = unbounded); full -> 503"
-    )
-    s.add_argument(
-        "--cache-type",
-        choices=["f16", "q8_0", "q4_0"],
-        default=None,
-        help="KV cache element type: f16 (default, exact) or quantised q8_0 / q4_0 (less memory, "
-        "slightly different logits; see the README for the figures)",
-    )
-    s.add_argument(
-        "--cache-dir",
-        default=None,
-        metavar="DIR",
-        help="keep the host-memory KV tier in DIR across restarts (written at shutdown, read at load), "
-        "so returning conversations and shared system prompts start warm",
-    )
-    s.add_argument(
-        "--flash-attn",
-        choices=["auto", "on", "off"],
-        default=None,
-        help="flash attention (default auto: on where the backend has it for the model)",
-    )
-    s.add_argument(
-        "--batch",
-        type=int,
-        default=None,
-        help="tokens per llama_decode call (n_batch = n_ubatch; default 512, tuned by bench/prefill.py)",
-    )
-    s.add_argument(
-        "--prefill-chunk",
-        type=int,
-        default=None,
-        help="most prompt tokens one request feeds per step while others decode, so they never wait long "
-        "(default 256; with nobody decoding, prompts share the whole --batch)",
-    )
-    s.add_argument(
-        "--cache-ram",
-        type=int,
-        default=None,
-        metavar="MIB",
-        help="host memory for the KV of conversations evicted from their slots, restored when they "
-        "return (default: a quarter of the available memory, at most 4096; 0 = off)",
-    )
-    s.add_argument(
-        "--keep-alive",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="unload a model after this long idle; it reloads on the next request",
-    )
-    s.add_argument(
-        "--max-resident",
-        type=int,
-        default=None,
-        help="most models in memory at once; least recently used is unloaded (0 = no cap)",
-    )
-    s.add_argument("--api-key", action="append", help="require this API key (repeatable; or TURBOSPARK_API_KEY)")
-    s.add_argument("--admin-key", action="append", help="a separate key for /v1/admin routes (or TURBOSPARK_ADMIN_KEY)")
-    s.add_argument(
-        "--api-key-file",
-        action="append",
-        metavar="FILE",
-        help="read API keys from FILE, one a line (keeps them out of the process list)",
-    )
-    s.add_argument(
-        "--allowed-host",
-        action="append",
-        metavar="NAME",
-        help="a Host name to answer besides loopback names and the bound address "
-        "(repeatable; '*' = any; guards against DNS rebinding)",
-    )
-    s.add_argument(
-        "--cors-origin",
-        action="append",
-        metavar="ORIGIN",
-        help="a web origin whose pages may call the API, e.g. http://localhost:3000 "
-        "(repeatable; '*' = any; default: only the server's own pages)",
-    )
-    s.add_argument(
-        "--max-body",
-        type=_size,
-        default=None,
-        metavar="BYTES",
-        help="largest request body, e.g. 32M (default 32 MiB); larger ones get 413",
-    )
-    s.add_argument(
-        "--models-dir",
-        action="append",
-        metavar="DIR",
-        help="a folder admin attach may load GGUF files from (repeatable; default: "
-        "the model cache and the folders of the models given at start)",
-    )
-    s.add_argument(
-        "--remote-key-env",
-        action="append",
-        metavar="NAME",
-        help="an environment variable an attach body may name in api_key_env (repeatable; besides "
-        "those the configured remote models name): the key in it is sent to the body's base_url",
-    )
-    s.add_argument(
-        "--guardrails",
-        choices=["on", "off"],
-        default=None,
-        help="validate tool calls against their schemas and re-ask once (default on)",
-    )
-    s.add_argument(
-        "--normalize-client-stamps",
-        choices=["on", "off"],
-        default=None,
-        help="take known per-session client stamps (Claude Code's attribution header) out of prompts, "
-        "so they do not end prefix reuse (default on)",
-    )
-    s.add_argument("--event-log", metavar="FILE", default=None, help="append every event to FILE as JSON lines")
-    s.add_argument(
-        "--event-log-max-bytes",
-        type=_size,
-        default=None,
-        metavar="BYTES",
-        help="rotate the event log past this size, e.g. 100M (one rotated file, FILE.1, is kept)",
-    )
-    s.add_argument(
-        "--send-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="drop a client that reads nothing of its response for this long, cancelling its generation (default 60)",
-    )
-    s.add_argument(
-        "--body-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="answer 408 when a request body stops arriving for this long (default 30)",
-    )
-    s.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="flag a model whose engine makes no step for this long while requests wait: /health "
-        "answers 503 degraded, a modelHealth event and a log line (default 60)",
-    )
-    s.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long requests in flight may finish before they are ended "
-        "with an error (default 30; new requests get 503 meanwhile; a second signal exits at once)",
-    )
-    s.add_argument(
-        "--metrics-auth",
-        choices=["on", "off"],
-        default=None,
-        help="GET /metrics needs the API key when keys are set (default on)",
-    )
-    s.add_argument(
-        "--otlp-endpoint",
-        metavar="URL",
-        default=None,
-        help="export one OpenTelemetry span per request over OTLP/HTTP to URL "
-        "(or set OTEL_EXPORTER_OTLP_ENDPOINT; needs turbospark[otel])",
-    )
-    s.add_argument("--verbose", "-v", action="store_true")
-    s.set_defaults(func=_serve)
-
-    m = sub.add_parser("models", help="list the packaged models and whether they are installed")
-    m.set_defaults(func=_models)
-
-    c = sub.add_parser("console", help="live terminal view of a server's events")
-    c.add_argument("--url", default="http://127.0.0.1:8080", help="the server (default http://127.0.0.1:8080)")
-    c.add_argument("--api-key", default=None, help="its API key (or TURBOSPARK_API_KEY)")
-    c.set_defaults(func=_console)
-
-    r = sub.add_parser("report", help="summary and PNG plots of an --event-log file")
-    r.add_argument("events", metavar="EVENTS.jsonl", help="a file written by serve --event-log")
-    r.add_argument(
-        "--out", default="turbospark-report", metavar="DIR", help="where the PNG plots go (default ./turbospark-report)"
-    )
-    r.set_defaults(func=_report)
+    for name, help, options, func in commands:
+        s = sub.add_parser(name, help=help)
+        add_options(s, options)
+        s.set_defaults(func=func)
     return p
 
 

@@ -1,0 +1,116 @@
+"""The models a server knows by id and alias (CONTRACT §4): which names are
+taken, and which entry serves a requested name. No HTTP types in here.
+
+Resolution, among the models capable of the request (chat vs embeddings):
+
+1. an exact id or alias match wins;
+2. else, if exactly one capable model is known, it serves whatever name was
+   asked (clients send ``gpt-4o`` or ``claude-sonnet-...``);
+3. else, no capable model at all: 503;
+4. else 404 ``model_not_found`` naming the models that are available.
+
+Lookups (``GET /v1/models/{id}``, Ollama ``/api/show``) never fall back.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+
+from .model_entry import Capability, Entry, RegistryError, Route, RoutingError
+
+
+def _base_name(name: str) -> str:
+    """Ollama clients append ``:latest``; treat it as the bare name."""
+    return name[: -len(":latest")] if name.endswith(":latest") else name
+
+
+class ModelNames:
+    """The entries by id, in order (a group's members after it), and their
+    names. ``lock`` guards every change; hold it across a check and an add."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Entry] = {}
+        self.lock = threading.RLock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, model_id: str) -> bool:
+        return model_id in self._entries
+
+    def get(self, model_id: str) -> Entry | None:
+        return self._entries.get(model_id)
+
+    def add(self, entry: Entry) -> None:
+        """Add (or move to the end, when it is there already)."""
+        with self.lock:
+            self._entries.pop(entry.id, None)
+            self._entries[entry.id] = entry
+
+    def pop(self, model_id: str) -> Entry | None:
+        with self.lock:
+            return self._entries.pop(model_id, None)
+
+    def entries(self) -> list[Entry]:
+        with self.lock:
+            return list(self._entries.values())
+
+    def _owner_of(self, name: str) -> Entry | None:
+        for e in self._entries.values():
+            if name in e.names:
+                return e
+        return None
+
+    def check_names(self, model_id: str, aliases: tuple[str, ...] | list[str] = ()) -> None:
+        """Refuse an id or alias that another model already answers to."""
+        with self.lock:
+            seen: set[str] = set()
+            for name in [model_id, *aliases]:
+                if not name:
+                    raise RegistryError(f"model {model_id!r} has an empty name")
+                if name in seen:
+                    raise RegistryError(f"model {model_id!r} lists the name {name!r} twice")
+                seen.add(name)
+                owner = self._owner_of(name)
+                if owner is not None:
+                    raise RegistryError(
+                        f"the name {name!r} of model {model_id!r} is already used by model {owner.id!r}"
+                    )
+
+    def lookup(self, name: str) -> Entry | None:
+        """Exact id or alias (``:latest`` ignored); never falls back."""
+        with self.lock:
+            return self._owner_of(name) or self._owner_of(_base_name(name))
+
+    def resolve(self, requested: str | None, capability: Capability = "chat") -> Route:
+        with self.lock:
+            capable = [e for e in self._entries.values() if e.capable(capability)]
+            if requested:
+                for name in (requested, _base_name(requested)):
+                    for e in capable:
+                        if name in e.names:
+                            return Route(e, requested, e.id)
+            # a group's members answer to their own names, but the group is
+            # the one model a fallback may pick
+            capable = [e for e in capable if e.member_of is None]
+            if len(capable) == 1:
+                return Route(capable[0], requested, capable[0].id)
+            if not capable:
+                what = "chat" if capability == "chat" else "embeddings"
+                raise RoutingError(503, f"no model capable of this request ({what}) is loaded", "model_not_available")
+            ids = sorted(e.id for e in capable)
+            if not requested:
+                raise RoutingError(
+                    400,
+                    f"several models are loaded; name one in 'model': {', '.join(ids)}",
+                    "model_required",
+                )
+            names = [n for e in capable for n in e.names]
+            close = difflib.get_close_matches(requested, names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise RoutingError(
+                404,
+                f"model {requested!r} not found; available models: {', '.join(ids)}.{hint}",
+                "model_not_found",
+            )
