@@ -208,17 +208,17 @@ def test_real_qwen_bare_arguments_become_a_call_over_responses(qwen_server, monk
     call to it (the rescue's own verdict, spied on), streamed or not."""
     import openai
 
-    import turbospark.generation as generation
+    import turbospark.answer as answer
 
     rescued: list[tuple[str, bool]] = []
-    real = generation.rescue_call
+    real = answer.rescue_call
 
     def spy(text, tools):
         call, why = real(text, tools)
         rescued.append((text, call is not None))
         return call, why
 
-    monkeypatch.setattr(generation, "rescue_call", spy)
+    monkeypatch.setattr(answer, "rescue_call", spy)
     srv, events = qwen_server
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
     shell = {"type": "function", "name": "shell", "description": "Runs a shell command and returns its output.",

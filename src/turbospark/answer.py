@@ -31,9 +31,9 @@ from .engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED, Progress, 
 from .request import Prepared
 from .tools import calls as toolcalls
 from .tools import grammar as grammars
-from .tools.guardrails import answered_arguments, canonical_arguments
+from .tools.guardrails import answered_arguments, canonical_arguments, validate_calls
 from .tools.reasoning import ReasoningSplitter
-from .tools.rescue import may_become_call
+from .tools.rescue import may_become_call, rescue_call
 from .tools.streaming import CallReader, Compact, Opened, Piece, XmlCallReader, head_name, past_keys
 
 #: the longest an answer that begins as a JSON object is held back while it
@@ -105,6 +105,43 @@ def after_call(rest: str) -> str:
     it: keys after its arguments (``"id": …``), its closing brace, a list's
     bracket, the closing marker."""
     return _CLOSERS.sub("", rest[past_keys(rest) :], count=1)
+
+
+@dataclass
+class Outcome:
+    """How a run's answer ends (:meth:`Router.finish`)."""
+
+    #: to send now: calls closed or sent whole, text after them
+    items: list[Routed] = field(default_factory=list)
+    calls: list[toolcalls.ToolCall] = field(default_factory=list)
+    #: why calls (if any) were not accepted
+    problems: list[str] = field(default_factory=list)
+    #: the guardrails may check the calls and ask a second time
+    guard: bool = False
+    #: the calls were checked whole (not streamed) and go out whole at the end
+    whole: bool = False
+    #: the calls were read before anything of them was sent
+    buffered: bool = False
+    #: text after the calls, sent unless a second attempt replaces it
+    leftover: str = ""
+
+
+def calls_of(text: str, prepared: Prepared) -> tuple[list[toolcalls.ToolCall], list[str], str]:
+    """(valid calls, problems, text that was not a call)."""
+    if not text:
+        return [], [], ""
+    parsed = toolcalls.parse_tool_calls(text, prepared.offered)
+    req = prepared.request
+    tools = req.tools if req else None
+    if not parsed.calls and req is not None:
+        rescued, why = rescue_call(text, req.tools)
+        if rescued is not None:
+            return [rescued], [], ""
+        if why is not None and not parsed.problems:
+            return [], [why], text
+    problems = list(parsed.problems) + validate_calls(parsed.calls, tools)
+    valid = parsed.calls if not problems else [c for c in parsed.calls if not validate_calls([c], tools)]
+    return valid, problems, parsed.content
 
 
 class Router:
@@ -181,6 +218,90 @@ class Router:
         self.opening_state = opening
         parts = self.splitter.feed(text) if self.splitter else [("content", text)]
         return self._route(parts)
+
+    @property
+    def answer(self) -> str:
+        """The answer text that went out (or will, at the end)."""
+        return "".join(self.content)
+
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self.reasoning)
+
+    @property
+    def raw(self) -> str:
+        """What the run wrote as its answer: text and the call tail."""
+        return "".join(self.content) + self.tail
+
+    def text(self, text: str) -> Delta:
+        """Answer text to send (counted in :attr:`answer`)."""
+        return self._content(text)
+
+    def add_reasoning(self, text: str) -> ReasoningDelta:
+        self.reasoning.append(text)
+        return ReasoningDelta(text)
+
+    def early_reask(self) -> tuple[list[str], list[toolcalls.ToolCall]] | None:
+        """Why the run can stop now for a re-ask: a call that names no
+        offered tool (its problem), or one repeating a call the conversation
+        has a result for (the call)."""
+        if self.misnamed is not None:
+            return [self.misnamed], []
+        if self.repeat is not None:
+            return [], [self.repeat]
+        return None
+
+    def finish(self, relayed: Relayed | None, live: bool) -> Outcome:
+        """The end of the run's answer (after :meth:`flush`): its calls,
+        read as they came, split off by the engine, or parsed from the tail
+        now, with what is still to be sent."""
+        req = self.prepared.request
+        tools = req.tools if req else None
+        if relayed is not None and relayed.calls:
+            done = relayed.finish()  # calls the engine parsed itself went out as they came: closed here
+            calls = [call for call, _ in done]
+            out = Outcome([ToolCallDelta(i, c, streamed=s) for i, (c, s) in enumerate(done)], calls)
+            out.problems = validate_calls(calls, tools)
+            leftover = calls_of(self.tail, self.prepared)[2] if self.tail else ""
+            if leftover.strip():
+                out.items.append(self._content(leftover))
+            return out
+        if self.streamed_calls:
+            return self._finish_streamed(live)
+        if self.prepared.offered:
+            calls, problems, leftover = calls_of(self.tail, self.prepared)
+            return Outcome([], calls, problems, guard=True, whole=True, buffered=True, leftover=leftover)
+        return Outcome()
+
+    def _finish_streamed(self, live: bool) -> Outcome:
+        """Calls that went out as they were written (a grammar kept them
+        valid, or they were read on speculation and are validated here)."""
+        assert self.reader is not None
+        req = self.prepared.request
+        calls = list(self.reader.calls)
+        out = Outcome([], calls, validate_calls(calls, req.tools if req else None))
+        cut = self.reader.partial
+        if cut is not None:  # the budget ran out inside it: closed as it is
+            out.items.append(ToolCallDelta(len(calls), cut, streamed=True, cut=True))
+            out.problems.append(f"the answer ended inside the call to {cut.name!r}")
+            # a body that is not streamed keeps the unfinished call as text
+            self.content.append(self.reader.partial_text)
+        elif not self.rest_streams and (rest := after_call(self.reader.rest)).strip():
+            # what followed the calls read (text a grammar would not have let
+            # through): more calls, sent whole, and text
+            more, more_problems, leftover = calls_of(rest, self.prepared)
+            if req is not None and not req.parallel_tool_calls:
+                more = []
+            out.items += [ToolCallDelta(i, call) for i, call in enumerate(more, len(calls))]
+            out.calls, out.problems = calls + more, out.problems + more_problems
+            if leftover.strip():
+                out.items.append(self._content(leftover))
+        elif not live:
+            # a client reading the whole answer at once has seen none of it:
+            # the guardrails' checks (a grammar-held call may still repeat one
+            # whose result the conversation has) and their re-ask
+            out.guard = out.buffered = True
+        return out
 
     def flush(self) -> list[Routed]:
         out = self._route(self.splitter.flush()) if self.splitter else []
@@ -462,8 +583,7 @@ class Relayed:
     def feed(self, item: Progress, router: Router) -> list[Routed]:
         out: list[Routed] = []
         if item.reasoning:
-            router.reasoning.append(item.reasoning)
-            out.append(ReasoningDelta(item.reasoning))
+            out.append(router.add_reasoning(item.reasoning))
         piece = item.call
         if piece is None:
             return out

@@ -35,6 +35,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from .answer import (
     Delta,
+    Outcome,
     ProbsCarrier,
     ReasoningDelta,
     Relayed,
@@ -42,7 +43,6 @@ from .answer import (
     ToolArgumentsDelta,
     ToolCallBegin,
     ToolCallDelta,
-    after_call,
 )
 from .backend import Backend
 from .engine.channel import Run
@@ -57,9 +57,8 @@ from .engine.types import (
 from .observe import NO_REPORTER, Reporter
 from .request import ChatRequest, Final, Prepared
 from .tools import calls as toolcalls
-from .tools.guardrails import answer_turn, corrective_turn, repeated, validate_calls
+from .tools.guardrails import answer_turn, corrective_turn, repeated
 from .tools.prompting import tool_names
-from .tools.rescue import rescue_call
 
 
 # ---------------------------------------------------------------- preparing
@@ -234,133 +233,131 @@ async def _one_choice(
     (it has a cancel flag of its own when this choice starts it)."""
     req = prepared.request
     reask = reask and req is not None and req.guardrails is not False and bool(prepared.offered)
-    own = cancel.child() if reask and run is None else cancel
-    router = Router(prepared, live=live, reask=reask, stops=own is not cancel)
-    attempts: list[RawDecodeResult] = []
-    result: RawDecodeResult | None = None
-    probs = ProbsCarrier()
-    relayed: Relayed | None = None
-    retry: Prepared | None = None  # the guardrails' second attempt, if they ask for one
-    early = False  # whether a re-ask was asked for before the run ended
-    async for item in _run(backend, prepared, own, reporter, run):
-        if not isinstance(item, Progress):
-            result = item
-            continue
-        if retry is not None:  # stopped for the re-ask: the rest is dropped
-            continue
-        if item.call is not None or item.reasoning:  # split by the engine itself
-            relayed = relayed or Relayed()
-            for r in relayed.feed(item, router):
-                yield r
-            continue
-        for d in probs.attach(item.logprobs, router.feed(item.text, item.opening)):
+    turn = _Turn(backend, prepared, cancel, live, reask, run is None)
+    async for item in turn.first(reporter, run):
+        yield item
+    async for item in turn.end():
+        yield item
+    if turn.retry is not None:
+        async for item in turn.second(reporter):
+            yield item
+    for item in turn.final():
+        yield item
+
+
+class _Turn:
+    """One choice's attempts: the first run (routed as it comes; stopped
+    early for a re-ask when its call names no offered tool or repeats an
+    answered one), its end (the router's :class:`~turbospark.answer.Outcome`
+    and the guardrails' decision), the second attempt if they ask for one,
+    and the :class:`Final` of both."""
+
+    def __init__(
+        self, backend: Backend, prepared: Prepared, cancel: CancelFlag, live: bool, reask: bool, own_run: bool
+    ) -> None:
+        self.backend, self.prepared, self.cancel, self.live, self.reask = backend, prepared, cancel, live, reask
+        #: a run this choice starts has a flag of its own, to stop it for a re-ask
+        self.own = cancel.child() if reask and own_run else cancel
+        self.router = Router(prepared, live=live, reask=reask, stops=self.own is not cancel)
+        self.probs = ProbsCarrier()
+        self.relayed: Relayed | None = None
+        self.retry: Prepared | None = None  # the guardrails' second attempt, if they ask for one
+        self.result: RawDecodeResult | None = None
+        self.attempts: list[RawDecodeResult] = []
+        self.outcome = Outcome()
+        self.second_text = self.second_reasoning = ""
+
+    async def first(self, reporter: Reporter, run: Run | None) -> AsyncIterator[Item]:
+        """The first run's items, as they come."""
+        router, early = self.router, False  # (whether a re-ask was asked for before the run ended)
+        async for item in _run(self.backend, self.prepared, self.own, reporter, run):
+            if not isinstance(item, Progress):
+                self.result = item
+                continue
+            if self.retry is not None:  # stopped for the re-ask: the rest is dropped
+                continue
+            if item.call is not None or item.reasoning:  # split by the engine itself
+                self.relayed = self.relayed or Relayed()
+                for r in self.relayed.feed(item, router):
+                    yield r
+                continue
+            for d in self.probs.attach(item.logprobs, router.feed(item.text, item.opening)):
+                yield d
+            why = router.early_reask() if self.own is not self.cancel and not early else None
+            if why is not None:
+                early = True
+                self.retry = await _guard(self.backend, self.prepared, router, *why, self.cancel)
+                if self.retry is not None:
+                    self.own.cancel("re-asked: " + (router.misnamed or "the call repeats one the conversation has"))
+                else:  # no room for a second attempt: the first goes on, as it is
+                    self.reask = False
+                    for d in router.no_reask():
+                        yield d
+        assert self.result is not None
+        # (a run stopped for the re-ask may have been failed meanwhile as a slow
+        # reader: its output was left unread while the re-ask was prepared)
+        _raise_if_failed(self.result, self.cancel if self.retry is not None else self.own)
+        self.attempts.append(self.result)
+
+    async def end(self) -> AsyncIterator[Item]:
+        """The first answer's end: its calls, and the guardrails' decision."""
+        router, result = self.router, self.result
+        assert result is not None
+        if self.retry is not None:  # stopped where its call named no offered tool, or repeated one
+            self.outcome = Outcome(problems=[router.misnamed] if router.misnamed else [])
+            return
+        for d in self.probs.attach((), router.flush()):
             yield d
-        if (router.misnamed is not None or router.repeat is not None) and own is not cancel and not early:
-            early = True
-            if router.misnamed is not None:
-                retry = await _guard(backend, prepared, router, [router.misnamed], [], cancel)
-            elif router.repeat is not None:  # hand the result back (``_reask``)
-                retry = await _guard(backend, prepared, router, [], [router.repeat], cancel)
-            if retry is not None:
-                own.cancel("re-asked: " + (router.misnamed or "the call repeats one the conversation has"))
-            else:  # no room for a second attempt: the first goes on, as it is
-                reask = False
-                for d in router.no_reask():
-                    yield d
-    assert result is not None
-    # (a run stopped for the re-ask may have been failed meanwhile as a slow
-    # reader: its output was left unread while the re-ask was prepared)
-    _raise_if_failed(result, cancel if retry is not None else own)
-    attempts.append(result)
-    if retry is None:
-        for d in probs.attach((), router.flush()):
-            yield d
-    calls: list[toolcalls.ToolCall] = []
-    problems: list[str] = []
-    buffered = whole = False  # the calls were checked whole (and are sent whole)
-    if retry is not None:  # stopped where its call named no offered tool, or repeated one
-        problems = [router.misnamed] if router.misnamed else []
-    elif relayed is not None and relayed.calls:
-        # calls the engine parsed itself went out as they came: closed here
-        relayed_calls = relayed.finish()
-        calls = [call for call, _ in relayed_calls]
-        for i, (call, streamed) in enumerate(relayed_calls):
-            yield ToolCallDelta(i, call, streamed=streamed)
-        problems = validate_calls(calls, req.tools if req else None)
-        leftover = _calls_of(router.tail, prepared)[2] if router.tail else ""
-        if leftover.strip():
-            yield router._content(leftover)
-    elif router.streamed_calls:
-        # out already (the grammar kept them valid, or they were read on
-        # speculation and are validated here): no re-ask in a stream
-        assert router.reader is not None
-        calls = list(router.reader.calls)
-        problems = validate_calls(calls, req.tools if req else None)
-        cut = router.reader.partial
-        if cut is not None:  # the budget ran out inside it: closed as it is
-            yield ToolCallDelta(len(calls), cut, streamed=True, cut=True)
-            problems.append(f"the answer ended inside the call to {cut.name!r}")
-            # a body that is not streamed keeps the unfinished call as text
-            router.content.append(router.reader.partial_text)
-        elif not router.rest_streams and (rest := after_call(router.reader.rest)).strip():
-            # what followed the calls read (text a grammar would not have let
-            # through): more calls, sent whole, and text
-            more, more_problems, leftover = _calls_of(rest, prepared)
-            if req is not None and not req.parallel_tool_calls:
-                more = []
-            for i, call in enumerate(more, len(calls)):
-                yield ToolCallDelta(i, call)
-            calls, problems = calls + more, problems + more_problems
-            if leftover.strip():
-                yield router._content(leftover)
-        elif not live:
-            # a client reading the whole answer at once has seen none of it:
-            # the guardrails' checks (a grammar-held call may still repeat one
-            # whose result the conversation has) and their re-ask
-            if reask and result.reason is not StopReason.MAX_TOKENS:
-                retry = await _guard(backend, prepared, router, problems, calls, cancel)
-            buffered = True
-    elif prepared.offered:
-        calls, problems, leftover = _calls_of(router.tail, prepared)
+        out = self.outcome = router.finish(self.relayed, self.live)
+        for item in out.items:
+            yield item
         # (an answer the budget cut short stands: a second attempt would have
         # no more room than the first had)
-        if reask and result.reason is not StopReason.MAX_TOKENS:
-            retry = await _guard(backend, prepared, router, problems, calls, cancel)
-        if retry is None and leftover.strip():
+        if out.guard and self.reask and result.reason is not StopReason.MAX_TOKENS:
+            self.retry = await _guard(self.backend, self.prepared, router, out.problems, out.calls, self.cancel)
+        if self.retry is None and out.leftover.strip():
             # what the first attempt wrote from its call on is the answer's
             # rest only when it stands: a re-ask's answer replaces it
-            yield router._content(leftover)
-        buffered = whole = True
-    if retry is not None:
-        # the second attempt: its items go out as they come (after what the
-        # first already sent; the first's answer from its call on is
-        # replaced), and its Final's numbers join this one's
+            yield router.text(out.leftover)
+
+    async def second(self, reporter: Reporter) -> AsyncIterator[Item]:
+        """The second attempt: its items go out as they come (after what the
+        first already sent; the first's answer from its call on is
+        replaced), and its Final's numbers join this one's."""
+        assert self.retry is not None
         again: Final | None = None
-        async for later in _one_choice(backend, retry, cancel, reporter, None, live, reask=False):
+        async for later in _one_choice(self.backend, self.retry, self.cancel, reporter, None, self.live, reask=False):
             if isinstance(later, Final):
                 again = later
             else:
                 yield later
         assert again is not None
-        router.content.append(again.text)
-        router.reasoning.append(again.reasoning)
-        attempts += again.attempts
-        result, calls, problems = again.result, again.tool_calls, again.problems
-        buffered = whole = False  # its calls went out in its own run
-    if buffered and req is not None and not req.parallel_tool_calls:
-        calls = calls[:1]
-    for i, call in enumerate(calls if whole else ()):  # calls checked whole go out whole
-        yield ToolCallDelta(i, call)
-    reasoning = "".join(router.reasoning)
-    yield Final(
-        result=result,
-        text="".join(router.content),
-        reasoning=reasoning,
-        tool_calls=calls,
-        attempts=attempts,
-        reasoning_tokens=_reasoning_tokens(backend, result, reasoning),
-        problems=problems,
-    )
+        self.second_text, self.second_reasoning = again.text, again.reasoning
+        self.attempts += again.attempts
+        self.result = again.result
+        # its calls went out in its own run
+        self.outcome = Outcome(calls=again.tool_calls, problems=again.problems)
+
+    def final(self) -> list[Item]:
+        """The calls checked whole (they go out whole now), then the Final."""
+        out, req, result = self.outcome, self.prepared.request, self.result
+        assert result is not None
+        calls = out.calls
+        if out.buffered and req is not None and not req.parallel_tool_calls:
+            calls = calls[:1]
+        whole: list[Item] = [ToolCallDelta(i, call) for i, call in enumerate(calls if out.whole else ())]
+        reasoning = self.router.reasoning_text + self.second_reasoning
+        return whole + [
+            Final(
+                result=result,
+                text=self.router.answer + self.second_text,
+                reasoning=reasoning,
+                tool_calls=calls,
+                attempts=self.attempts,
+                reasoning_tokens=_reasoning_tokens(self.backend, result, reasoning),
+                problems=out.problems,
+            )
+        ]
 
 
 async def _guard(
@@ -392,28 +389,6 @@ def _raise_if_failed(result: RawDecodeResult, cancel: CancelFlag) -> None:
         raise cancel.error
 
 
-def _calls_of(text: str, prepared: Prepared) -> tuple[list[toolcalls.ToolCall], list[str], str]:
-    """(valid calls, problems, text that was not a call)."""
-    if not text:
-        return [], [], ""
-    parsed = toolcalls.parse_tool_calls(text, prepared.offered)
-    req = prepared.request
-    if not parsed.calls and req is not None:
-        rescued, why = rescue_call(text, req.tools)
-        if rescued is not None:
-            return [rescued], [], ""
-        if why is not None and not parsed.problems:
-            return [], [why], text
-    problems = list(parsed.problems)
-    problems += validate_calls(parsed.calls, req.tools if req else None)
-    valid = (
-        parsed.calls
-        if not problems
-        else [c for c in parsed.calls if not validate_calls([c], req.tools if req else None)]
-    )
-    return valid, problems, parsed.content
-
-
 def _reask(
     backend: Backend, prepared: Prepared, router: Router, problems: list[str], calls: list[toolcalls.ToolCall]
 ) -> Prepared | None:
@@ -421,7 +396,7 @@ def _reask(
     first answer stands (it is fine, or a second attempt cannot fit)."""
     req = prepared.request
     assert req is not None
-    raw = "".join(router.content) + router.tail
+    raw = router.raw
     names = list(prepared.offered)
     required = req.tool_choice in ("required", "named")
     results = repeated(calls, req.messages) if calls and not problems else []

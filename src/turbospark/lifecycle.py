@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .backend import Backend
 from .failures import note_failure, refuse_reload
 from .model_entry import Entry, ModelSpec, RoutingError, info_of
 from .observe import ModelAttached, Observer, now_ms, record
@@ -128,17 +129,15 @@ class Lifecycle:
         while entry.leases > 0:
             await asyncio.sleep(poll)
         model, entry.model = entry.model, None
-        if model is not None and hasattr(model, "close"):
+        if model is not None:
             await asyncio.to_thread(model.close)
 
     def unload_later(self, entry: Entry) -> None:
         """Unload a detached model in the background once idle (needs a loop)."""
         self._background(self.unload_when_idle(entry))
 
-    def close_later(self, model: Any) -> None:
+    def close_later(self, model: Backend) -> None:
         """Close a model taken out of its entry once no request holds it."""
-        if not hasattr(model, "close"):
-            return
 
         async def close() -> None:
             while self._in_use.get(id(model), 0) > 0:
@@ -158,10 +157,9 @@ class Lifecycle:
         for e in entries:
             if e.group is not None:
                 e.group.close()
-            aclose = getattr(e.model, "aclose", None)  # a remote engine's connections
-            if aclose is not None:
+            if e.model is not None:  # (a remote engine's connections)
                 try:
-                    await aclose()
+                    await e.model.aclose()
                 except Exception:  # noqa: BLE001 - shutting down goes on
                     log.exception("closing %s's connections failed", e.id)
         for task in list(self._closing):

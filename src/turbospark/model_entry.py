@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .backend import Backend
 from .replicas import Replica, ReplicaSet
 
 Capability = Literal["chat", "embeddings"]
@@ -66,7 +67,7 @@ class Entry:
     aliases: tuple[str, ...]
     kind: Kind
     spec: ModelSpec | None = None
-    model: Any = None
+    model: Backend | None = None
     leases: int = 0
     last_used: float = field(default_factory=time.monotonic)
     detached: bool = False
@@ -146,8 +147,8 @@ class Entry:
         if self.group is not None:
             return any(r.entry.capable(capability) for r in self.group.replicas)
         if self.model is not None:
-            flag = "supports_chat" if capability == "chat" else "supports_embeddings"
-            return bool(getattr(self.model, flag, capability == "chat"))
+            caps = self.model.capabilities
+            return caps.chat if capability == "chat" else caps.embeddings
         if capability == "chat":
             return self.kind == "chat"
         return True  # llama.cpp models embed; chat models too
@@ -165,7 +166,7 @@ class Route:
     replica: Replica | None = None
 
     @property
-    def model(self) -> Any:
+    def model(self) -> Backend | None:
         return self.entry.model
 
     @property
@@ -173,12 +174,12 @@ class Route:
         return self.requested is not None and self.requested != self.served
 
 
-def info_of(model: Any) -> dict[str, Any]:
+def info_of(model: Backend) -> dict[str, Any]:
     """A loaded model's facts for the views (cached on its entry at load)."""
     try:
         return dict(model.info())
-    except Exception:  # a model without info() still routes
-        return {"id": model.model_id, "aliases": list(getattr(model, "aliases", ()))}
+    except Exception:  # a model whose info() fails still routes
+        return {"id": model.model_id, "aliases": list(model.aliases)}
 
 
 def file_size(path: str) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from .backend import Backend
 from .failures import MAX_FAILURES
 from .lifecycle import Lifecycle
 from .model_entry import (
@@ -82,10 +83,10 @@ class Registry:
         """Refuse an id or alias that another model already answers to."""
         self._names.check_names(model_id, aliases)
 
-    def attach(self, model: Any, spec: ModelSpec | None = None) -> Entry:
+    def attach(self, model: Backend, spec: ModelSpec | None = None) -> Entry:
         """Add a loaded model (and, with a spec, the means to reload it)."""
-        aliases = tuple(getattr(model, "aliases", ()))
-        kind: Kind = "chat" if getattr(model, "supports_chat", True) else "embedding"
+        aliases = tuple(model.aliases)
+        kind: Kind = "chat" if model.capabilities.chat else "embedding"
         with self._names.lock:
             self.check_names(model.model_id, aliases)
             entry = Entry(model.model_id, aliases, kind, spec=spec, model=model)
@@ -185,7 +186,7 @@ class Registry:
     def entries(self) -> list[Entry]:
         return self._names.entries()
 
-    def models(self) -> list[Any]:
+    def models(self) -> list[Backend]:
         """The models resident in memory now: a detached one too while it
         finishes its requests (the views and metrics show their work)."""
         with self._names.lock:

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from .model_entry import Entry, RoutingError
 from .observe import ModelDetached, Observer, now_ms, record
@@ -83,9 +82,7 @@ class Residency:
         if not self.max_resident:
             return True
         resident = [
-            e
-            for e in self._entries()
-            if e.model is not None and e is not exclude and not getattr(e.model, "takes_messages", False)
+            e for e in self._entries() if e.model is not None and e is not exclude and e.model.capabilities.resident
         ]  # a remote model holds no memory here
         while len(resident) + self._reserved >= self.max_resident:
             idle = [e for e in resident if e.leases == 0 and e.spec is not None]
@@ -98,11 +95,9 @@ class Residency:
 
     async def unload(self, entry: Entry, why: str) -> None:
         """Take a model out of memory now (it stays known, reloaded on demand)."""
-        model: Any
         model, entry.model = entry.model, None
         if model is None:
             return
         log.info("unloading %s: %s", entry.id, why)
         record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=entry.id, reason=why))
-        if hasattr(model, "close"):
-            await asyncio.to_thread(model.close)
+        await asyncio.to_thread(model.close)

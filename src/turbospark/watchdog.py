@@ -50,13 +50,14 @@ class Watchdog:
         model = entry.model
         if model is None:
             return
+        health = model.health()
         if entry.replica is None:  # a lone remote model: what its requests found (passive)
-            unreachable = getattr(model, "unreachable", None)
+            unreachable = health.unreachable
             if unreachable != entry.unreachable:
                 entry.unreachable = unreachable
                 state, why = ("down", unreachable) if unreachable else ("ok", "answering again")
                 record(self.observer, lambda: ModelHealth(at_ms=now_ms(), model=entry.id, state=state, reason=why))
-        failure = getattr(model, "failure", None)
+        failure = health.failure
         if failure:
             entry.model = None
             note_failure(entry, f"engine failure: {failure}")
@@ -64,8 +65,7 @@ class Watchdog:
             self.lifecycle.close_later(model)
             return
         forgive(entry, time.monotonic())
-        stalled_for = getattr(model, "stalled_for", None)
-        seconds = float(stalled_for()) if stalled_for is not None else 0.0
+        seconds = health.stalled_seconds
         if seconds >= self.stall_timeout and not entry.stalled:
             entry.stalled = True
             why = entry.stall_reason = f"no engine step for {seconds:.0f} s while requests wait"
