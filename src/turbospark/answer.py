@@ -144,6 +144,74 @@ def calls_of(text: str, prepared: Prepared) -> tuple[list[toolcalls.ToolCall], l
     return valid, problems, parsed.content
 
 
+class RepeatHold:
+    """A streamed call to a tool whose result the conversation has
+    (``answered``: name -> canonical arguments of its answered calls -> the
+    same as written), held back until whole; ``repeat`` when it is one of
+    them (the run can then stop for a re-ask that hands the result back)."""
+
+    def __init__(self, answered: dict[str, dict[str, str]]) -> None:
+        self.answered = answered
+        self.call: list[Routed] = []
+        self.since = 0.0
+        #: the held call's arguments so far, compacted: while they begin an
+        #: answered call's as written, it is held past HOLD_SECONDS
+        self.text = Compact()
+        self.repeat: toolcalls.ToolCall | None = None
+
+    @property
+    def holding(self) -> bool:
+        """A call is held (or known to repeat one)."""
+        return bool(self.call) or self.repeat is not None
+
+    def feed(self, items: list[Routed]) -> list[Routed]:
+        """An answer's first call, to a tool the conversation already has a
+        result from, is held back until it is whole (a small model calls
+        again instead of reading the result): the same call as one answered
+        (key order and blanks aside) is ``repeat`` (the run stops and the
+        result is handed back, ``answer_turn``), and what follows it is held
+        too; any other goes out, and so does one still being written after
+        :data:`HOLD_SECONDS`."""
+        out: list[Routed] = []
+        for item in items:
+            if not self.call:
+                if isinstance(item, ToolCallBegin) and item.index == 0 and item.name in self.answered:
+                    self.call, self.since, self.text = [item], time.monotonic(), Compact()
+                else:
+                    out.append(item)
+                continue
+            self.call.append(item)
+            if isinstance(item, ToolArgumentsDelta):
+                self.text.feed(item.text)
+            if self.repeat is None and isinstance(item, ToolCallDelta):
+                first = self.call[0]
+                assert isinstance(first, ToolCallBegin)
+                if canonical_arguments(item.call.arguments) in self.answered[first.name]:
+                    self.repeat = item.call
+                else:
+                    out += self.let_go()
+        if self.call and self.repeat is None and time.monotonic() - self.since > HOLD_SECONDS:
+            if not self._same_so_far():
+                out += self.let_go()
+        return out
+
+    def _same_so_far(self) -> bool:
+        """The held call's arguments so far begin one the conversation has a
+        result for, character for character (blanks between tokens aside):
+        a long repeat, held to its end however long that takes (no longer
+        than the answered call took), let go the moment it differs."""
+        first = self.call[0]
+        assert isinstance(first, ToolCallBegin)
+        text = self.text.text
+        return bool(text) and any(t.startswith(text) for t in self.answered.get(first.name, {}).values())
+
+    def let_go(self) -> list[Routed]:
+        """What :meth:`feed` holds, to go out (no call is held
+        after this)."""
+        held, self.call, self.repeat, self.answered = self.call, [], None, {}
+        return held
+
+
 class Router:
     """Turns one run's raw text into reasoning, answer text and a tool-call
     tail, incrementally. The tail is buffered (parsed and validated at the
@@ -191,19 +259,10 @@ class Router:
         #: its head is out: the run need not go on for a re-ask to be made
         self.misnamed: str | None = None
         #: the run can be stopped for a re-ask (``stops``) and a client reads
-        #: as it comes: a streamed call to a tool whose result the
-        #: conversation has (name -> canonical arguments of its answered
-        #: calls -> the same as written) is held back until whole
-        #: (``_hold_repeats``), and is ``repeat`` when it is one of them
+        #: as it comes: a repeat of an answered call is held (:class:`RepeatHold`)
         req = prepared.request
         repeats = stops and live and req is not None and req.tool_choice not in ("required", "named")
-        self.answered = answered_arguments(req.messages) if repeats and req is not None else {}
-        self.held_call: list[Routed] = []
-        self.held_call_since = 0.0
-        #: the held call's arguments so far, compacted: while they begin an
-        #: answered call's as written, it is held past HOLD_SECONDS
-        self.held_text = Compact()
-        self.repeat: toolcalls.ToolCall | None = None
+        self.hold = RepeatHold(answered_arguments(req.messages) if repeats and req is not None else {})
         self.pending = ""  # answer text not yet known to be free of a call start
         #: the text after the calls read on speculation is no call: it went
         #: out as text, and so does everything after it
@@ -247,8 +306,8 @@ class Router:
         has a result for (the call)."""
         if self.misnamed is not None:
             return [self.misnamed], []
-        if self.repeat is not None:
-            return [], [self.repeat]
+        if self.hold.repeat is not None:
+            return [], [self.hold.repeat]
         return None
 
     def finish(self, relayed: Relayed | None, live: bool) -> Outcome:
@@ -305,7 +364,7 @@ class Router:
 
     def flush(self) -> list[Routed]:
         out = self._route(self.splitter.flush()) if self.splitter else []
-        out += self.let_go()
+        out += self.hold.let_go()
         if self.hold_json and self.pending and not self.content and not self.tail:
             # the whole answer was a JSON object: the call parsers decide
             self.tail, self.pending = self.pending, ""
@@ -383,54 +442,7 @@ class Router:
                 out.append(ToolArgumentsDelta(event.index, event.text))
             else:
                 out.append(ToolCallDelta(event.index, event.call, streamed=True))
-        return self._hold_repeats(out) if self.answered else out
-
-    def _hold_repeats(self, items: list[Routed]) -> list[Routed]:
-        """An answer's first call, to a tool the conversation already has a
-        result from, is held back until it is whole (a small model calls
-        again instead of reading the result): the same call as one answered
-        (key order and blanks aside) is ``repeat`` (the run stops and the
-        result is handed back, ``answer_turn``), and what follows it is held
-        too; any other goes out, and so does one still being written after
-        :data:`HOLD_SECONDS`."""
-        out: list[Routed] = []
-        for item in items:
-            if not self.held_call:
-                if isinstance(item, ToolCallBegin) and item.index == 0 and item.name in self.answered:
-                    self.held_call, self.held_call_since, self.held_text = [item], time.monotonic(), Compact()
-                else:
-                    out.append(item)
-                continue
-            self.held_call.append(item)
-            if isinstance(item, ToolArgumentsDelta):
-                self.held_text.feed(item.text)
-            if self.repeat is None and isinstance(item, ToolCallDelta):
-                first = self.held_call[0]
-                assert isinstance(first, ToolCallBegin)
-                if canonical_arguments(item.call.arguments) in self.answered[first.name]:
-                    self.repeat = item.call
-                else:
-                    out += self.let_go()
-        if self.held_call and self.repeat is None and time.monotonic() - self.held_call_since > HOLD_SECONDS:
-            if not self._same_so_far():
-                out += self.let_go()
-        return out
-
-    def _same_so_far(self) -> bool:
-        """The held call's arguments so far begin one the conversation has a
-        result for, character for character (blanks between tokens aside):
-        a long repeat, held to its end however long that takes (no longer
-        than the answered call took), let go the moment it differs."""
-        first = self.held_call[0]
-        assert isinstance(first, ToolCallBegin)
-        text = self.held_text.text
-        return bool(text) and any(t.startswith(text) for t in self.answered.get(first.name, {}).values())
-
-    def let_go(self) -> list[Routed]:
-        """What :meth:`_hold_repeats` holds, to go out (no call is held
-        after this)."""
-        held, self.held_call, self.repeat, self.answered = self.held_call, [], None, {}
-        return held
+        return self.hold.feed(out) if self.hold.answered else out
 
     def _to_tail(self, text: str) -> list[Routed]:
         """Text from the first call start on: buffered, and read as calls
@@ -455,7 +467,7 @@ class Router:
         reader = self.reader
         if reader is None or not reader.failed or reader.reading or reader.names is None:
             return out  # (a call that went out in part is closed as it is at the end)
-        if self.held_call or self.repeat is not None:
+        if self.hold.holding:
             return out  # (a repeat held for a re-ask: nothing after it goes out before it)
         if reader.calls:  # after the calls read: prose, and all that follows, as it comes
             if not reader.prose:
@@ -503,7 +515,7 @@ class Router:
         """The re-ask this router held a call for cannot be made (no room
         for it): what was held goes out."""
         self.reask = False
-        out = self.let_go()
+        out = self.hold.let_go()
         return out + self._as_text() if self.misnamed is not None else out
 
     def _route(self, parts: list[tuple[str, str]]) -> list[Routed]:
