@@ -37,7 +37,7 @@ def healthy():
 
 def scheduler_of(srv: Server):
     (model,) = srv.registry.models()
-    return model.scheduler
+    return model.engine.scheduler
 
 
 def test_an_engine_failure_fails_in_flight_streams_degrades_health_and_the_next_request_reloads(healthy):

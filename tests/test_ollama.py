@@ -151,7 +151,7 @@ def test_system_message_and_history_reach_the_template(server, client):
         {"role": "user", "content": "And of Spain?"},
     ]
     r = client.chat(model="m", messages=msgs, options={"temperature": 0, "num_predict": 4})
-    model = server.registry.lookup("smollm2-135m").model
+    model = server.registry.lookup("smollm2-135m").model.engine
     assert r.prompt_eval_count == len(model.render_chat(msgs))
 
 
@@ -177,7 +177,7 @@ def test_generate_non_stream_and_stream_sdk(client, ids, hub):
 
 
 def test_generate_system_and_raw_prompts(server, client):
-    model = server.registry.lookup("smollm2-135m").model
+    model = server.registry.lookup("smollm2-135m").model.engine
     r = client.generate(model="m", prompt="Hello", system="Reply in French.", options={"num_predict": 2})
     assert r.prompt_eval_count == len(
         model.render_chat([{"role": "system", "content": "Reply in French."}, {"role": "user", "content": "Hello"}])
@@ -252,7 +252,7 @@ def test_raw_generate_framing_and_stream_false(base_url, hub):
 
 # -- num_ctx, format, images, warnings --------------------------------------------------------
 def test_num_ctx_is_honoured_and_a_larger_one_warned(base_url, server):
-    model = server.registry.lookup("smollm2-135m").model
+    model = server.registry.lookup("smollm2-135m").model.engine
     n = len(model.render_chat(STORY))
     body = {
         "model": "m",

@@ -98,7 +98,7 @@ def test_embeddings_route_to_the_embedding_model(multi):
     assert len(raw.parse().data[0].embedding) > 0
     assert routed(obs, raw).served == "embedder"
     # an embedding-kind model holds no chat context, KV slots or scheduler
-    model = next(m for m in srv.registry.models() if m.model_id == "embedder")
+    model = next(m.engine for m in srv.registry.models() if m.model_id == "embedder")
     assert model.ctx is None and model.scheduler is None
     assert model.info()["kv_cache_bytes"] == 0 and model.load() == {"running": 0, "waiting": 0, "slots": []}
     ps = httpx.get(srv.url + "/api/ps").json()["models"]
@@ -405,7 +405,7 @@ def test_admin_attach_inherits_the_server_defaults_and_respects_max_resident():
         assert srv.registry.lookup("alpha").model is None  # evicted to make room
         assert gamma.spec.keep_alive == 300.0
         sch = gamma.model.engine.scheduler
-        assert (sch.max_queue, sch.speculative, gamma.model.ctx.threads) == (3, False, 1)
+        assert (sch.max_queue, sch.speculative, gamma.model.engine.ctx.threads) == (3, False, 1)
         # what the request sets wins over the defaults
         assert httpx.delete(srv.url + "/v1/admin/models/gamma", timeout=10).status_code == 200
         r = httpx.post(
