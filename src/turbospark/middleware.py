@@ -25,8 +25,8 @@ from typing import Any, cast
 import orjson
 
 from .auth import ADMIN_KEY, TENANT_KEY
+from .dialects.base import CorsHeaders, ErrorShapes
 from .dialects.common import BadRequest
-from .dialects.errors import shape_for_path
 from .drain import Drain, ShuttingDown
 from .guard import CORS_EXPOSE, CORS_MAX_AGE, CORS_METHODS, BrowserPolicy
 from .observe import (
@@ -173,6 +173,7 @@ class ObserveMiddleware:
 async def refuse(
     scope: Scope,
     send: Any,
+    shapes: ErrorShapes,
     status: int,
     message: str,
     *,
@@ -182,8 +183,8 @@ async def refuse(
 ) -> None:
     """An error in the path's dialect shape, sent without reading the body."""
     scope.setdefault("state", {})[ERROR_KEY] = message
-    anthropic = any(name == b"anthropic-version" for name, _ in scope.get("headers", ()))
-    shape = shape_for_path(scope.get("path", ""), anthropic)
+    names = [name.decode("latin-1") for name, _ in scope.get("headers", ())]
+    shape = shapes.for_path(scope.get("path", ""), names)
     body = orjson.dumps(shape(status, message, type=type, param=None, code=code))
     await send(
         {
@@ -225,9 +226,11 @@ class GuardMiddleware:
     ``Content-Length`` or, chunked, as its bytes arrive (never buffered past
     the limit). Sits inside :class:`ObserveMiddleware`: refusals are observed."""
 
-    def __init__(self, app: Any, policy: BrowserPolicy) -> None:
+    def __init__(self, app: Any, policy: BrowserPolicy, shapes: ErrorShapes, cors: CorsHeaders) -> None:
         self.app = app
         self.policy = policy
+        self.shapes = shapes
+        self.cors = cors
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -239,6 +242,7 @@ class GuardMiddleware:
             await refuse(
                 scope,
                 send,
+                self.shapes,
                 403,
                 f"host {host!r} is not allowed: this server answers to "
                 "loopback names, its own address and --allowed-host names",
@@ -251,6 +255,7 @@ class GuardMiddleware:
                 await refuse(
                     scope,
                     send,
+                    self.shapes,
                     403,
                     f"origin {origin!r} is not allowed to call this server (--cors-origin)",
                     type="permission_error",
@@ -267,7 +272,7 @@ class GuardMiddleware:
                         "headers": [
                             *cors,
                             (b"access-control-allow-methods", CORS_METHODS.encode()),
-                            (b"access-control-allow-headers", policy.allowed_request_headers(asked).encode()),
+                            (b"access-control-allow-headers", self.cors.allowed(asked).encode()),
                             (b"access-control-max-age", CORS_MAX_AGE.encode()),
                             (b"content-length", b"0"),
                         ],
@@ -284,10 +289,12 @@ class GuardMiddleware:
             except ValueError:
                 declared = -1
             if declared < 0:
-                await refuse(scope, send, 400, "malformed Content-Length header")
+                await refuse(scope, send, self.shapes, 400, "malformed Content-Length header")
                 return
             if declared > limit:
-                await refuse(scope, send, 413, BodyTooLarge(limit).message, headers=[(b"connection", b"close")])
+                await refuse(
+                    scope, send, self.shapes, 413, BodyTooLarge(limit).message, headers=[(b"connection", b"close")]
+                )
                 return
         started = False
         seen = 0
@@ -312,7 +319,7 @@ class GuardMiddleware:
         except BodyTooLarge as exc:  # a handler that did not shape it itself
             if started:
                 raise
-            await refuse(scope, send, 413, exc.message, headers=[(b"connection", b"close")])
+            await refuse(scope, send, self.shapes, 413, exc.message, headers=[(b"connection", b"close")])
 
 
 def _with_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
@@ -328,9 +335,10 @@ class AuthMiddleware:
     """401s before the body is read, in the error shape of the path's dialect.
     Sits inside :class:`ObserveMiddleware`, so refusals are observed too."""
 
-    def __init__(self, app: Any, auth: Any, observer_ref: Any = None) -> None:
+    def __init__(self, app: Any, auth: Any, shapes: ErrorShapes, observer_ref: Any = None) -> None:
         self.app = app
         self.auth = auth
+        self.shapes = shapes
         #: as :class:`ObserveMiddleware`'s: told each accepted request's tenant
         self.observer_ref = observer_ref
 
@@ -345,13 +353,14 @@ class AuthMiddleware:
                 await refuse(
                     scope,
                     send,
+                    self.shapes,
                     401,
                     decision.reason,
                     type="authentication_error",
                     headers=[(b"www-authenticate", b'Bearer realm="turbospark"')],
                 )
             else:
-                await refuse(scope, send, decision.status, decision.reason, type="permission_error")
+                await refuse(scope, send, self.shapes, decision.status, decision.reason, type="permission_error")
             return
         state = scope.setdefault("state", {})
         state[TENANT_KEY], state[ADMIN_KEY] = decision.tenant, decision.admin
@@ -371,9 +380,10 @@ class DrainMiddleware:
     ``Retry-After`` in their dialect's shape, and their connection is closed.
     Sits inside :class:`ObserveMiddleware`: refusals are observed."""
 
-    def __init__(self, app: Any, drain: Any) -> None:
+    def __init__(self, app: Any, drain: Any, shapes: ErrorShapes) -> None:
         self.app = app
         self.drain = drain
+        self.shapes = shapes
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("path") in DRAIN_EXEMPT:
@@ -382,7 +392,7 @@ class DrainMiddleware:
         if self.drain.draining:
             refused = ShuttingDown()
             headers = [(b"retry-after", str(refused.retry_after).encode()), (b"connection", b"close")]
-            await refuse(scope, send, 503, str(refused), code="shutting_down", headers=headers)
+            await refuse(scope, send, self.shapes, 503, str(refused), code="shutting_down", headers=headers)
             return
         with self.drain.entered():
             await self.app(scope, receive, send)
