@@ -12,18 +12,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .auth import Auth
+from .context import context_of
 from .dialects.base import ErrorShapes
 from .guard import BrowserPolicy
 from .middleware import (
-    ERROR_KEY,
     AuthMiddleware,
     DrainMiddleware,
     GuardMiddleware,
     LeaseMiddleware,
     ObserveMiddleware,
 )
-from .routes.common import JSONResponse, ServerState
+from .routes.common import JSONResponse
 from .routes.table import cors, error_shapes, route_table
+from .state import ServerState
 
 
 def http_error(shapes: ErrorShapes) -> Callable[[Request, Exception], Awaitable[Response]]:
@@ -45,11 +46,11 @@ def _http_error(shapes: ErrorShapes, request: Request, exc: HTTPException) -> Re
         message = f"method {request.method} is not allowed on {path}"
     else:
         message = exc.detail or f"HTTP {exc.status_code}"
-    request.scope.setdefault("state", {})[ERROR_KEY] = message
+    context_of(request.scope).error = message
     shape = shapes.for_path(path, request.headers.keys())
     code = "not_found" if exc.status_code == 404 else None
     body: dict[str, Any] = shape(exc.status_code, message, type=None, param=None, code=code)
-    return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
 def build_app(state: ServerState, auth: Auth, policy: BrowserPolicy) -> Starlette:

@@ -349,6 +349,8 @@ class ChatRenderer:
         self.logprobs = bool(body.logprobs)
         self.n = choices(body.n)
         self._finals: list[Final] = []
+        #: a text chunk's frame before and after its text (serialized once)
+        self._text_parts: tuple[bytes, bytes] | None = None
 
     def complete(self, final: Final) -> dict[str, Any]:
         return self.complete_choices([final])
@@ -400,7 +402,7 @@ class ChatRenderer:
             return sse_data(chunk)
         # the hot path (one frame per token): the chunk around the text is
         # the same every time, so it is serialized once
-        frame = getattr(self, "_text_parts", None)
+        frame = self._text_parts
         if frame is None:
             mark = "\u0000turbospark\u0000"
             rendered = sse_data(self._chunk({"content": mark}))

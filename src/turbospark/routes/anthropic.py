@@ -16,10 +16,10 @@ from ..backend import Backend
 from ..dialects import anthropic as msgs
 from .common import (
     JSONResponse,
+    dispatch,
     normalize,
     off_loop,
     read_body,
-    run_routed,
 )
 from .generic import response_headers
 
@@ -33,7 +33,7 @@ async def count_tokens(request: Request) -> Response:
     async def count(model: Backend) -> int:
         return await off_loop(model.count_prompt, req)
 
-    n, _ = await run_routed(request, body.model, "chat", count, req.normalized)
+    n, _ = await dispatch(request).run(body.model, "chat", count, req.normalized)
     return JSONResponse({"input_tokens": n}, headers=response_headers(msgs.Dialect, request, warnings))
 
 

@@ -23,7 +23,7 @@ from ..dialects import ollama_embed as oe
 from ..dialects import openai_embeddings as emb
 from ..engine.types import Embeddings
 from ..registry import Route as ModelRoute
-from .common import JSONResponse, read_body, run_routed
+from .common import JSONResponse, dispatch, read_body
 
 
 async def encode(model: Backend, texts: list[str], truncate: bool = False) -> Embeddings:
@@ -35,12 +35,12 @@ async def embed(
     request: Request, requested: str | None, texts: list[str], truncate: bool = False
 ) -> tuple[Embeddings | None, ModelRoute]:
     """Route the request and encode ``texts`` (none: routed only); in a
-    replica group a failed replica is replaced once (``run_routed``)."""
+    replica group a failed replica is replaced once (``Dispatch.run``)."""
 
     async def run(model: Backend) -> Embeddings | None:
         return await encode(model, texts, truncate) if texts else None
 
-    return await run_routed(request, requested, "embeddings", run)
+    return await dispatch(request).run(requested, "embeddings", run)
 
 
 async def openai_embeddings(request: Request) -> Response:

@@ -17,18 +17,8 @@ from ..dialects.base import Dialect, Kind, Served
 from ..engine.types import AdmissionError
 from ..generation import prepare
 from ..request import ChatRequest, Prepared
-from .common import (
-    JSONResponse,
-    admit,
-    bind_request,
-    read_body,
-    request_id,
-    respond,
-    route_chat,
-    route_model,
-    state_of,
-    warning_headers,
-)
+from .common import JSONResponse, bind_request, dispatch, read_body, request_id, warning_headers
+from .respond import Responder
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -72,23 +62,24 @@ def handler(dialect: Dialect, kind: Kind) -> Handler:
         tr = kind.translate(body)
         requested = kind.requested(body)
         req = bind_request(tr.request, request) if tr.request is not None else None
+        way = dispatch(request)
         if req is not None:
-            model, route = await route_chat(request, req, requested, tr.stream)
+            model, route = await way.route_chat(req, requested, tr.stream)
             if kind.check is not None:
                 kind.check(req, model, requested)
         else:  # a load or unload request: no prompt to route by
-            model, route = await route_model(request, requested, "chat", tr.stream)
+            model, route = await way.route(requested, "chat", tr.stream)
         if tr.keep_alive is not None:
             keep = None if math.isinf(tr.keep_alive) else tr.keep_alive
-            state_of(request).registry.set_keep_alive(route.entry, keep)
+            way.state.registry.set_keep_alive(route.entry, keep)
         load_ns = int(route.load_seconds * 1e9)
         if req is None:
             assert kind.idle is not None, "only a kind with an idle answer translates to no request"
             idle = kind.idle(body, tr, Served(route.served, model.max_context, load_ns, started))
             return JSONResponse(idle, headers=response_headers(dialect, request, tr.warnings))
-        model, route, prepared = await admit(request, model, req, requested, tr.stream, route, prepare_fn)
+        model, route, prepared = await way.admit(model, req, requested, tr.stream, route, prepare_fn)
         renderer = kind.renderer(body, tr, prepared, Served(route.served, model.max_context, load_ns, started))
         headers = response_headers(dialect, request, tr.warnings + prepared.warnings)
-        return await respond(request, model, prepared, renderer, headers)
+        return await Responder(way, request.receive).respond(model, prepared, renderer, headers)
 
     return generate

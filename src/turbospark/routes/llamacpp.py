@@ -16,9 +16,9 @@ from ..dialects.common import BadRequest
 from ..engine.types import AdmissionError
 from .common import (
     JSONResponse,
+    dispatch,
     off_loop,
     read_body,
-    route_model,
 )
 from .embeddings import embed
 
@@ -37,7 +37,7 @@ def _vocabulary(model: Backend, what: str) -> Vocabulary:
 
 async def tokenize(request: Request) -> Response:
     body = await read_body(request, ll.TokenizeBody)
-    model, _ = await route_model(request, body.model, "chat", False)
+    model, _ = await dispatch(request).route(body.model, "chat", False)
     vocab = _vocabulary(model, "tokenizing")
     ids = await off_loop(vocab.tokenize, body.content, body.add_special, body.parse_special)
     if not body.with_pieces:
@@ -47,7 +47,7 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     body = await read_body(request, ll.DetokenizeBody)
-    model, _ = await route_model(request, body.model, "chat", False)
+    model, _ = await dispatch(request).route(body.model, "chat", False)
     vocab = _vocabulary(model, "detokenizing")
     bad = next((t for t in body.tokens if not 0 <= t < vocab.vocab_size), None)
     if bad is not None:
@@ -57,13 +57,13 @@ async def detokenize(request: Request) -> Response:
 
 async def apply_template(request: Request) -> Response:
     body = await read_body(request, ll.TemplateBody)
-    model, _ = await route_model(request, body.model, "chat", False)
+    model, _ = await dispatch(request).route(body.model, "chat", False)
     vocab = _vocabulary(model, "rendering the chat template")
     return JSONResponse({"prompt": await off_loop(vocab.chat_text, body.messages)})
 
 
 async def props(request: Request) -> Response:
-    model, route = await route_model(request, request.query_params.get("model"), "chat", False)
+    model, route = await dispatch(request).route(request.query_params.get("model"), "chat", False)
     info = route.entry.info or {}
     template = str(info.get("chat_template") or "")
     return JSONResponse(ll.props(info, int(info.get("parallel") or 1), template))
