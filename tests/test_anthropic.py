@@ -516,7 +516,7 @@ def test_request_fields_reach_the_engine():
     assert cfg.stop == ("END",) and cfg.session_key == "u-1"
     # the translation (the scripted template knows no tools: the generation
     # core hands it the tool list inlined in the system turn)
-    req = msgs.to_chat_request(msgs.MessagesRequest.model_validate(body)).request
+    req = msgs.translate(msgs.MessagesRequest.model_validate(body)).request
     assert req is not None
     assert req.messages == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
     assert req.tools == [

@@ -589,7 +589,7 @@ def test_translation_to_chat_messages(scripted):
     call = model.calls[-1]
     # the translation itself (the scripted template knows no tools, so what it
     # was handed has them inlined as text by the generation core)
-    tr = rs.to_chat_request(rs.ResponsesRequest.model_validate(body))
+    tr = rs.translate(rs.ResponsesRequest.model_validate(body))
     req = tr.request
     assert req is not None and tr.extras["tools"] and tr.warnings == []
     msgs = req.messages

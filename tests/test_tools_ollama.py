@@ -192,7 +192,7 @@ def test_tool_name_on_tool_messages_becomes_the_tool_messages_name():
         "tools": [WEATHER],
         "think": "low",
     }
-    tr = ol.chat_request(ol.ChatBody.model_validate(body))
+    tr = ol.translate_chat(ol.ChatBody.model_validate(body))
     assert tr.request is not None and tr.request.reasoning == "low"
     tool = tr.request.messages[-1]
     assert tool == {"role": "tool", "content": "sunny", "name": "get_weather"}

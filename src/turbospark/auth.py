@@ -16,11 +16,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 ADMIN_PREFIX = "/v1/admin/"
-#: Where the auth middleware puts the caller's tenant in the ASGI scope state.
-TENANT_KEY = "turbospark_tenant"
-#: ... and whether the caller administers (``Decision.admin``): an admin sees
-#: every tenant in /v1/events, /v1/stats and /v1/slots, anyone else only its own.
-ADMIN_KEY = "turbospark_admin"
 #: ``/dashboard`` is a page without data (a browser cannot send a key when
 #: it navigates); the data it loads (/v1/stats, /v1/events) needs the key.
 OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health"), ("GET", "/dashboard")}

@@ -24,9 +24,9 @@ from .guard import BrowserPolicy
 from .loading import ModelArg, default_model_folders, load_spec, populate
 from .observe import Observer, combine
 from .registry import STALL_TIMEOUT, ModelSpec, Registry
-from .routes.common import ServerState
 from .sinks.live import LiveEvents
 from .sinks.prometheus import PrometheusSink
+from .state import ServerState
 
 log = logging.getLogger("turbospark.server")
 

@@ -1,6 +1,7 @@
 """Browser safety (CONTRACT §5): which ``Host`` and ``Origin`` a request
-may carry, what a CORS answer allows, and how large a body may be. Pure
-policy, no HTTP types: ``middleware.GuardMiddleware`` applies it.
+may carry, what a CORS answer allows (the request headers it allows come
+from the dialects: ``dialects.base.cors_headers``), and how large a body may
+be. Pure policy, no HTTP types: ``middleware.GuardMiddleware`` applies it.
 
 Why: a server on 127.0.0.1 without a key is reachable from every web page its
 user opens. A page can send a "simple" cross-origin POST without a preflight
@@ -19,19 +20,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 DEFAULT_MAX_BODY = 32 * 1024 * 1024
-#: request headers a browser page may send on an allowed origin's requests
-CORS_HEADERS = (
-    "authorization",
-    "x-api-key",
-    "content-type",
-    "anthropic-version",
-    "anthropic-beta",
-    "x-session-id",
-    "x-request-id",
-    "anthropic-dangerous-direct-browser-access",
-)
-#: header families the official SDKs send from a browser
-CORS_HEADER_PREFIXES = ("openai-", "x-stainless-", "anthropic-")
 CORS_METHODS = "GET, POST, DELETE, OPTIONS, HEAD"
 CORS_EXPOSE = "x-request-id, retry-after, x-turbospark-warning"
 CORS_MAX_AGE = "600"
@@ -123,14 +111,6 @@ class BrowserPolicy:
         ):
             return True
         return False
-
-    @staticmethod
-    def allowed_request_headers(requested: str) -> str:
-        """The ``Access-Control-Allow-Headers`` answer for a preflight's
-        ``Access-Control-Request-Headers``: the asked ones that are allowed."""
-        asked = [h.strip().lower() for h in requested.split(",") if h.strip()]
-        ok = [h for h in asked if h in CORS_HEADERS or h.startswith(CORS_HEADER_PREFIXES)]
-        return ", ".join(ok or CORS_HEADERS)
 
 
 def policy_from(

@@ -2,14 +2,14 @@
 HTTP request, including the 404s, 401s and rejected bodies no handler sees.
 
 Pure ASGI on purpose: Starlette's ``BaseHTTPMiddleware`` buffers and breaks
-streaming responses. The request id is minted here and put in the scope's
-``state`` so the handler's own events carry the same id.
+streaming responses. The request id is minted here and put in the request's
+context (``context.RequestContext``) so the handler's own events carry the same id.
 
 When ``requestFinished`` fires: when the response is really over (CONTRACT
 §2) — the app has sent its last body byte, or the client went away — and the
 request's engine runs have been reported, so it always comes after the
 request's ``generated`` events, streams included. Its ``error`` is what the
-handler noted (``ERROR_KEY``: the message of the error body or stream error
+handler noted (the context's ``error``: the message of the error body or stream error
 frame the client got), else ``"client disconnected"``, else ``HTTP <status>``
 for a status ≥ 400: nothing is parsed back out of a body.
 """
@@ -24,13 +24,12 @@ from typing import Any, cast
 
 import orjson
 
-from .auth import ADMIN_KEY, TENANT_KEY
+from .context import RequestContext, context_of
+from .dialects.base import CorsHeaders, ErrorShapes
 from .dialects.common import BadRequest
-from .dialects.errors import shape_for_path
 from .drain import Drain, ShuttingDown
 from .guard import CORS_EXPOSE, CORS_MAX_AGE, CORS_METHODS, BrowserPolicy
 from .observe import (
-    REQUEST_ID_KEY,
     TRACE_HEADERS,
     Observer,
     RequestFinished,
@@ -43,27 +42,10 @@ from .observe import (
 )
 
 Scope = dict[str, Any]
-#: Where ``routes.common.route_model`` leaves the registry leases a request
-#: holds; :class:`LeaseMiddleware` releases them when the response is done.
-LEASES_KEY = "turbospark_leases"
-
-
-#: Where ``routes.common`` leaves the request's ``observe.Reporter``, so the
-#: middleware ends the request only after its engine runs are reported.
-REPORTER_KEY = "turbospark_reporter"
-#: Where whoever answered with an error (a handler, a stream's error frame, a
-#: refusal here) leaves its message for ``requestFinished``.
-ERROR_KEY = "turbospark_error"
-#: Where a generating route leaves its request's ``CancelFlag``, so a client
-#: found too slow (:class:`ClientTimeouts`) stops its engine work at once.
-CANCEL_KEY = "turbospark_cancel"
 #: How long the end of a request waits for its engine runs to be reported
 #: (a cancelled run ends at the engine's next step).
 SETTLE_SECONDS = 30.0
 DISCONNECTED = "client disconnected"
-#: Set by a route whose stream never ends by itself (``/v1/events``): its
-#: client closing it is its normal end, not an error.
-OPEN_ENDED_KEY = "turbospark_open_ended"
 TOO_SLOW = "client too slow"
 
 
@@ -79,21 +61,12 @@ class ObserveMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = self.ids.next()
-        state = scope.setdefault("state", {})
-        state[REQUEST_ID_KEY] = rid
+        ctx = context_of(scope)
+        ctx.id = rid = self.ids.next()
         observer: Observer | None = self.observer_ref()
-        header = (b"x-request-id", str(rid).encode())
         if observer is None:
-
-            async def tagged_send(message: dict[str, Any]) -> None:
-                if message["type"] == "http.response.start":
-                    message = {**message, "headers": [*message.get("headers", []), header]}
-                await send(message)
-
-            await self.app(scope, receive, tagged_send)
+            await self.app(scope, receive, _with_headers(send, [(b"x-request-id", str(rid).encode())]))
             return
-        started = time.perf_counter()
         method, path = scope.get("method", ""), scope.get("path", "")
         record(observer, lambda: RequestStarted(id=rid, at_ms=now_ms(), method=method, path=path))
         if getattr(observer, "trace_context", None) is not None:
@@ -102,77 +75,92 @@ class ObserveMiddleware:
             }
             if carrier:
                 trace_context(observer, rid, carrier)
-        status = 0
-        complete = False  # the last body byte was handed to the server
-        gone = False  # the client disconnected before that
+        await _Observed(observer, ctx, method == "HEAD").run(self.app, scope, receive, send)
+
+
+class _Observed:
+    """One observed request: its status, whether its response is complete
+    or its client gone, and its one ``requestFinished``."""
+
+    def __init__(self, observer: Observer, ctx: RequestContext, head: bool) -> None:
+        self.observer, self.ctx, self.head = observer, ctx, head
+        self.started = time.perf_counter()
+        self.status = 0
+        self.complete = False  # the last body byte was handed to the server
+        self.gone = False  # the client disconnected before that
+        self.finished = False
+
+    async def run(self, app: Any, scope: Scope, receive: Any, send: Any) -> None:
+        ctx = self.ctx
 
         async def watched_receive() -> dict[str, Any]:
-            nonlocal gone
             message: dict[str, Any] = await receive()
-            if message["type"] == "http.disconnect" and not complete:
-                gone = True
+            if message["type"] == "http.disconnect" and not self.complete:
+                self.gone = True
             return message
 
-        finished = False
-
-        def finish(error: str | None) -> None:
-            nonlocal finished
-            if finished:
-                return
-            finished = True
-            ms = int((time.perf_counter() - started) * 1000)
-            record(observer, lambda: RequestFinished(id=rid, status=status, duration_ms=ms, error=error))
-
         async def observed_send(message: dict[str, Any]) -> None:
-            nonlocal status, complete
-            kind = message["type"]
-            if kind == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), header]}
-                status = int(message["status"])
-            # the last body bytes end a response; a HEAD response has none,
-            # so its headers are its end (the client holds it from then on)
-            if (kind == "http.response.body" and not message.get("more_body", False)) or (
-                kind == "http.response.start" and method == "HEAD"
-            ):
-                complete = True
-                reporter = state.get(REPORTER_KEY)
-                if reporter is None or reporter.idle:
-                    # recorded as the last bytes are handed over, so a client
-                    # never holds a whole response whose end is not recorded
-                    finish(outcome())
-            await send(message)
-
-        def outcome() -> str | None:
-            if state.get(ERROR_KEY):
-                return str(state[ERROR_KEY])
-            if gone and not state.get(OPEN_ENDED_KEY):  # (before the response's end: a
-                # non-streamed body rendered after the client left is handed to a closed socket)
-                return DISCONNECTED
-            return f"HTTP {status}" if status >= 400 else None
+            await send(self.sending(message))
 
         try:
-            await self.app(scope, watched_receive, observed_send)
+            await app(scope, watched_receive, observed_send)
         except BaseException as exc:
-            status = status or 500
-            if gone or isinstance(exc, OSError):
-                if not state.get(OPEN_ENDED_KEY):
-                    state.setdefault(ERROR_KEY, DISCONNECTED)
+            self.status = self.status or 500
+            if self.gone or isinstance(exc, OSError):
+                if not ctx.open_ended:
+                    ctx.note_error(DISCONNECTED)
             else:
-                state.setdefault(ERROR_KEY, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-            reporter = state.get(REPORTER_KEY)
-            if reporter is not None and isinstance(exc, Exception):
-                await reporter.settled(SETTLE_SECONDS)  # its generated events first
-            finish(outcome())
+                ctx.note_error(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            if ctx.reporter is not None and isinstance(exc, Exception):
+                await ctx.reporter.settled(SETTLE_SECONDS)  # its generated events first
+            self.finish()
             raise
-        reporter = state.get(REPORTER_KEY)
-        if reporter is not None:
-            await reporter.settled(SETTLE_SECONDS)  # its generated events first
-        finish(outcome())
+        if ctx.reporter is not None:
+            await ctx.reporter.settled(SETTLE_SECONDS)  # its generated events first
+        self.finish()
+
+    def sending(self, message: dict[str, Any]) -> dict[str, Any]:
+        kind = message["type"]
+        if kind == "http.response.start":
+            message = {
+                **message,
+                "headers": [*message.get("headers", []), (b"x-request-id", str(self.ctx.id).encode())],
+            }
+            self.status = int(message["status"])
+        # the last body bytes end a response; a HEAD response has none,
+        # so its headers are its end (the client holds it from then on)
+        if (kind == "http.response.body" and not message.get("more_body", False)) or (
+            kind == "http.response.start" and self.head
+        ):
+            self.complete = True
+            if self.ctx.reporter is None or self.ctx.reporter.idle:
+                # recorded as the last bytes are handed over, so a client
+                # never holds a whole response whose end is not recorded
+                self.finish()
+        return message
+
+    def outcome(self) -> str | None:
+        if self.ctx.error:
+            return self.ctx.error
+        if self.gone and not self.ctx.open_ended:  # (before the response's end: a
+            # non-streamed body rendered after the client left is handed to a closed socket)
+            return DISCONNECTED
+        return f"HTTP {self.status}" if self.status >= 400 else None
+
+    def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        ms = int((time.perf_counter() - self.started) * 1000)
+        rid, status, error = self.ctx.id, self.status, self.outcome()
+        assert rid is not None
+        record(self.observer, lambda: RequestFinished(id=rid, status=status, duration_ms=ms, error=error))
 
 
 async def refuse(
     scope: Scope,
     send: Any,
+    shapes: ErrorShapes,
     status: int,
     message: str,
     *,
@@ -181,9 +169,9 @@ async def refuse(
     headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
     """An error in the path's dialect shape, sent without reading the body."""
-    scope.setdefault("state", {})[ERROR_KEY] = message
-    anthropic = any(name == b"anthropic-version" for name, _ in scope.get("headers", ()))
-    shape = shape_for_path(scope.get("path", ""), anthropic)
+    context_of(scope).error = message
+    names = [name.decode("latin-1") for name, _ in scope.get("headers", ())]
+    shape = shapes.for_path(scope.get("path", ""), names)
     body = orjson.dumps(shape(status, message, type=type, param=None, code=code))
     await send(
         {
@@ -225,70 +213,79 @@ class GuardMiddleware:
     ``Content-Length`` or, chunked, as its bytes arrive (never buffered past
     the limit). Sits inside :class:`ObserveMiddleware`: refusals are observed."""
 
-    def __init__(self, app: Any, policy: BrowserPolicy) -> None:
+    def __init__(self, app: Any, policy: BrowserPolicy, shapes: ErrorShapes, cors: CorsHeaders) -> None:
         self.app = app
         self.policy = policy
+        self.shapes = shapes
+        self.cors = cors
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        policy = self.policy
-        host = _header(scope, b"host")
-        if not policy.host_allowed(host):
-            await refuse(
-                scope,
-                send,
-                403,
-                f"host {host!r} is not allowed: this server answers to "
-                "loopback names, its own address and --allowed-host names",
-                type="permission_error",
-            )
+        browser_send = await self._browser(scope, send)
+        if browser_send is None:
             return
+        if await self._declared_too_large(scope, browser_send):
+            return
+        await self._limited(scope, receive, browser_send)
+
+    async def _browser(self, scope: Scope, send: Any) -> Any | None:
+        """The ``Host`` and ``Origin`` checks and CORS: the ``send`` to
+        answer through (with CORS headers for an allowed origin), or None
+        when the request was answered here (a refusal, a preflight)."""
+        host = _header(scope, b"host")
+        if not self.policy.host_allowed(host):
+            message = (
+                f"host {host!r} is not allowed: this server answers to "
+                "loopback names, its own address and --allowed-host names"
+            )
+            await refuse(scope, send, self.shapes, 403, message, type="permission_error")
+            return None
         origin = _header(scope, b"origin")
-        if origin is not None:
-            if not policy.origin_allowed(origin, host):
-                await refuse(
-                    scope,
-                    send,
-                    403,
-                    f"origin {origin!r} is not allowed to call this server (--cors-origin)",
-                    type="permission_error",
-                )
-                return
-            cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
-            requested = _header(scope, b"access-control-request-method")
-            if scope.get("method") == "OPTIONS" and requested is not None:
-                asked = _header(scope, b"access-control-request-headers") or ""
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 204,
-                        "headers": [
-                            *cors,
-                            (b"access-control-allow-methods", CORS_METHODS.encode()),
-                            (b"access-control-allow-headers", policy.allowed_request_headers(asked).encode()),
-                            (b"access-control-max-age", CORS_MAX_AGE.encode()),
-                            (b"content-length", b"0"),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": b""})
-                return
-            send = _with_headers(send, [*cors, (b"access-control-expose-headers", CORS_EXPOSE.encode())])
-        limit = policy.max_body
+        if origin is None:
+            return send
+        if not self.policy.origin_allowed(origin, host):
+            message = f"origin {origin!r} is not allowed to call this server (--cors-origin)"
+            await refuse(scope, send, self.shapes, 403, message, type="permission_error")
+            return None
+        cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+        if scope.get("method") == "OPTIONS" and _header(scope, b"access-control-request-method") is not None:
+            asked = _header(scope, b"access-control-request-headers") or ""
+            preflight = [
+                *cors,
+                (b"access-control-allow-methods", CORS_METHODS.encode()),
+                (b"access-control-allow-headers", self.cors.allowed(asked).encode()),
+                (b"access-control-max-age", CORS_MAX_AGE.encode()),
+                (b"content-length", b"0"),
+            ]
+            await send({"type": "http.response.start", "status": 204, "headers": preflight})
+            await send({"type": "http.response.body", "body": b""})
+            return None
+        return _with_headers(send, [*cors, (b"access-control-expose-headers", CORS_EXPOSE.encode())])
+
+    async def _declared_too_large(self, scope: Scope, send: Any) -> bool:
+        """Refused by its ``Content-Length`` (malformed: 400; over: 413)."""
         length = _header(scope, b"content-length")
-        if length is not None:
-            try:
-                declared = int(length)
-            except ValueError:
-                declared = -1
-            if declared < 0:
-                await refuse(scope, send, 400, "malformed Content-Length header")
-                return
-            if declared > limit:
-                await refuse(scope, send, 413, BodyTooLarge(limit).message, headers=[(b"connection", b"close")])
-                return
+        if length is None:
+            return False
+        try:
+            declared = int(length)
+        except ValueError:
+            declared = -1
+        if declared < 0:
+            await refuse(scope, send, self.shapes, 400, "malformed Content-Length header")
+            return True
+        if declared > self.policy.max_body:
+            message = BodyTooLarge(self.policy.max_body).message
+            await refuse(scope, send, self.shapes, 413, message, headers=[(b"connection", b"close")])
+            return True
+        return False
+
+    async def _limited(self, scope: Scope, receive: Any, send: Any) -> None:
+        """The app, its body counted as it arrives (chunked: never buffered
+        past the limit)."""
+        limit = self.policy.max_body
         started = False
         seen = 0
 
@@ -312,7 +309,7 @@ class GuardMiddleware:
         except BodyTooLarge as exc:  # a handler that did not shape it itself
             if started:
                 raise
-            await refuse(scope, send, 413, exc.message, headers=[(b"connection", b"close")])
+            await refuse(scope, send, self.shapes, 413, exc.message, headers=[(b"connection", b"close")])
 
 
 def _with_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
@@ -328,9 +325,10 @@ class AuthMiddleware:
     """401s before the body is read, in the error shape of the path's dialect.
     Sits inside :class:`ObserveMiddleware`, so refusals are observed too."""
 
-    def __init__(self, app: Any, auth: Any, observer_ref: Any = None) -> None:
+    def __init__(self, app: Any, auth: Any, shapes: ErrorShapes, observer_ref: Any = None) -> None:
         self.app = app
         self.auth = auth
+        self.shapes = shapes
         #: as :class:`ObserveMiddleware`'s: told each accepted request's tenant
         self.observer_ref = observer_ref
 
@@ -345,18 +343,19 @@ class AuthMiddleware:
                 await refuse(
                     scope,
                     send,
+                    self.shapes,
                     401,
                     decision.reason,
                     type="authentication_error",
                     headers=[(b"www-authenticate", b'Bearer realm="turbospark"')],
                 )
             else:
-                await refuse(scope, send, decision.status, decision.reason, type="permission_error")
+                await refuse(scope, send, self.shapes, decision.status, decision.reason, type="permission_error")
             return
-        state = scope.setdefault("state", {})
-        state[TENANT_KEY], state[ADMIN_KEY] = decision.tenant, decision.admin
+        ctx = context_of(scope)
+        ctx.tenant, ctx.admin = decision.tenant, decision.admin
         if self.observer_ref is not None:  # the views show each tenant its own requests
-            request_tenant(self.observer_ref(), state.get(REQUEST_ID_KEY), decision.tenant)
+            request_tenant(self.observer_ref(), ctx.id, decision.tenant)
         await self.app(scope, receive, send)
 
 
@@ -371,9 +370,10 @@ class DrainMiddleware:
     ``Retry-After`` in their dialect's shape, and their connection is closed.
     Sits inside :class:`ObserveMiddleware`: refusals are observed."""
 
-    def __init__(self, app: Any, drain: Any) -> None:
+    def __init__(self, app: Any, drain: Any, shapes: ErrorShapes) -> None:
         self.app = app
         self.drain = drain
+        self.shapes = shapes
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("path") in DRAIN_EXEMPT:
@@ -382,14 +382,14 @@ class DrainMiddleware:
         if self.drain.draining:
             refused = ShuttingDown()
             headers = [(b"retry-after", str(refused.retry_after).encode()), (b"connection", b"close")]
-            await refuse(scope, send, 503, str(refused), code="shutting_down", headers=headers)
+            await refuse(scope, send, self.shapes, 503, str(refused), code="shutting_down", headers=headers)
             return
         with self.drain.entered():
             await self.app(scope, receive, send)
 
 
 class LeaseMiddleware:
-    """Releases the registry leases a request took (``route_model``) once its
+    """Releases the registry leases a request took (``Dispatch.route``) once its
     response is complete, streams included, so a detached or idle model is
     unloaded only after the requests using it are done."""
 
@@ -400,8 +400,7 @@ class LeaseMiddleware:
         try:
             await self.app(scope, receive, send)
         finally:
-            for release in scope.get("state", {}).pop(LEASES_KEY, ()):
-                release()
+            context_of(scope).release_all()
 
 
 #: seconds a client may leave a response chunk unread before it is dropped
@@ -453,7 +452,7 @@ class ClientTimeouts:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        state = scope.setdefault("state", {})
+        ctx = context_of(scope)
         body_done = False
 
         async def timed_receive() -> dict[str, Any]:
@@ -488,10 +487,9 @@ class ClientTimeouts:
             except TimeoutError:
                 # (a shutdown's deadline: the error frame could not go out either)
                 why: Exception = ShuttingDown() if self._cutting() else ClientTooSlow(TOO_SLOW)
-                state[ERROR_KEY] = str(why)
-                cancel = state.get(CANCEL_KEY)
-                if cancel is not None:
-                    cancel.fail(why)
+                ctx.error = str(why)
+                if ctx.cancel is not None:
+                    ctx.cancel.fail(why)
                 _drop_connection(send)
                 raise ClientTooSlow(str(why)) from None
 

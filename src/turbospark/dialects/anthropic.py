@@ -30,6 +30,8 @@ from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, T
 from ..engine.types import GenerationConfig, StopReason
 from ..request import ChatRequest, Final, Prepared
 from ..tools.calls import ToolCall
+from . import base
+from .base import Kind, Served
 from .common import BadRequest, argument_pieces, check_json_schema, check_tool_schemas, new_id, sse_event
 from .errors import Failure, anthropic_error
 from .render import SSE
@@ -426,7 +428,7 @@ def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]
     return req, warnings + tool_warnings
 
 
-def to_chat_request(body: MessagesRequest) -> Translation:
+def translate(body: MessagesRequest) -> Translation:
     """The internal request, warnings for the client, streamed or not.
 
     The budget is never "explicit" in the engine's sense: Anthropic clients
@@ -637,3 +639,22 @@ class MessageRenderer:
         """One ``event: error`` in Anthropic's shape (an engine failure is an
         ``api_error``), and no ``message_stop`` after it."""
         return failure.sse_frame(anthropic_error)
+
+
+def renderer(body: MessagesRequest, tr: Translation, prepared: Prepared, served: Served) -> MessageRenderer:
+    return MessageRenderer(body.model or served.model, prepared, tr.stream)
+
+
+Dialect = base.Dialect(
+    "anthropic",
+    anthropic_error,
+    {"/v1/messages": Kind(MessagesRequest, translate, renderer)},
+    prefixes=("/v1/messages", "/messages"),
+    # an Anthropic client lists models where OpenAI's do, and reads its own errors there
+    client_header="anthropic-version",
+    shared_paths=("/v1/models",),
+    cors_headers=("anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access"),
+    cors_header_prefixes=("anthropic-", "x-stainless-"),
+    # what the SDK exposes as ``_request_id``: the id the request's events carry
+    request_id_header="request-id",
+)

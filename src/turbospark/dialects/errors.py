@@ -112,23 +112,3 @@ def llamacpp_error(
     if type is None or (type == "invalid_request_error" and status != 400):
         type = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"code": status, "message": message, "type": type}}
-
-
-#: llama-server's native routes (``dialects/llamacpp.py``)
-LLAMACPP_PATHS = ("/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/embedding")
-
-
-def shape_for_path(path: str, anthropic_client: bool = False) -> ErrorShape:
-    """The error shape a client of this path parses (for errors raised before
-    any handler runs: 401s, unknown routes, wrong methods). The model list is
-    both OpenAI's and Anthropic's: ``anthropic_client`` (the request carries
-    ``anthropic-version``) picks Anthropic's there."""
-    if path.startswith("/api/") or path == "/api":
-        return ollama_error
-    if path.startswith("/v1/messages") or path.startswith("/messages"):
-        return anthropic_error
-    if anthropic_client and (path == "/v1/models" or path.startswith("/v1/models/")):
-        return anthropic_error
-    if path in LLAMACPP_PATHS:
-        return llamacpp_error
-    return openai_error

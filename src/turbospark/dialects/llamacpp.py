@@ -33,7 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..answer import Delta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..request import ChatRequest, FillIn, Final
+from ..request import ChatRequest, FillIn, Final, Prepared
+from . import base
+from .base import Kind, Served
 from .common import BadRequest, sse_data
 from .errors import Failure, llamacpp_error
 from .openai_chat import timings
@@ -208,7 +210,7 @@ def prompt_of(prompt: str | list[int | str]) -> tuple[str | None, list[int] | No
     raise BadRequest("'prompt' must be a string or a list of token ids", "prompt")
 
 
-def to_completion(body: CompletionBody) -> Translation:
+def translate_completion(body: CompletionBody) -> Translation:
     """``/completion``: a raw prompt (no template)."""
     warnings: list[str] = []
     text, ids = prompt_of(body.prompt)
@@ -217,7 +219,7 @@ def to_completion(body: CompletionBody) -> Translation:
     return Translation(req, warnings, bool(body.stream))
 
 
-def to_infill(body: InfillBody) -> Translation:
+def translate_infill(body: InfillBody) -> Translation:
     """``/infill``: fill-in-the-middle, laid out with the model's FIM tokens
     by the core (``generation.fim_ids``)."""
     warnings: list[str] = []
@@ -365,3 +367,22 @@ def props(info: dict[str, Any], parallel: int, template: str) -> dict[str, Any]:
         "modalities": {"vision": False, "audio": False},
         "build_info": "turbospark",
     }
+
+
+def renderer(body: CompletionBody, tr: Translation, prepared: Prepared, served: Served) -> CompletionRenderer:
+    """``/completion`` and ``/infill`` answers, with the settings they ran with."""
+    prompt = body.prompt if isinstance(body.prompt, str) else ""
+    settings = generation_settings(body, served.max_context, prepared.config)
+    return CompletionRenderer(
+        body.model or served.model, tr.stream, prompt, prepared.config.stop, settings, body.response_fields
+    )
+
+
+Dialect = base.Dialect(
+    "llama.cpp",
+    llamacpp_error,
+    {
+        "/completion": Kind(CompletionBody, translate_completion, renderer),
+        "/infill": Kind(InfillBody, translate_infill, renderer),
+    },
+)

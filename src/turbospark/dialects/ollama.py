@@ -22,21 +22,25 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import math
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..backend import Backend
 from ..engine.types import GenerationConfig, StopReason
-from ..request import ChatRequest, FillIn, Final
+from ..request import ChatRequest, FillIn, Final, Prepared
 from ..tools.calls import ToolCall
+from . import base
+from .base import Kind, RendererFactory, Served
 from .common import BadRequest, check_json_schema, ndjson
-from .errors import Failure
+from .errors import Failure, ollama_error
 from .openai_chat import HistoryToolCall, check_tools
 from .render import NDJSON
 from .translate import (
@@ -267,8 +271,8 @@ def _request(body: _Common, warnings: list[str], **kw: Any) -> ChatRequest:
 def _nothing(stream: bool, warnings: list[str], keep_alive: float | None) -> Translation:
     """A call without a prompt: Ollama's "load" (or, with keep_alive 0,
     "unload") of the model, answered without generating."""
-    extras = {"done_reason": "unload" if keep_alive == 0 else "load", "keep_alive": keep_alive}
-    return Translation(None, warnings, stream, extras)
+    extras = {"done_reason": "unload" if keep_alive == 0 else "load"}
+    return Translation(None, warnings, stream, extras, keep_alive)
 
 
 def _images(images: list[str] | None, where: str) -> list[str]:
@@ -316,7 +320,7 @@ def keep_alive_seconds(value: float | str | None) -> float | None:
     return math.inf if seconds < 0 else seconds
 
 
-def chat_request(body: ChatBody) -> Translation:
+def translate_chat(body: ChatBody) -> Translation:
     stream = body.stream is not False
     warnings: list[str] = []
     _common_checks(body, warnings)
@@ -335,10 +339,10 @@ def chat_request(body: ChatBody) -> Translation:
     if images:
         warnings.append(f"{images} image(s) ignored: this model has no vision support")
     req = _request(body, warnings, messages=messages, tools=check_tools(body.tools))
-    return Translation(req, warnings, stream, {"keep_alive": keep_alive_seconds(body.keep_alive)})
+    return Translation(req, warnings, stream, keep_alive=keep_alive_seconds(body.keep_alive))
 
 
-def generate_request(body: GenerateBody) -> Translation:
+def translate_generate(body: GenerateBody) -> Translation:
     stream = body.stream is not False
     warnings: list[str] = []
     _common_checks(body, warnings)
@@ -346,7 +350,7 @@ def generate_request(body: GenerateBody) -> Translation:
         if body.system:
             warnings.append("'system' ignored: an insert ('suffix') has no template")
         req = _request(body, warnings, fill_in=FillIn(body.prompt or "", body.suffix))
-        return Translation(req, warnings, stream, {"keep_alive": keep_alive_seconds(body.keep_alive)})
+        return Translation(req, warnings, stream, keep_alive=keep_alive_seconds(body.keep_alive))
     if not body.prompt and not (body.system and not body.raw):
         return _nothing(stream, warnings, keep_alive_seconds(body.keep_alive))
     if body.template:
@@ -364,7 +368,7 @@ def generate_request(body: GenerateBody) -> Translation:
         if body.prompt:
             messages.append({"role": "user", "content": body.prompt})
         req = _request(body, warnings, messages=messages)
-    return Translation(req, warnings, stream, {"keep_alive": keep_alive_seconds(body.keep_alive)})
+    return Translation(req, warnings, stream, keep_alive=keep_alive_seconds(body.keep_alive))
 
 
 # ------------------------------------------------------------------ rendering
@@ -419,13 +423,20 @@ class Renderer:
 
     media_type = NDJSON
 
-    def __init__(self, kind: Literal["chat", "generate"], model: str, stream: bool = True, started_ns: int = 0) -> None:
+    def __init__(
+        self,
+        kind: Literal["chat", "generate"],
+        model: str,
+        stream: bool = True,
+        started_ns: int = 0,
+        load_ns: int = 0,
+    ) -> None:
         self.kind = kind
         self.model = model
         self.stream = stream
         self.started_ns = started_ns or time.perf_counter_ns()
-        #: set by the route when this request loaded the model
-        self.load_ns = 0
+        #: how long this request spent loading the model (its ``load_duration``)
+        self.load_ns = load_ns
         #: since when nothing went out while a call is being written
         self._quiet_since = 0.0
 
@@ -502,6 +513,58 @@ class Renderer:
 
     def loaded(self, reason: str) -> dict[str, Any]:
         return {**self._line("", True), "done_reason": reason}
+
+
+def renderer_for(kind: Literal["chat", "generate"]) -> RendererFactory:
+    """``/api/chat``'s or ``/api/generate``'s renderer; the model is named as
+    the client named it, durations run from the request's arrival."""
+
+    def make(body: _Common, tr: Translation, prepared: Prepared, served: Served) -> Renderer:
+        return Renderer(kind, body.model, tr.stream, served.started_ns, served.load_ns)
+
+    return make
+
+
+def idle_for(kind: Literal["chat", "generate"]) -> Callable[[Any, Translation, Served], dict[str, Any]]:
+    """The answer to a load or unload (a request without a prompt)."""
+
+    def idle(body: _Common, tr: Translation, served: Served) -> dict[str, Any]:
+        answer = Renderer(kind, body.model, tr.stream, served.started_ns, served.load_ns)
+        return answer.loaded(tr.extras["done_reason"])
+
+    return idle
+
+
+def requested(body: _Common) -> str | None:
+    return model_name(body.model)
+
+
+def check_thinking(req: ChatRequest, model: Backend, name: str | None) -> None:
+    """As Ollama answers ``think`` on a model that cannot: clients retry
+    without ``think`` on this 400, or ask /api/show for the "thinking"
+    capability first."""
+    if req.asks_thinking() and model.capabilities.thinking is False:
+        raise BadRequest(f"{json.dumps(name, ensure_ascii=False)} does not support thinking", "think")
+
+
+Dialect = base.Dialect(
+    "ollama",
+    ollama_error,
+    {
+        "/api/chat": Kind(
+            ChatBody, translate_chat, renderer_for("chat"), requested, check=check_thinking, idle=idle_for("chat")
+        ),
+        "/api/generate": Kind(
+            GenerateBody,
+            translate_generate,
+            renderer_for("generate"),
+            requested,
+            check=check_thinking,
+            idle=idle_for("generate"),
+        ),
+    },
+    prefixes=("/api/",),
+)
 
 
 # ---------------------------------------------------------------- model facts

@@ -16,7 +16,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..engine.types import Embeddings
+from . import base
 from .common import BadRequest
+from .errors import ollama_error
 from .openai_embeddings import check_texts, fit_dimensions
 
 
@@ -84,3 +86,8 @@ def render_legacy(emb: Embeddings | None) -> dict[str, Any]:
     """``{"embedding": [...]}`` (unit norm here; Ollama's legacy route
     returns the raw vector, which cosine similarity cannot tell apart)."""
     return {"embedding": [] if emb is None else list(emb.vectors[0])}
+
+
+#: answered whole, never generated: no generating kinds (its routes are
+#: ``routes/embeddings.py``'s)
+Dialect = base.Dialect("ollama-embeddings", ollama_error)

@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..request import ChatRequest, Final
+from ..request import ChatRequest, Final, Prepared
 from ..tools.calls import ToolCall
+from . import base
+from .base import Kind, Served
 from .common import BadRequest, check_json_schema, check_tool_schemas, new_id, sse_data, text_of, unix_time
 from .errors import Failure, openai_error
 from .render import SSE
@@ -158,7 +160,7 @@ def to_messages(messages: list[Message], images: list[Any]) -> list[dict[str, An
     return out
 
 
-def to_chat_request(body: ChatCompletionRequest) -> Translation:
+def translate(body: ChatCompletionRequest) -> Translation:
     warnings: list[str] = []
     if body.reasoning_effort is not None and body.reasoning_effort not in REASONING_EFFORTS:
         raise BadRequest(
@@ -347,6 +349,8 @@ class ChatRenderer:
         self.logprobs = bool(body.logprobs)
         self.n = choices(body.n)
         self._finals: list[Final] = []
+        #: a text chunk's frame before and after its text (serialized once)
+        self._text_parts: tuple[bytes, bytes] | None = None
 
     def complete(self, final: Final) -> dict[str, Any]:
         return self.complete_choices([final])
@@ -398,7 +402,7 @@ class ChatRenderer:
             return sse_data(chunk)
         # the hot path (one frame per token): the chunk around the text is
         # the same every time, so it is serialized once
-        frame = getattr(self, "_text_parts", None)
+        frame = self._text_parts
         if frame is None:
             mark = "\u0000turbospark\u0000"
             rendered = sse_data(self._chunk({"content": mark}))
@@ -453,3 +457,18 @@ class ChatRenderer:
     def error(self, failure: Failure) -> bytes:
         """One ``event: error`` frame, and no ``[DONE]``."""
         return failure.sse_frame(openai_error)
+
+
+def renderer(body: ChatCompletionRequest, tr: Translation, prepared: Prepared, served: Served) -> ChatRenderer:
+    return ChatRenderer(body.model or served.model, body, tr.stream)
+
+
+#: OpenAI's official SDKs (and Stainless-generated ones) send these from a browser
+OPENAI_CORS_PREFIXES = ("openai-", "x-stainless-")
+
+Dialect = base.Dialect(
+    "openai",
+    openai_error,
+    {p: Kind(ChatCompletionRequest, translate, renderer) for p in ("/v1/chat/completions", "/chat/completions")},
+    cors_header_prefixes=OPENAI_CORS_PREFIXES,
+)

@@ -26,10 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..answer import Delta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..request import ChatRequest, FillIn, Final
+from ..request import ChatRequest, FillIn, Final, Prepared
+from . import base
+from .base import Kind, Served
 from .common import BadRequest, new_id, sse_data, unix_time
 from .errors import Failure, openai_error
-from .openai_chat import StreamOptions, choices, sampling, timings, usage
+from .openai_chat import OPENAI_CORS_PREFIXES, StreamOptions, choices, sampling, timings, usage
 from .render import SSE, Unsent
 from .translate import Translation, logprob_value, logprobs_setting
 
@@ -102,7 +104,7 @@ def _refuse_unsupported(body: CompletionRequest) -> None:
         raise BadRequest("only best_of=1 is supported", "best_of")
 
 
-def to_chat_request(body: CompletionRequest) -> Translation:
+def translate(body: CompletionRequest) -> Translation:
     """A raw prompt, no template."""
     _refuse_unsupported(body)
     text = prompt_text(body.prompt)
@@ -215,3 +217,15 @@ class CompletionRenderer(Unsent):
     def error(self, failure: Failure) -> bytes:
         """One ``event: error`` frame, and no ``[DONE]``."""
         return failure.sse_frame(openai_error)
+
+
+def renderer(body: CompletionRequest, tr: Translation, prepared: Prepared, served: Served) -> CompletionRenderer:
+    return CompletionRenderer(body.model or served.model, body, tr.stream)
+
+
+Dialect = base.Dialect(
+    "openai-completions",
+    openai_error,
+    {p: Kind(CompletionRequest, translate, renderer) for p in ("/v1/completions", "/completions")},
+    cors_header_prefixes=OPENAI_CORS_PREFIXES,
+)

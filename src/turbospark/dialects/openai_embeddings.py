@@ -17,7 +17,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.types import Embeddings
+from . import base
 from .common import BadRequest
+from .errors import openai_error
 
 MAX_INPUTS = 2048
 MAX_TEXT_BYTES = 1 << 20  # 1 MiB of UTF-8 over all inputs
@@ -128,3 +130,8 @@ def render(body: EmbeddingRequest, served: str, emb: Embeddings) -> dict[str, An
         "model": body.model or served,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+#: answered whole, never generated: no generating kinds (its routes are
+#: ``routes/embeddings.py``'s)
+Dialect = base.Dialect("openai-embeddings", openai_error)

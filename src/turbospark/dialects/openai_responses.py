@@ -26,8 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..request import ChatRequest, Final
+from ..request import ChatRequest, Final, Prepared
 from ..tools.calls import ToolCall
+from . import base
+from .base import Kind, Served
 from .common import (
     BadRequest,
     argument_pieces,
@@ -39,8 +41,8 @@ from .common import (
     unix_time,
     validation_error,
 )
-from .errors import Failure
-from .openai_chat import REASONING_EFFORTS
+from .errors import Failure, openai_error
+from .openai_chat import OPENAI_CORS_PREFIXES, REASONING_EFFORTS
 from .render import SSE
 from .translate import (
     SAMPLING,
@@ -348,7 +350,7 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
         )
 
 
-def to_chat_request(body: ResponsesRequest) -> Translation:
+def translate(body: ResponsesRequest) -> Translation:
     """The internal request, warnings for the client, streamed or not, and
     (``extras["tools"]``) the function tools to echo in the response object."""
     _refuse_unsupported(body)
@@ -682,3 +684,18 @@ class ResponsesRenderer:
             output.append(function_call_item(self._call[1], self._call[0], "incomplete"))
         body = self._response("failed", output, error={"code": code, "message": message})
         return self._event("response.failed", {"response": body})
+
+
+def renderer(body: ResponsesRequest, tr: Translation, prepared: Prepared, served: Served) -> ResponsesRenderer:
+    return ResponsesRenderer(body, body.model or served.model, prepared.config, tr.extras["tools"])
+
+
+#: engine parameter names in admission errors -> this dialect's names
+PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
+
+Dialect = base.Dialect(
+    "openai-responses",
+    openai_error,
+    {p: Kind(ResponsesRequest, translate, renderer, params=PARAMS) for p in ("/v1/responses", "/responses")},
+    cors_header_prefixes=OPENAI_CORS_PREFIXES,
+)

@@ -21,14 +21,16 @@ from .common import BadRequest
 class Translation:
     """What every dialect's request translation returns: the internal
     request (None for a call that generates nothing: Ollama's load and
-    unload), warnings for the client, whether the answer streams, and what
-    the dialect's renderer needs that the core does not (``extras``:
-    Responses' tools to echo, Ollama's load reason)."""
+    unload), warnings for the client, whether the answer streams, what the
+    dialect's renderer needs that the core does not (``extras``: Responses'
+    tools to echo, Ollama's load reason), and the model's idle timeout the
+    request sets (``keep_alive``, seconds; ``inf``: for good)."""
 
     request: ChatRequest | None
     warnings: list[str] = field(default_factory=list)
     stream: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
+    keep_alive: float | None = None
 
 
 #: ``GenerationConfig`` attribute -> request field, for the sampling fields

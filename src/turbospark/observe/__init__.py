@@ -21,7 +21,6 @@ keep events in memory).
 """
 
 from .events import (
-    REQUEST_ID_KEY,
     Generated,
     ModelAttached,
     ModelDetached,
@@ -49,7 +48,6 @@ from .observers import (
 
 __all__ = [
     "NO_REPORTER",
-    "REQUEST_ID_KEY",
     "TRACE_HEADERS",
     "Drained",
     "FanOut",

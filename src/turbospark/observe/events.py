@@ -15,11 +15,6 @@ import orjson
 
 RequestId = int
 
-#: Key under which the middleware stores the request id in the ASGI scope's
-#: ``state`` dict (Starlette exposes it as ``request.state``). A namespaced
-#: string so no other layer collides with it.
-REQUEST_ID_KEY = "turbospark_request_id"
-
 
 def now_ms() -> int:
     """Milliseconds since the Unix epoch, to place an event on a timeline."""

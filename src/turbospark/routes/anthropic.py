@@ -1,4 +1,5 @@
-"""Anthropic routes: ``/v1/messages`` and ``/v1/messages/count_tokens``.
+"""Anthropic's ``/v1/messages/count_tokens`` (``/v1/messages`` is served by
+the generic handler, ``dialects/anthropic.py``).
 
 The ``anthropic-version`` / ``anthropic-beta`` headers and the beta client's
 ``?beta=true`` need no handling: nothing here depends on them, and routing
@@ -13,42 +14,16 @@ from starlette.routing import Route
 
 from ..backend import Backend
 from ..dialects import anthropic as msgs
-from ..dialects.errors import anthropic_error
 from .common import (
     JSONResponse,
-    endpoint,
+    dispatch,
     normalize,
     off_loop,
     read_body,
-    request_id,
-    respond,
-    route_and_prepare,
-    run_routed,
-    warning_headers,
 )
+from .generic import response_headers
 
 
-def _headers(request: Request, warnings: list[str]) -> dict[str, str]:
-    """Warnings, and ``request-id`` (what the SDK exposes as ``_request_id``)
-    set to the id the request's events carry."""
-    headers = warning_headers(warnings)
-    rid = request_id(request)
-    if rid is not None:
-        headers["request-id"] = str(rid)
-    return headers
-
-
-@endpoint(anthropic_error)
-async def messages(request: Request) -> Response:
-    body = await read_body(request, msgs.MessagesRequest)
-    tr = msgs.to_chat_request(body)
-    assert tr.request is not None
-    model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
-    renderer = msgs.MessageRenderer(body.model or route.served, prepared, tr.stream)
-    return await respond(request, model, prepared, renderer, _headers(request, tr.warnings + prepared.warnings))
-
-
-@endpoint(anthropic_error)
 async def count_tokens(request: Request) -> Response:
     """Renders the prompt exactly as a real request would prefill it."""
     body = await read_body(request, msgs.CountTokensRequest)
@@ -58,11 +33,10 @@ async def count_tokens(request: Request) -> Response:
     async def count(model: Backend) -> int:
         return await off_loop(model.count_prompt, req)
 
-    n, _ = await run_routed(request, body.model, "chat", count, req.normalized)
-    return JSONResponse({"input_tokens": n}, headers=_headers(request, warnings))
+    n, _ = await dispatch(request).run(body.model, "chat", count, req.normalized)
+    return JSONResponse({"input_tokens": n}, headers=response_headers(msgs.Dialect, request, warnings))
 
 
 routes = [
-    Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
 ]

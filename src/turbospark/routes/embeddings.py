@@ -21,10 +21,9 @@ from ..backend import Backend
 from ..dialects import ollama as ollama_names
 from ..dialects import ollama_embed as oe
 from ..dialects import openai_embeddings as emb
-from ..dialects.errors import ollama_error, openai_error
 from ..engine.types import Embeddings
 from ..registry import Route as ModelRoute
-from .common import JSONResponse, endpoint, read_body, run_routed
+from .common import JSONResponse, dispatch, read_body
 
 
 async def encode(model: Backend, texts: list[str], truncate: bool = False) -> Embeddings:
@@ -36,15 +35,14 @@ async def embed(
     request: Request, requested: str | None, texts: list[str], truncate: bool = False
 ) -> tuple[Embeddings | None, ModelRoute]:
     """Route the request and encode ``texts`` (none: routed only); in a
-    replica group a failed replica is replaced once (``run_routed``)."""
+    replica group a failed replica is replaced once (``Dispatch.run``)."""
 
     async def run(model: Backend) -> Embeddings | None:
         return await encode(model, texts, truncate) if texts else None
 
-    return await run_routed(request, requested, "embeddings", run)
+    return await dispatch(request).run(requested, "embeddings", run)
 
 
-@endpoint(openai_error)
 async def openai_embeddings(request: Request) -> Response:
     body = await read_body(request, emb.EmbeddingRequest)
     texts = emb.texts_of(body)
@@ -53,7 +51,6 @@ async def openai_embeddings(request: Request) -> Response:
     return JSONResponse(emb.render(body, route.served, result))
 
 
-@endpoint(ollama_error)
 async def ollama_embed(request: Request) -> Response:
     started = time.perf_counter_ns()
     body = await read_body(request, oe.EmbedRequest)
@@ -64,7 +61,6 @@ async def ollama_embed(request: Request) -> Response:
     return JSONResponse(oe.render_embed(body.model, route.served, result, dimensions, took))
 
 
-@endpoint(ollama_error)
 async def ollama_embeddings(request: Request) -> Response:
     body = await read_body(request, oe.EmbeddingsRequest)
     texts = oe.legacy_texts(body)
@@ -72,9 +68,11 @@ async def ollama_embeddings(request: Request) -> Response:
     return JSONResponse(oe.render_legacy(result))
 
 
-routes = [
+openai_routes = [
     Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
     Route("/embeddings", openai_embeddings, methods=["POST"]),
+]
+ollama_routes = [
     Route("/api/embed", ollama_embed, methods=["POST"]),
     Route("/api/embeddings", ollama_embeddings, methods=["POST"]),
 ]

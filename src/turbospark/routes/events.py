@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import cast
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..auth import ADMIN_KEY, TENANT_KEY
+from ..context import context_of
 from ..dialects.common import BadRequest
 from ..dialects.errors import openai_error
-from ..middleware import OPEN_ENDED_KEY
 from ..sinks.live import Gap, LiveEvents, Numbered
 from .common import JSONResponse, endpoint, state_of, streaming_response
 
@@ -69,10 +67,8 @@ def viewer(request: Request) -> str | None:
     for an admin. No tenant in the state means no keys are configured (the
     auth middleware lets everything through untouched): one tenant, and the
     caller administers."""
-    state = request.scope.get("state", {})
-    if TENANT_KEY not in state or state.get(ADMIN_KEY, False):
-        return None
-    return cast(str, state[TENANT_KEY])
+    ctx = context_of(request.scope)
+    return None if ctx.tenant is None or ctx.admin else ctx.tenant
 
 
 def live_of(request: Request) -> LiveEvents:
@@ -114,7 +110,7 @@ async def events(request: Request) -> Response:
         # the headers alone: the stream never ends, and a HEAD's body is
         # never sent, so streaming it would hold the connection for good
         return streaming_response(_no_frames())
-    request.scope["state"][OPEN_ENDED_KEY] = True  # a watcher closing it is its end, not an error
+    context_of(request.scope).open_ended = True  # a watcher closing it is its end, not an error
     return streaming_response(_frames(live, since, viewer(request)))
 
 

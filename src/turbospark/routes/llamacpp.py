@@ -1,6 +1,6 @@
-"""llama.cpp server's native routes (``dialects/llamacpp.py``):
-``/completion``, ``/infill``, ``/tokenize``, ``/detokenize``,
-``/apply-template``, ``/props``, ``/embedding``."""
+"""llama.cpp server's native routes besides its generating ones
+(``/completion`` and ``/infill``: the generic handler, ``dialects/llamacpp.py``):
+``/tokenize``, ``/detokenize``, ``/apply-template``, ``/props``, ``/embedding``."""
 
 from __future__ import annotations
 
@@ -13,43 +13,14 @@ from starlette.routing import Route
 from ..backend import Backend, Vocabulary
 from ..dialects import llamacpp as ll
 from ..dialects.common import BadRequest
-from ..dialects.errors import llamacpp_error
-from ..dialects.translate import Translation
 from ..engine.types import AdmissionError
 from .common import (
     JSONResponse,
-    endpoint,
+    dispatch,
     off_loop,
     read_body,
-    respond,
-    route_and_prepare,
-    route_model,
-    warning_headers,
 )
 from .embeddings import embed
-
-
-async def _generate(request: Request, body: ll.CompletionBody, tr: Translation) -> Response:
-    assert tr.request is not None
-    model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
-    prompt = body.prompt if isinstance(body.prompt, str) else ""
-    settings = ll.generation_settings(body, model.max_context, prepared.config)
-    renderer = ll.CompletionRenderer(
-        body.model or route.served, tr.stream, prompt, prepared.config.stop, settings, body.response_fields
-    )
-    return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
-
-
-@endpoint(llamacpp_error)
-async def completion(request: Request) -> Response:
-    body = await read_body(request, ll.CompletionBody)
-    return await _generate(request, body, ll.to_completion(body))
-
-
-@endpoint(llamacpp_error)
-async def infill(request: Request) -> Response:
-    body = await read_body(request, ll.InfillBody)
-    return await _generate(request, body, ll.to_infill(body))
 
 
 def _vocabulary(model: Backend, what: str) -> Vocabulary:
@@ -64,10 +35,9 @@ def _vocabulary(model: Backend, what: str) -> Vocabulary:
     return vocab
 
 
-@endpoint(llamacpp_error)
 async def tokenize(request: Request) -> Response:
     body = await read_body(request, ll.TokenizeBody)
-    model, _ = await route_model(request, body.model, "chat", False)
+    model, _ = await dispatch(request).route(body.model, "chat", False)
     vocab = _vocabulary(model, "tokenizing")
     ids = await off_loop(vocab.tokenize, body.content, body.add_special, body.parse_special)
     if not body.with_pieces:
@@ -75,10 +45,9 @@ async def tokenize(request: Request) -> Response:
     return JSONResponse({"tokens": [{"id": t, "piece": vocab.detokenize([t])} for t in ids]})
 
 
-@endpoint(llamacpp_error)
 async def detokenize(request: Request) -> Response:
     body = await read_body(request, ll.DetokenizeBody)
-    model, _ = await route_model(request, body.model, "chat", False)
+    model, _ = await dispatch(request).route(body.model, "chat", False)
     vocab = _vocabulary(model, "detokenizing")
     bad = next((t for t in body.tokens if not 0 <= t < vocab.vocab_size), None)
     if bad is not None:
@@ -86,23 +55,20 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"content": await off_loop(vocab.detokenize, body.tokens)})
 
 
-@endpoint(llamacpp_error)
 async def apply_template(request: Request) -> Response:
     body = await read_body(request, ll.TemplateBody)
-    model, _ = await route_model(request, body.model, "chat", False)
+    model, _ = await dispatch(request).route(body.model, "chat", False)
     vocab = _vocabulary(model, "rendering the chat template")
     return JSONResponse({"prompt": await off_loop(vocab.chat_text, body.messages)})
 
 
-@endpoint(llamacpp_error)
 async def props(request: Request) -> Response:
-    model, route = await route_model(request, request.query_params.get("model"), "chat", False)
+    model, route = await dispatch(request).route(request.query_params.get("model"), "chat", False)
     info = route.entry.info or {}
     template = str(info.get("chat_template") or "")
     return JSONResponse(ll.props(info, int(info.get("parallel") or 1), template))
 
 
-@endpoint(llamacpp_error)
 async def embedding(request: Request) -> Response:
     body = await read_body(request, ll.EmbeddingBody)
     texts = [body.content] if isinstance(body.content, str) else body.content
@@ -115,8 +81,6 @@ async def embedding(request: Request) -> Response:
 
 
 routes = [
-    Route("/completion", completion, methods=["POST"]),
-    Route("/infill", infill, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/apply-template", apply_template, methods=["POST"]),

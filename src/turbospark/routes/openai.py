@@ -1,8 +1,9 @@
-"""OpenAI routes: ``/v1/chat/completions`` and ``/v1/models``."""
+"""OpenAI's model list: ``/v1/models`` (in Anthropic's shape for an
+Anthropic client) and ``/v1/models/{id}``; ``/v1/chat/completions`` is
+served by the generic handler (``dialects/openai_chat.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,43 +11,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..dialects import openai_chat as chat
+from ..dialects import anthropic, openai_chat
 from ..dialects.common import BadRequest
-from ..dialects.errors import openai_error, shape_for_path
-from ..dialects.render import Renderer
-from ..dialects.translate import Translation
 from .common import (
     JSONResponse,
-    endpoint,
     error_response,
-    read_body,
-    respond,
-    route_and_prepare,
     state_of,
-    warning_headers,
 )
-
-
-async def openai_generation(
-    request: Request,
-    schema: type[Any],
-    translate: Callable[[Any], Translation],
-    renderer_class: Callable[[str, Any, bool], Renderer],
-) -> Response:
-    """What the two OpenAI generation routes (chat, legacy completions) share:
-    the body validated against ``schema``, translated, routed and prepared,
-    then answered through ``renderer_class``."""
-    body = await read_body(request, schema)
-    tr = translate(body)
-    assert tr.request is not None
-    model, route, prepared = await route_and_prepare(request, tr.request, body.model, tr.stream)
-    renderer = renderer_class(body.model or route.served, body, tr.stream)
-    return await respond(request, model, prepared, renderer, warning_headers(tr.warnings + prepared.warnings))
-
-
-@endpoint(openai_error)
-async def chat_completions(request: Request) -> Response:
-    return await openai_generation(request, chat.ChatCompletionRequest, chat.to_chat_request, chat.ChatRenderer)
 
 
 def facts(entry: Any) -> dict[str, Any]:
@@ -92,10 +63,10 @@ def _iso(unix: int) -> str:
 
 
 def from_anthropic_client(request: Request) -> bool:
-    return "anthropic-version" in request.headers
+    header = anthropic.Dialect.client_header
+    return header is not None and header in request.headers
 
 
-@endpoint(openai_error)
 async def list_models(request: Request) -> Response:
     st = state_of(request)
     created = int(st.started_at)
@@ -108,7 +79,6 @@ async def list_models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": cards})
 
 
-@endpoint(openai_error)
 async def get_model(request: Request) -> Response:
     st = state_of(request)
     name = request.path_params["model_id"]
@@ -116,15 +86,14 @@ async def get_model(request: Request) -> Response:
     if entry is None or entry.id != name and name not in entry.aliases:
         missing = BadRequest(f"model {name!r} not found", "model", status=404, code="model_not_found")
         # in the shape of the client asking (the path is OpenAI's and Anthropic's)
-        return error_response(shape_for_path(request.url.path, from_anthropic_client(request)), missing, request)
+        shape = anthropic.Dialect.error if from_anthropic_client(request) else openai_chat.Dialect.error
+        return error_response(shape, missing, request)
     if from_anthropic_client(request):
         return JSONResponse(anthropic_card(entry, int(st.started_at)))
     return JSONResponse(model_card(entry, int(st.started_at)))
 
 
 routes = [
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/models", list_models, methods=["GET"]),  # (llama-server answers it too)
     Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),

@@ -1,16 +1,31 @@
 """The route table: every route the app serves, in one list (the app mounts
-it; the metrics and tracing sinks read its templates for their labels)."""
+it; the metrics and tracing sinks read its templates for their labels).
+
+Each wire dialect is one line: ``serve(dialect, its other routes)`` mounts the
+generic handler on each of its generating paths and tags every route with the
+dialect, whose error shape its failures take. The error shape of any path
+(:func:`error_shapes`) and the CORS request headers (:func:`cors`) are derived
+from this table and its dialects."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from . import admin, anthropic, completions, dashboard, embeddings, events, llamacpp, ollama, responses
+from ..dialects import anthropic, llamacpp, ollama, ollama_embed, openai_chat, openai_completions, openai_embeddings
+from ..dialects import openai_responses as responses
+from ..dialects.base import CorsHeaders, Dialect, ErrorShapes, cors_headers
+from . import admin, dashboard, embeddings, events
+from . import anthropic as anthropic_routes
+from . import llamacpp as llamacpp_routes
 from . import metrics as metrics_routes
+from . import ollama as ollama_routes
 from . import openai as openai_routes
-from .common import JSONResponse, state_of
+from .common import JSONResponse, endpoint, state_of
+from .generic import handler
 
 
 async def health(request: Request) -> Response:
@@ -28,18 +43,53 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok", "state": st.registry.state})
 
 
+class DialectRoute(Route):
+    """A route of a wire dialect: its failures come in the dialect's shape."""
+
+    def __init__(self, route: Route, dialect: Dialect) -> None:
+        super().__init__(route.path, endpoint(dialect.error)(route.endpoint), methods=route.methods)
+        self.dialect = dialect
+
+
+def serve(dialect: Dialect, routes: Iterable[Route] = ()) -> list[BaseRoute]:
+    """A dialect's generating paths (the generic handler) and its other
+    routes, each answering its failures in the dialect's error shape."""
+    generating = [Route(path, handler(dialect, kind), methods=["POST"]) for path, kind in dialect.generating.items()]
+    return [DialectRoute(route, dialect) for route in (*generating, *routes)]
+
+
+#: the dialect of a path no dialect's route or prefix claims
+DEFAULT_DIALECT = openai_chat.Dialect
+
+
 def route_table() -> list[BaseRoute]:
     return [
         Route("/health", health, methods=["GET"]),
-        *openai_routes.routes,
-        *completions.routes,
-        *responses.routes,
-        *embeddings.routes,
-        *anthropic.routes,
-        *ollama.routes,
-        *llamacpp.routes,
+        *serve(openai_chat.Dialect, openai_routes.routes),
+        *serve(openai_completions.Dialect),
+        *serve(responses.Dialect),
+        *serve(openai_embeddings.Dialect, embeddings.openai_routes),
+        *serve(anthropic.Dialect, anthropic_routes.routes),
+        *serve(ollama.Dialect, ollama_routes.routes),
+        *serve(ollama_embed.Dialect, embeddings.ollama_routes),
+        *serve(llamacpp.Dialect, llamacpp_routes.routes),
+        *ollama_routes.probes,
         *admin.routes,
         *metrics_routes.routes,
         *events.routes,
         *dashboard.routes,
     ]
+
+
+def dialect_paths(routes: Iterable[BaseRoute]) -> list[tuple[str, Dialect]]:
+    return [(r.path, r.dialect) for r in routes if isinstance(r, DialectRoute)]
+
+
+def error_shapes(routes: Iterable[BaseRoute]) -> ErrorShapes:
+    """Which error shape each path's client parses, from the table."""
+    return ErrorShapes(DEFAULT_DIALECT, dialect_paths(routes))
+
+
+def cors(routes: Iterable[BaseRoute]) -> CorsHeaders:
+    """The request headers a browser client of any dialect served may send."""
+    return cors_headers(d for _, d in dialect_paths(routes))

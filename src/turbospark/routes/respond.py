@@ -1,0 +1,160 @@
+"""The one shape of a generating route's answer: one JSON body from the
+dialect's renderer, or, when the client asked for a stream, its frames;
+either way cancelled if the client disconnects (or cut by a drain that ran
+out of time)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from typing import Any, cast
+
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..backend import Backend
+from ..dialects.render import ChoicesRenderer, FrameOut, Renderer
+from ..dispatch import Dispatch
+from ..engine.types import CancelFlag
+from ..request import Final, Prepared
+from .common import JSONResponse, failed, streaming_response
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class DisconnectWatch:
+    """Cancels a generation when the client disconnects, even while it is
+    still queued (nothing is being sent yet, so nothing else would notice)."""
+
+    def __init__(self, receive: Receive, cancel: CancelFlag) -> None:
+        self.receive = receive
+        self.cancel = cancel
+        self._task: asyncio.Task[None] | None = None
+        #: the client disconnected
+        self.gone = False
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                self.gone = True
+                self.cancel.cancel("the client disconnected")
+                return
+
+    async def __aenter__(self) -> DisconnectWatch:
+        self._task = asyncio.ensure_future(self._watch())
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+class Responder:
+    """Answers one generating request: its dispatch (items, failover, the
+    error note), the client's ``receive`` (disconnects) and the cancel flag
+    its engine work obeys."""
+
+    def __init__(self, dispatch: Dispatch, receive: Receive) -> None:
+        self.dispatch = dispatch
+        self.receive = receive
+        self.cancel = CancelFlag()
+        dispatch.ctx.cancel = self.cancel  # a too-slow client cancels it
+
+    def _watched(self) -> tuple[Any, DisconnectWatch]:
+        return self.dispatch.state.drain.watch(self.cancel), DisconnectWatch(self.receive, self.cancel)
+
+    async def respond(
+        self, model: Backend, prepared: Prepared, renderer: Renderer, headers: dict[str, str]
+    ) -> Response:
+        """One JSON body from the renderer, or, when the client asked for a
+        stream, the renderer's frames."""
+        if not renderer.stream:
+            finals = await self.whole(model, prepared)
+            if len(finals) > 1:  # only dialects with ``n`` ask for more than one
+                return JSONResponse(cast(ChoicesRenderer, renderer).complete_choices(finals), headers=headers)
+            return JSONResponse(renderer.complete(finals[0]), headers=headers)
+        started = await self.first_item(model, prepared) if prepared.body is not None else None
+        frames = self.frames(model, prepared, renderer, started)
+        return streaming_response(frames, renderer.media_type, headers)
+
+    async def whole(self, model: Backend, prepared: Prepared) -> list[Final]:
+        """The whole answer (every choice)."""
+        drain, disconnects = self._watched()
+        with drain:
+            async with disconnects as watch:
+                items = self.dispatch.items(model, prepared, self.cancel)
+                finals = [i async for i in items if isinstance(i, Final)]
+            if watch.gone:  # nobody to answer: a 499, as a client gone while sending its body
+                raise ClientDisconnect()
+            return sorted(finals, key=lambda f: f.choice)
+
+    async def frames(
+        self,
+        model: Backend,
+        prepared: Prepared,
+        renderer: Renderer,
+        started: tuple[AsyncGenerator[Any, None], Any] | None = None,
+    ) -> AsyncIterator[bytes]:
+        """A streamed answer in ``renderer``'s dialect; any failure once the
+        stream has begun becomes its error frame. ``started``: the items and
+        the first of them, already taken (a remote engine's)."""
+        drain, disconnects = self._watched()
+        with drain:
+            async with disconnects:
+                items, first = (
+                    started if started is not None else (self.dispatch.items(model, prepared, self.cancel, True), None)
+                )
+                try:
+                    for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
+                        yield frame
+                    if first is not None:
+                        for frame in _frames(_render(renderer, first)):
+                            yield frame
+                    async for item in items:
+                        for frame in _frames(_render(renderer, item)):
+                            yield frame
+                except Exception as exc:  # noqa: BLE001 - framed for the client
+                    yield renderer.error(failed(self.dispatch.ctx, exc))  # requestFinished carries its message
+                finally:
+                    await items.aclose()
+
+    async def first_item(self, model: Backend, prepared: Prepared) -> tuple[AsyncGenerator[Any, None], Any]:
+        """Start a generation and wait for its first item, so that a remote
+        engine's refusal (a 429 with its ``Retry-After``, a 400, no replica
+        answering) is this response's status rather than an error frame
+        after a 200. A client leaving meanwhile cancels it."""
+        items = self.dispatch.items(model, prepared, self.cancel, True)
+        drain, disconnects = self._watched()
+        with drain:
+            async with disconnects:
+                try:
+                    return items, await anext(items)
+                except BaseException:
+                    await items.aclose()
+                    raise
+
+
+def _render(renderer: Renderer, item: Any) -> FrameOut:
+    if isinstance(item, Delta):
+        return renderer.text(item)
+    if isinstance(item, ReasoningDelta):
+        return renderer.reasoning(item)
+    if isinstance(item, ToolArgumentsDelta):
+        return renderer.tool_arguments(item)
+    if isinstance(item, ToolCallBegin):
+        return renderer.tool_call_begin(item)
+    if isinstance(item, ToolCallDelta):
+        return renderer.tool_call(item)
+    if isinstance(item, Final):
+        return renderer.final(item)
+    return None
+
+
+def _frames(out: FrameOut) -> Iterable[bytes]:
+    if out is None:
+        return ()
+    if isinstance(out, (bytes, bytearray)):
+        return (out,)
+    return out

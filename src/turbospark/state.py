@@ -1,0 +1,43 @@
+"""The server's state: everything a handler needs, made once by
+``compose.assemble`` and kept on ``app.state.turbospark``. No HTTP types."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .drain import Drain
+from .observe import Observer, RequestIds
+from .registry import Registry
+
+if TYPE_CHECKING:
+    from .sinks.live import LiveEvents
+
+
+@dataclass
+class ServerState:
+    """Everything a handler needs; lives on ``app.state.turbospark``."""
+
+    registry: Registry
+    observer: Observer | None = None
+    #: the live event feed behind /v1/events and /v1/stats (``sinks.live``)
+    live: LiveEvents | None = None
+    ids: RequestIds = field(default_factory=RequestIds)
+    started_at: float = field(default_factory=time.time)
+    version: str = "0"
+    #: tool-call guardrails (validate, re-ask once) unless a request says otherwise
+    guardrails: bool = True
+    #: take known per-session client stamps out of prompts (``dialects/stamps.py``)
+    normalize_client_stamps: bool = True
+    #: the server's PrometheusSink (``GET /metrics``)
+    metrics: Any = None
+    #: folders admin attach may load GGUF files from (``--models-dir``)
+    model_folders: tuple[str, ...] = ()
+    #: environment variables an attach body may name in ``api_key_env``
+    #: (``--remote-key-env``), besides those the configured models name
+    remote_key_envs: tuple[str, ...] = ()
+    #: the options an attached model starts from (the server's own defaults)
+    model_defaults: dict[str, Any] = field(default_factory=dict)
+    #: requests in flight, and whether new ones are taken (graceful shutdown)
+    drain: Drain = field(default_factory=Drain)
