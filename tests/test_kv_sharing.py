@@ -19,8 +19,9 @@ import pytest
 
 from turbospark import ListObserver, Server
 from turbospark.catalog import resolve_model
+from turbospark.engine.hostcache import common_prefix
 from turbospark.engine.model import LlamaChatModel, ModelOptions
-from turbospark.engine.scheduler import COPY_MIN_SHARE, COPY_MIN_TOKENS, common_prefix
+from turbospark.engine.slots import COPY_MIN_SHARE, COPY_MIN_TOKENS
 
 from .support import wait_event
 

@@ -19,10 +19,11 @@ from typing import Any
 from .channel import Channel, Run
 from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
 from .hostcache import cache_folder, default_budget_mib
+from .jobs import Job
 from .llama import CACHE_TYPES, FLASH_ATTN, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
 from .memory import KvPlan, plan_kv
 from .sampling import lazy_grammar
-from .scheduler import Job, Scheduler
+from .scheduler import Scheduler
 from .template import TURN_END_MARKERS, ChatTemplate
 from .types import (
     AdmissionError,
@@ -357,7 +358,7 @@ class LlamaChatModel:
     ) -> list[Run]:
         """:meth:`generate` for the choices of one request (OpenAI ``n``):
         one run per config, the prompt prefilled once and its KV copied to
-        the others (see ``Scheduler._fork``). They share ``cancel``."""
+        the others (see ``steps.Stepper._fork``). They share ``cancel``."""
         if len(configs) == 1:
             return [self.generate(prompt_ids, configs[0], images, cancel)]
         if images:

@@ -108,6 +108,15 @@ class PrometheusSink:
         self._load_collector: EngineLoadCollector | None = None
         self._replica_collector: ReplicaCollector | None = None
         r = self.registry
+        self._declare_request_counters(r)
+        self._declare_token_counters(r)
+        self._declare_latency_histograms(r)
+        self.models_loaded = Gauge(
+            "turbospark_models_loaded", "Models resident (modelAttached minus modelDetached).", registry=r
+        )
+
+    def _declare_request_counters(self, r: CollectorRegistry) -> None:
+        """Requests by route and status, errors, completed generations."""
         self.requests = Counter(
             "turbospark_requests",
             "HTTP requests by route template, method and status.",
@@ -127,6 +136,9 @@ class PrometheusSink:
             ["model", "finished_reason"],
             registry=r,
         )
+
+    def _declare_token_counters(self, r: CollectorRegistry) -> None:
+        """Tokens (prompt, cached, generated, drafted, accepted), evictions, replicas down."""
         self.prompt_tokens = Counter(
             "turbospark_prompt_tokens", "Prompt tokens processed (reused prefix included).", ["model"], registry=r
         )
@@ -158,6 +170,9 @@ class PrometheusSink:
         self.accepted = Counter(
             "turbospark_spec_decode_num_accepted_tokens", "Speculative tokens accepted.", ["model"], registry=r
         )
+
+    def _declare_latency_histograms(self, r: CollectorRegistry) -> None:
+        """Per-request latencies: end to end, queue, prefill, decode, time to first token."""
         self.e2e = Histogram(
             "turbospark_e2e_request_latency_seconds",
             "Arrival to the end of the response, for requests that generated.",
@@ -193,9 +208,6 @@ class PrometheusSink:
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
-        )
-        self.models_loaded = Gauge(
-            "turbospark_models_loaded", "Models resident (modelAttached minus modelDetached).", registry=r
         )
 
     # -- wiring ----------------------------------------------------------------
