@@ -238,7 +238,7 @@ def ratio_row(label: str, a: list[float], b: list[float], target: str, what: str
 def bench(
     name: str, rounds: int, threads: int, only: set[str], lengths: tuple[int, ...] = (512, 4096, 16384)
 ) -> list[Row]:
-    from turbospark.catalog import resolve_model
+    from turbospark.models.catalog import resolve_model
 
     gguf, _ = resolve_model(name)
     sv = Servers(gguf, threads, 8192, SLOTS)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from turbospark.catalog import resolve_model  # noqa: E402
 from turbospark.engine.model import LlamaChatModel, ModelOptions  # noqa: E402
 from turbospark.engine.types import CancelFlag, GenerationConfig  # noqa: E402
+from turbospark.models.catalog import resolve_model  # noqa: E402
 from turbospark.tools.grammar import json_object_grammar, opening_call_grammar, tool_call_grammar  # noqa: E402
 
 PROMPT = "Write a JSON array of 30 fictional people, each an object with name, age, city and job."

@@ -288,7 +288,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.clients < 1 or args.seconds <= 0 or args.max_requests < 1:
         raise SystemExit("clients, seconds and max-requests must be positive")
-    from turbospark.catalog import resolve_model
+    from turbospark.models.catalog import resolve_model
 
     log = os.path.join(tempfile.mkdtemp(prefix="turbospark-load-"), "events.jsonl")
     gguf, _ = resolve_model(args.model)

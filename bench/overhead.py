@@ -216,7 +216,7 @@ def main() -> None:
 
     from llama_cpp import Llama
 
-    from turbospark.catalog import resolve_model
+    from turbospark.models.catalog import resolve_model
 
     path, _ = resolve_model(args.model)
     llm = Llama(path, n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)

@@ -20,9 +20,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 
-from turbospark.catalog import resolve_model  # noqa: E402
 from turbospark.engine.model import LlamaChatModel, ModelOptions  # noqa: E402
 from turbospark.engine.types import CancelFlag, GenerationConfig  # noqa: E402
+from turbospark.models.catalog import resolve_model  # noqa: E402
 
 TEXT = (
     "The harbour master kept a ledger of every ship that entered the bay, its cargo, its crew, "

@@ -214,7 +214,7 @@ def med(xs: list[float]) -> float:
 
 
 def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple[str, float, float, str, str]]:
-    from turbospark.catalog import resolve_model
+    from turbospark.models.catalog import resolve_model
 
     gguf, _ = resolve_model(name)
     rows = []

@@ -264,8 +264,8 @@ def record(args: argparse.Namespace) -> None:
 
 
 def e2e(args: argparse.Namespace) -> None:
-    from turbospark.catalog import resolve_model
     from turbospark.engine.model import ModelOptions
+    from turbospark.models.catalog import resolve_model
 
     path, _ = resolve_model("qwen2.5-coder-0.5b")
     routes = Routes(live=True)

@@ -75,8 +75,8 @@ def base_url(server) -> str:
 def qwen_server():
     """A second server with Qwen2.5-Coder-0.5B (a model that really calls
     tools), shared by every tool-calling test file: ``(server, hub)``."""
-    from turbospark.catalog import CATALOG, resolve_model
     from turbospark.engine.model import ModelOptions
+    from turbospark.models.catalog import CATALOG, resolve_model
 
     if not CATALOG["qwen2.5-coder-0.5b"].installed():
         pytest.fail("the Qwen2.5-Coder package model is not installed (make test installs it)")

@@ -26,8 +26,8 @@ import orjson
 import pytest
 
 from tests.conftest import Hub
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import ModelOptions
+from turbospark.models.catalog import resolve_model
 from turbospark.server import Server
 
 FIXTURES = Path(__file__).parent / "fixtures" / "agents"

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from turbospark import ListObserver, Server
-from turbospark.auth import Auth, is_loopback, refuse_open_bind
+from turbospark.access.auth import Auth, is_loopback, refuse_open_bind
 
 KEY = "sk-test-0123456789"
 ADMIN = "admin-secret-key"
@@ -159,8 +159,8 @@ def test_serve_refuses_a_public_address_without_a_key():
 
 def test_kv_reuse_never_crosses_api_keys(server):
     """The same conversation under key B gets nothing from key A's cache."""
-    from turbospark.catalog import resolve_model
     from turbospark.engine.model import LlamaChatModel, ModelOptions
+    from turbospark.models.catalog import resolve_model
 
     model = LlamaChatModel(
         ModelOptions(path=resolve_model("smollm2-135m")[0], id="tenants", parallel=1, session_slots=2)

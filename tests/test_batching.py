@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from turbospark import ListObserver, Server
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.types import CancelFlag, GenerationConfig
+from turbospark.models.catalog import resolve_model
 from turbospark.routes.admin import session_hash
 
 PROMPTS = [

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from turbospark import ListObserver, Server
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
+from turbospark.models.catalog import resolve_model
 
 from .support import wait_event
 

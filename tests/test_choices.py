@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from tests.support import wait_until
-from turbospark.fold import Fold
+from turbospark.views.fold import Fold
 
 QUESTION = [{"role": "user", "content": "Write one word about the sea."}]
 

@@ -9,8 +9,8 @@ import time
 import httpx
 from rich.text import Text
 
-from turbospark.console.app import COLUMNS, ConsoleApp
 from turbospark.observe import ListObserver
+from turbospark.views.console.app import COLUMNS, ConsoleApp
 
 from .views_support import chat, fresh_server, group_with_a_replica_down
 
@@ -188,8 +188,8 @@ def test_frames_that_are_not_events_are_skipped_not_fatal():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from turbospark.console.client import EventSource
-    from turbospark.fold import Fold
+    from turbospark.views.console.client import EventSource
+    from turbospark.views.fold import Fold
 
     body = (
         b"id: 1\nevent: modelAttached\ndata: not json\n\n"

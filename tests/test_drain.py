@@ -268,8 +268,8 @@ def test_server_stop_drains_the_same_way():
 def test_a_generation_that_starts_after_the_cut_is_cut_too():
     """A request still being prepared when the drain runs out of time is
     failed the moment its generation is watched, not left to run on."""
-    from turbospark.drain import Drain, ShuttingDown
     from turbospark.engine.types import CancelFlag
+    from turbospark.web.drain import Drain, ShuttingDown
 
     drain = Drain()
     running = CancelFlag()

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support import Script, generated, scripted, stream_chat
 from tests.test_tool_rescue import BASH
-from turbospark.answer import after_call
+from turbospark.core.answer import after_call
 from turbospark.engine.types import CancelFlag
 
 #: a call to a tool nobody offered whose arguments take 100 pieces to write
@@ -27,7 +27,7 @@ GOOD = ['{"name": "Bash", "arguments": {"command": "ls"}}']
 
 @pytest.fixture
 def short_hold(monkeypatch: pytest.MonkeyPatch) -> float:
-    import turbospark.answer as answer
+    import turbospark.core.answer as answer
 
     monkeypatch.setattr(answer, "HOLD_SECONDS", 1.0)
     return 1.0
@@ -111,10 +111,10 @@ def test_a_speculative_read_that_is_no_call_is_text_from_then_on(short_hold: flo
 
 def test_the_router_holds_a_misnamed_call_only_for_a_re_ask():
     from tests.fakes import ScriptedModel
-    from turbospark.answer import Router
-    from turbospark.generation import prepare
-    from turbospark.local import LocalBackend
-    from turbospark.request import ChatRequest
+    from turbospark.core.answer import Router
+    from turbospark.core.generation import prepare
+    from turbospark.core.request import ChatRequest
+    from turbospark.models.local import LocalBackend
 
     req = ChatRequest(messages=[{"role": "user", "content": "x"}], tools=[BASH])
     prepared = prepare(LocalBackend(ScriptedModel()), req)
@@ -338,7 +338,7 @@ def test_real_qwen_a_long_repeat_is_held_to_its_end(qwen_server, monkeypatch: py
     call as it comes, so it is held to its end, found a repeat, and the
     result is handed back: no call goes out (without the longer hold the
     call streamed after the hold and went out)."""
-    import turbospark.answer as answer
+    import turbospark.core.answer as answer
 
     monkeypatch.setattr(answer, "HOLD_SECONDS", 0.2)
     srv, events = qwen_server

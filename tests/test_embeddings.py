@@ -18,13 +18,13 @@ import openai
 import pytest
 
 from turbospark import ListObserver, Server
-from turbospark.catalog import DEFAULT_MODEL, resolve_model
 from turbospark.dialects import openai_embeddings as oe
 from turbospark.dialects.common import BadRequest
 from turbospark.engine.embedding import POOLING_MEAN, Embedder, choose_pooling, pooling_of
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.types import AdmissionError, Embeddings, EngineError
-from turbospark.local import LocalBackend
+from turbospark.models.catalog import DEFAULT_MODEL, resolve_model
+from turbospark.models.local import LocalBackend
 
 from .fakes import ScriptedModel
 from .support import assert_ollama_error, assert_openai_error, post_body

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from turbospark import ListObserver, Server
-from turbospark.registry import MAX_FAILURES
+from turbospark.models.registry import MAX_FAILURES
 
 from .support import wait_until
 

@@ -12,9 +12,9 @@ import textwrap
 
 import httpx
 
-from turbospark.fold import Fold
 from turbospark.observe import RequestStarted
 from turbospark.sinks.jsonl import JsonlSink
+from turbospark.views.fold import Fold
 
 from .test_cli import listening_url, turbospark
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from turbospark import ListObserver, Server
-from turbospark.prompt import render
-from turbospark.request import ChatRequest
+from turbospark.core.request import ChatRequest
+from turbospark.models.prompt import render
 from turbospark.sinks.prometheus import PrometheusSink
 from turbospark.tools.prompting import inline_tools, template_knows_tools
 
@@ -217,10 +217,10 @@ def test_stats_show_each_requests_overhead(server):
 
 
 def test_after_a_reask_every_rate_is_summed_tokens_over_summed_times():
+    from turbospark.core.request import Final
     from turbospark.dialects.ollama import stats
     from turbospark.dialects.openai_chat import timings
     from turbospark.engine.types import RawDecodeResult, StopReason
-    from turbospark.request import Final
 
     first = RawDecodeResult(
         prompt_tokens=100,

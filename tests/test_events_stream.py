@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from turbospark.fold import Fold
 from turbospark.observe import ListObserver
+from turbospark.views.fold import Fold
 
 from .views_support import FrameReader, chat, fresh_server, read_frames
 

@@ -10,9 +10,6 @@ import orjson
 import pytest
 from rich.text import Text
 
-from turbospark.console.charts import rate_chart, sparkline, time_chart
-from turbospark.console.client import SSEParser
-from turbospark.fold import Fold, percentile
 from turbospark.observe import (
     Generated,
     ModelAttached,
@@ -23,6 +20,9 @@ from turbospark.observe import (
     RequestStarted,
 )
 from turbospark.sinks.live import LiveEvents
+from turbospark.views.console.charts import rate_chart, sparkline, time_chart
+from turbospark.views.console.client import SSEParser
+from turbospark.views.fold import Fold, percentile
 
 
 def gen(rid, new=10, prompt=20, prefill=0.1, decode=0.5, reused=0, evicted=False, model="m", **kw):

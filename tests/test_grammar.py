@@ -20,9 +20,9 @@ import llguidance
 import numpy as np
 import pytest
 
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.types import CancelFlag, GenerationConfig, StopReason
+from turbospark.models.catalog import resolve_model
 from turbospark.tools.grammar import (
     DEFAULT_MAX_STRING,
     UnsupportedSchema,

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from turbospark.catalog import resolve_model
 from turbospark.engine.hostcache import common_prefix
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.types import CancelFlag, GenerationConfig
+from turbospark.models.catalog import resolve_model
 
 from .test_kv_sharing import text
 

@@ -10,9 +10,9 @@ import anthropic
 import pytest
 
 from tests.support import Server
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import ModelOptions
 from turbospark.engine.template import fold_inner_system
+from turbospark.models.catalog import resolve_model
 
 #: Gemma 3's template, in its essentials: a leading system message becomes
 #: the first user turn's prefix, and the rest must alternate

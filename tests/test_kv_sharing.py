@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from turbospark import ListObserver, Server
-from turbospark.catalog import resolve_model
 from turbospark.engine.hostcache import common_prefix
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.slots import COPY_MIN_SHARE, COPY_MIN_TOKENS
+from turbospark.models.catalog import resolve_model
 
 from .support import wait_event
 

@@ -62,6 +62,24 @@ def test_no_import_cycle():
     assert not cycles, cycles
 
 
+def test_at_most_six_modules_at_the_top():
+    """The layers show in the tree: at the top only the public API and the
+    entry points; everything else lives in a package of its layer."""
+    top = sorted(p.name for p in SRC.glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 6, top
+
+
+def test_every_package_says_what_it_holds():
+    """Each package under src/turbospark has an ``__init__.py`` whose
+    docstring says what it holds (and what it may import)."""
+    missing = []
+    for folder in sorted(p for p in SRC.rglob("*") if p.is_dir() and any(p.glob("*.py"))):
+        init = folder / "__init__.py"
+        if not init.is_file() or not ast.get_docstring(ast.parse(init.read_text())):
+            missing.append(str(folder.relative_to(ROOT)))
+    assert not missing, missing
+
+
 #: the rule's limits (issue 35)
 MAX_FUNCTION, MAX_CLASS = 80, 400
 

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.types import CancelFlag, GenerationConfig
+from turbospark.models.catalog import resolve_model
 
 #: the call with Qwen's marker tokens (151657, 151658) named by id
 CALL = 'start: <[151657]> "\\n{\\"name\\": \\"ping\\"}\\n" <[151658]>'
@@ -182,9 +182,9 @@ def test_the_router_reads_an_opening_call_only_when_the_engine_says_its_grammar_
     a match the engine did not take (a Llama 3 ``<|python_tag|>`` control
     token before it, invisible in the text; a token the grammar refused)
     stays with the hold and the parsers, as an unheld call."""
-    from turbospark.answer import Delta, Router, ToolArgumentsDelta, ToolCallBegin
+    from turbospark.core.answer import Delta, Router, ToolArgumentsDelta, ToolCallBegin
+    from turbospark.core.request import Prepared
     from turbospark.engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED
-    from turbospark.request import Prepared
     from turbospark.tools.grammar import opening_call_grammar
 
     _, trigger = opening_call_grammar([BASH])
@@ -211,7 +211,7 @@ def test_what_closes_a_call_is_not_left_as_text():
     """After a call read as it came, what still belongs to it (its closing
     brace, the closing marker, a fence, even one the budget cut short) is
     not text; what follows it is."""
-    from turbospark.answer import after_call
+    from turbospark.core.answer import after_call
 
     assert after_call("}\n```") == ""
     assert after_call("}\n``") == ""  # the budget ran out inside the fence

@@ -265,8 +265,8 @@ def test_infill_layout_and_cut_as_llama_servers_and_always_within_the_context():
     newest context within the context less a batch and twice the answer.
     What that still leaves over the context goes (a warm-up reserves
     nothing; a long cursor line is never cut by it), oldest first."""
-    from turbospark.prompt import fim_ids
-    from turbospark.request import FillIn
+    from turbospark.core.request import FillIn
+    from turbospark.models.prompt import fim_ids
 
     marks = {"pre": 1 << 20, "suf": (1 << 20) + 1, "mid": (1 << 20) + 2, "rep": (1 << 20) + 3, "sep": (1 << 20) + 4}
 

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from turbospark import ListObserver, Server
-from turbospark.auth import Auth
+from turbospark.access.auth import Auth
+from turbospark.access.guard import BrowserPolicy
 from turbospark.cli import _model_options, parser
 from turbospark.compose import assemble
-from turbospark.guard import BrowserPolicy
 from turbospark.observe import (
     Generated,
     ModelAttached,

@@ -299,10 +299,10 @@ def test_otlp_http_export_reaches_a_collector(monkeypatch):
 
 
 def test_serve_flag_or_env_turns_tracing_on(monkeypatch):
-    from turbospark.auth import Auth
+    from turbospark.access.auth import Auth
+    from turbospark.access.guard import BrowserPolicy
     from turbospark.cli import _traces_label, parser
     from turbospark.compose import assemble
-    from turbospark.guard import BrowserPolicy
     from turbospark.sinks.otel import otel_wanted
 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)

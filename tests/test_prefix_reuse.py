@@ -7,8 +7,8 @@ import openai
 import pytest
 
 from turbospark import Server
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
+from turbospark.models.catalog import resolve_model
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import openai
 import pytest
 
 from turbospark import ListObserver, Server
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import ModelOptions
-from turbospark.local import LocalBackend
-from turbospark.registry import ModelSpec, Registry, RegistryError, RoutingError
+from turbospark.models.catalog import resolve_model
+from turbospark.models.local import LocalBackend
+from turbospark.models.registry import ModelSpec, Registry, RegistryError, RoutingError
 
 from .fakes import ScriptedModel
 
@@ -316,7 +316,7 @@ def test_max_resident_holds_while_every_resident_model_is_busy():
 
 
 def test_a_load_that_waits_too_long_for_room_is_a_503_with_retry_after(monkeypatch: pytest.MonkeyPatch):
-    from turbospark import registry
+    from turbospark.models import registry
 
     monkeypatch.setattr(registry, "ROOM_WAIT_SECONDS", 0.5)
     with Server(models=[opts("first"), opts("second")], max_resident=1) as srv:
@@ -370,7 +370,7 @@ def test_a_replica_with_no_room_to_load_is_passed_over_not_marked_down():
     at start as the cap allows; a replica that cannot be loaded for want of
     room is not a failed one: the request goes to a loaded replica at once,
     and nothing is marked down."""
-    from turbospark.loading import GroupOptions
+    from turbospark.models.loading import GroupOptions
 
     obs = ListObserver()
     group = GroupOptions("pool", [("a", opts("x", parallel=2)), ("b", opts("x", parallel=2))], health_interval=3600)

@@ -29,7 +29,7 @@ import pytest
 
 from turbospark import ListObserver, Server
 from turbospark.engine.model import ModelOptions
-from turbospark.loading import GroupOptions
+from turbospark.models.loading import GroupOptions
 from turbospark.upstream.model import RemoteOptions
 
 from .remote_support import (
@@ -126,7 +126,7 @@ def scripted_pool(srv: Server, upstream: ScriptedUpstream, name: str, **group: A
     upstream, attached once per module; its ``ReplicaSet``."""
     registry = srv.assembly.registry
     if registry.lookup(name) is None:
-        from turbospark.loading import attach_group
+        from turbospark.models.loading import attach_group
 
         one = RemoteOptions(id="x", base_url=upstream.url + "/v1", model="scripted", ctx=4096)
         attach_group(registry, GroupOptions(name, [("one", one), ("two", one)], **{"health_interval": 3600, **group}))
@@ -1430,7 +1430,7 @@ def test_a_full_local_replica_sends_the_request_to_another_replica(upstreams) ->
     """A local replica (a GGUF this process runs) whose wait list is full
     refuses at admission: in a group the request goes to the other replica
     (OpenAI and Ollama), and the full one stays up."""
-    from turbospark.catalog import resolve_model
+    from turbospark.models.catalog import resolve_model
 
     _, b = upstreams
     gguf, _ = resolve_model("smollm2-135m")
@@ -1533,7 +1533,7 @@ def test_embeddings_and_token_counts_over_a_group_move_off_a_dead_replica(upstre
 def test_a_group_of_a_local_and_a_remote_replica(upstreams) -> None:
     """One id over a GGUF this process runs and an upstream: both serve,
     each named in the events."""
-    from turbospark.catalog import resolve_model
+    from turbospark.models.catalog import resolve_model
 
     _, b = upstreams
     gguf, _ = resolve_model("smollm2-135m")
@@ -1647,7 +1647,7 @@ def test_llama_server_as_upstream(tmp_path) -> None:
     peer = peer_binary()
     if peer is None:
         pytest.skip("llama-server is not built here (bench/peer.sh builds it)")
-    from turbospark.catalog import resolve_model
+    from turbospark.models.catalog import resolve_model
 
     binary, env = peer
     gguf, _ = resolve_model("smollm2-135m")

@@ -15,8 +15,8 @@ import pytest
 
 from turbospark.config import ConfigError, load_config
 from turbospark.engine.model import ModelOptions
-from turbospark.loading import GroupOptions, RemoteConfigError, remote_options
-from turbospark.replicas import Replica, ReplicaSet, routing_key
+from turbospark.models.loading import GroupOptions, RemoteConfigError, remote_options
+from turbospark.models.replicas import Replica, ReplicaSet, routing_key
 from turbospark.upstream import wire
 from turbospark.upstream.model import RemoteOptions
 
@@ -192,7 +192,7 @@ def test_routing_key_sees_past_a_long_system_prompt() -> None:
 
 
 def test_reasoning_efforts_become_what_upstreams_take() -> None:
-    from turbospark.request import ChatRequest
+    from turbospark.core.request import ChatRequest
 
     def body(effort: str | None) -> dict[str, Any]:
         return wire.request_body(ChatRequest(messages=[{"role": "user", "content": "x"}], reasoning=effort), None)

@@ -12,9 +12,9 @@ import time
 import httpx
 
 from turbospark.cli import main
-from turbospark.fold import Fold
-from turbospark.report import PLOTS, summary_lines
 from turbospark.sinks.jsonl import JsonlSink
+from turbospark.views.fold import Fold
+from turbospark.views.report import PLOTS, summary_lines
 
 from .views_support import chat, fresh_server
 

@@ -11,10 +11,10 @@ import openai
 import pytest
 
 from turbospark import ListObserver, Server
+from turbospark.core.request import ChatRequest
 from turbospark.dialects import openai_responses as rs
 from turbospark.engine.types import StopReason
-from turbospark.prompt import render
-from turbospark.request import ChatRequest
+from turbospark.models.prompt import render
 
 from .fakes import Script, ScriptedModel
 from .support import MALFORMED_BODIES, assert_openai_error, post_body, sse_frames

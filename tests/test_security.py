@@ -21,10 +21,10 @@ import orjson
 import pytest
 
 from turbospark import Server
-from turbospark.auth import OpenBind
-from turbospark.catalog import resolve_model
+from turbospark.access.auth import OpenBind
 from turbospark.engine.model import LlamaChatModel, ModelOptions
-from turbospark.loading import NotAttachable
+from turbospark.models.catalog import resolve_model
+from turbospark.models.loading import NotAttachable
 from turbospark.routes.table import route_table
 
 from .chromium import run_once

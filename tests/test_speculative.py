@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import LlamaChatModel, ModelOptions
 from turbospark.engine.speculative import NEIGHBOUR_TAX, NgramDrafter, StepCosts, best_draft_length
+from turbospark.models.catalog import resolve_model
 
 # step seconds shaped like the CPU kernels measured here: columns in tiles of 4
 TILED = {

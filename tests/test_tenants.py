@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 
-from turbospark.auth import tenant_of
+from turbospark.access.auth import tenant_of
 from turbospark.observe import (
     FanOut,
     Generated,

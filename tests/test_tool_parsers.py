@@ -409,8 +409,8 @@ def test_splitter_streams_in_order_and_holds_only_what_it_must():
 # --------------------------------------------------------- the real model
 @pytest.fixture(scope="module")
 def qwen():
-    from turbospark.catalog import resolve_model
     from turbospark.engine.model import LlamaChatModel, ModelOptions
+    from turbospark.models.catalog import resolve_model
 
     model = LlamaChatModel(
         ModelOptions(path=resolve_model("qwen2.5-coder-0.5b")[0], id="qwen-tools", parallel=1, ctx=2048)
@@ -452,8 +452,8 @@ def test_qwen_template_tokenizer_and_output(qwen):
 
 
 def test_the_engines_tool_calls_ending_stands_only_with_a_valid_call():
+    from turbospark.core.request import Final
     from turbospark.engine.types import RawDecodeResult, StopReason
-    from turbospark.request import Final
     from turbospark.tools.calls import ToolCall
 
     raw = RawDecodeResult(

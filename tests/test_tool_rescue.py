@@ -22,7 +22,7 @@ from turbospark.tools.rescue import may_become_call, rescue_call
 def short_hold(monkeypatch: pytest.MonkeyPatch) -> float:
     """HOLD_SECONDS at 1 s for the scripted streams (the server runs in this
     process), so the slow calls that outlast it take seconds, not tens."""
-    import turbospark.answer as answer
+    import turbospark.core.answer as answer
 
     monkeypatch.setattr(answer, "HOLD_SECONDS", 1.0)
     return 1.0
@@ -208,7 +208,7 @@ def test_real_qwen_bare_arguments_become_a_call_over_responses(qwen_server, monk
     call to it (the rescue's own verdict, spied on), streamed or not."""
     import openai
 
-    import turbospark.answer as answer
+    import turbospark.core.answer as answer
 
     rescued: list[tuple[str, bool]] = []
     real = answer.rescue_call
@@ -331,7 +331,7 @@ def test_json_after_text_is_not_held_back_for_long():
     is held only while a call's name may still show in it, for at most
     HOLD_SECONDS; then it and everything after it go out as they come (no
     second hold for the line already sent)."""
-    from turbospark.answer import HOLD_SECONDS
+    from turbospark.core.answer import HOLD_SECONDS
 
     pieces = ["Here:\n", '{"function": "x", ', *(['"v": 1, '] * 40), '"w": 2}\n', *(["more text "] * 30)]
     srv, _, _ = scripted(Script(pieces, delay=0.1))  # about 7 s to write
@@ -402,7 +402,7 @@ def test_the_speculative_reader_leaves_what_follows_its_calls():
 def no_speculation(monkeypatch: pytest.MonkeyPatch) -> None:
     """HOLD_SECONDS beyond any test: nothing is read on speculation, so what
     streams is what a grammar holds."""
-    import turbospark.answer as answer
+    import turbospark.core.answer as answer
 
     monkeypatch.setattr(answer, "HOLD_SECONDS", 10_000.0)
 
@@ -509,8 +509,8 @@ def test_real_qwen_llama3_syntax_calls_stream(no_speculation: None):
     opening grammar is its trigger (anchored at the answer's start), so a
     long call streams from its name on, with speculation out of reach."""
     from tests.support import Server
-    from turbospark.catalog import resolve_model
     from turbospark.engine.model import ModelOptions
+    from turbospark.models.catalog import resolve_model
 
     options = ModelOptions(path=resolve_model("qwen2.5-coder-0.5b")[0], id="qwen-l3", ctx=2048, parallel=1,
                            chat_template=LLAMA3_STYLE)  # fmt: skip

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from turbospark import ListObserver, Server
-from turbospark.catalog import resolve_model
 from turbospark.engine.model import ModelOptions
+from turbospark.models.catalog import resolve_model
 
 
 def path() -> str:

@@ -182,7 +182,7 @@ def test_a_grammar_held_xml_call_streams_from_its_start():
 
 
 def test_an_xml_call_no_grammar_holds_streams_after_the_hold(monkeypatch):
-    import turbospark.answer as answer
+    import turbospark.core.answer as answer
 
     monkeypatch.setattr(answer, "HOLD_SECONDS", 1.0)  # the server runs in this process
     srv, _ = xml_server(slow(CALL), grammar=False)

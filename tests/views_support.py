@@ -12,7 +12,7 @@ import httpx
 import orjson
 
 from turbospark import Server
-from turbospark.console.client import SSEParser
+from turbospark.views.console.client import SSEParser
 
 
 @contextlib.contextmanager
@@ -30,7 +30,7 @@ def group_with_a_replica_down(shared: Server, **kw: Any) -> Iterator[Server]:
     server (a real upstream on loopback), and ``b``, a port nothing listens
     on. A request sent to ``b`` finds it unreachable: it is marked down (a
     ``modelHealth`` event) and the request is answered by ``a``."""
-    from turbospark.loading import GroupOptions
+    from turbospark.models.loading import GroupOptions
     from turbospark.upstream.model import RemoteOptions
 
     from .remote_support import free_port

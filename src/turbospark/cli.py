@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
-from .catalog import CATALOG, DEFAULT_MODEL, ModelNotFound
 from .cli_options import CONSOLE, REPORT, SERVE, Option, add_options, merge_server, model_defaults, model_values
+from .models.catalog import CATALOG, DEFAULT_MODEL, ModelNotFound
 
 
 def _progress_printer(label: str) -> Callable[[float], None]:
@@ -43,7 +43,7 @@ def _local_options(opts: list[Any]) -> list[Any]:
     """The local models among ``opts``, a replica group's local replicas
     included: what the engine flags apply to (a remote model has its own)."""
     from .engine.model import ModelOptions
-    from .loading import GroupOptions
+    from .models.loading import GroupOptions
 
     out = [o for o in opts if isinstance(o, ModelOptions)]
     for g in opts:
@@ -58,7 +58,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     (``POST /v1/admin/models``) starts from (the file's [defaults], then the
     flags), and the server settings the flags leave to the file."""
     from .config import MODEL_KEYS, load_config
-    from .loading import options_for
+    from .models.loading import options_for
 
     opts: list[Any] = []
     server: dict[str, Any] = {}
@@ -133,7 +133,7 @@ def _checked_options(args: argparse.Namespace) -> list[Any]:
     folders checked now, not when the KV is written at the exit."""
     from .config import ConfigError
     from .engine.hostcache import folder_problem
-    from .loading import GroupOptions
+    from .models.loading import GroupOptions
 
     try:
         options = _model_options(args)
@@ -149,8 +149,8 @@ def _checked_options(args: argparse.Namespace) -> list[Any]:
 
 def _guards(args: argparse.Namespace) -> tuple[Any, Any]:
     """The API keys and the browser policy (refused: an open bind, a bad key file)."""
-    from .auth import KeyFileError, OpenBind, check_bind, from_config
-    from .guard import policy_from
+    from .access.auth import KeyFileError, OpenBind, check_bind, from_config
+    from .access.guard import policy_from
 
     try:
         auth = from_config(
@@ -201,7 +201,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
     """The server, its models loaded (see :func:`compose.assemble`)."""
     from .compose import assemble
     from .engine.memory import MemoryRefused
-    from .registry import RegistryError
+    from .models.registry import RegistryError
     from .sinks.otel import otel_wanted
 
     display = _LoadDisplay()
@@ -302,13 +302,13 @@ def _traces_label(args: argparse.Namespace) -> str:
 
 
 def _console(args: argparse.Namespace) -> int:
-    from .console import run
+    from .views.console import run
 
     return run(args.url, args.api_key or os.environ.get("TURBOSPARK_API_KEY"))
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import report
+    from .views.report import report
 
     if not os.path.isfile(args.events):
         return _fail(f"no such event log: {args.events}")

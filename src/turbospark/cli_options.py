@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .drain import DEFAULT_DRAIN_SECONDS
-from .watchdog import STALL_TIMEOUT
+from .models.watchdog import STALL_TIMEOUT
+from .web.drain import DEFAULT_DRAIN_SECONDS
 
 DEFAULT_PARALLEL = 4
 ON_OFF = ("on", "off")
@@ -41,13 +41,13 @@ def size(text: str) -> int:
 
 
 def _send_timeout() -> float:
-    from .middleware import SEND_TIMEOUT  # (lazily: the command starts without the server's modules)
+    from .web.middleware import SEND_TIMEOUT  # (lazily: the command starts without the server's modules)
 
     return SEND_TIMEOUT
 
 
 def _body_timeout() -> float:
-    from .middleware import BODY_TIMEOUT
+    from .web.middleware import BODY_TIMEOUT
 
     return BODY_TIMEOUT
 

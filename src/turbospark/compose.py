@@ -17,16 +17,16 @@ from typing import Any
 from starlette.applications import Starlette
 
 from . import __version__
-from .app import build_app
-from .auth import Auth
-from .drain import Drain
-from .guard import BrowserPolicy
-from .loading import ModelArg, default_model_folders, load_spec, populate
+from .access.auth import Auth
+from .access.guard import BrowserPolicy
+from .models.loading import ModelArg, default_model_folders, load_spec, populate
+from .models.registry import STALL_TIMEOUT, ModelSpec, Registry
 from .observe import Observer, combine
-from .registry import STALL_TIMEOUT, ModelSpec, Registry
 from .sinks.live import LiveEvents
 from .sinks.prometheus import PrometheusSink
-from .state import ServerState
+from .web.app import build_app
+from .web.drain import Drain
+from .web.state import ServerState
 
 log = logging.getLogger("turbospark.server")
 

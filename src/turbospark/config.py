@@ -41,7 +41,7 @@
     api_key_env = "GPU_BOX_KEY"   # the variable holding its key (never the key)
     ctx = 32768
 
-    [models.pool]             # one id over several engines (see replicas.py)
+    [models.pool]             # one id over several engines (see models/replicas.py)
     model = "Qwen/Qwen3-32B"  # what every remote replica inherits (also api_key_env, ctx, headers ...)
     ctx = 32768
     health_interval = 5
@@ -63,10 +63,10 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .catalog import ModelNotFound, resolve_model
 from .engine.model import ModelOptions
-from .loading import GROUP_KEYS, GroupOptions, RemoteConfigError, remote_options, replica_name
-from .replicas import ROUTINGS
+from .models.catalog import ModelNotFound, resolve_model
+from .models.loading import GROUP_KEYS, GroupOptions, RemoteConfigError, remote_options, replica_name
+from .models.replicas import ROUTINGS
 from .upstream.model import RemoteOptions
 
 

@@ -22,16 +22,16 @@ from typing import Any
 import uvicorn
 from uvicorn.server import HANDLED_SIGNALS
 
-from .auth import Auth, check_bind, read_key_file
-from .catalog import DEFAULT_MODEL
+from .access.auth import Auth, check_bind, read_key_file
+from .access.guard import policy_from
 from .compose import assemble
-from .drain import CUT_GRACE_SECONDS, DEFAULT_DRAIN_SECONDS, Drain
-from .guard import policy_from
-from .loading import ModelArg
-from .middleware import BODY_TIMEOUT, SEND_TIMEOUT, ClientTimeouts
+from .models.catalog import DEFAULT_MODEL
+from .models.loading import ModelArg
+from .models.registry import STALL_TIMEOUT, Registry
 from .observe import Observer
-from .registry import STALL_TIMEOUT, Registry
 from .sinks.live import LiveEvents
+from .web.drain import CUT_GRACE_SECONDS, DEFAULT_DRAIN_SECONDS, Drain
+from .web.middleware import BODY_TIMEOUT, SEND_TIMEOUT, ClientTimeouts
 
 log = logging.getLogger("turbospark.server")
 

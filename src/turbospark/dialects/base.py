@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..backend import Backend
-from ..request import ChatRequest, Prepared
+from ..core.request import ChatRequest, Prepared
+from ..models.backend import Backend
 from .errors import ErrorShape
 from .render import Renderer
 from .translate import Translation

@@ -31,9 +31,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..answer import Delta
+from ..core.answer import Delta
+from ..core.request import ChatRequest, FillIn, Final, Prepared
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..request import ChatRequest, FillIn, Final, Prepared
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, sse_data

@@ -32,10 +32,10 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
-from ..backend import Backend
+from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..core.request import ChatRequest, FillIn, Final, Prepared
 from ..engine.types import GenerationConfig, StopReason
-from ..request import ChatRequest, FillIn, Final, Prepared
+from ..models.backend import Backend
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, RendererFactory, Served

@@ -14,9 +14,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..core.request import ChatRequest, Final, Prepared
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..request import ChatRequest, Final, Prepared
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, Served

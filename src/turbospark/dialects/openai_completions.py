@@ -24,9 +24,9 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..answer import Delta
+from ..core.answer import Delta
+from ..core.request import ChatRequest, FillIn, Final, Prepared
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..request import ChatRequest, FillIn, Final, Prepared
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, new_id, sse_data, unix_time

@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..core.request import ChatRequest, Final, Prepared
 from ..engine.types import GenerationConfig, StopReason, TokenProb
-from ..request import ChatRequest, Final, Prepared
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, Served

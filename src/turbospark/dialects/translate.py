@@ -12,8 +12,8 @@ from typing import Any, NamedTuple
 import orjson
 from pydantic import BaseModel
 
+from ..core.request import ChatRequest
 from ..engine.types import GenerationConfig, TokenProb
-from ..request import ChatRequest
 from .common import BadRequest
 
 

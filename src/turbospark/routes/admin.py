@@ -13,11 +13,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..catalog import ModelNotFound
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import openai_error
 from ..engine.model import ModelOptions
-from ..loading import (
+from ..models.catalog import ModelNotFound
+from ..models.loading import (
     GROUP_KEYS,
     GroupOptions,
     NotAttachable,
@@ -29,8 +29,8 @@ from ..loading import (
     replica_name,
     spec_for,
 )
-from ..registry import RegistryError
-from ..replicas import ROUTINGS
+from ..models.registry import RegistryError
+from ..models.replicas import ROUTINGS
 from ..upstream.model import RemoteModel, RemoteOptions
 from .common import JSONResponse, endpoint, read_json, state_of
 from .events import viewer

@@ -16,19 +16,19 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from ..context import RequestContext, context_of
+from ..core.dispatch import Dispatch
+from ..core.request import ChatRequest
 from ..dialects.common import BadRequest, parse_json_object, validate
 from ..dialects.errors import ErrorShape, Failure
 from ..dialects.render import SSE
 from ..dialects.stamps import normalize_messages
-from ..dispatch import Dispatch
-from ..drain import ShuttingDown
 from ..engine.types import AdmissionError, ContextOverflow, EngineError, Overloaded, ReaderBehind
-from ..middleware import DISCONNECTED, TOO_SLOW
-from ..registry import RoutingError
-from ..request import ChatRequest
-from ..state import ServerState
+from ..models.registry import RoutingError
 from ..upstream.client import UpstreamError
+from ..web.context import RequestContext, context_of
+from ..web.drain import ShuttingDown
+from ..web.middleware import DISCONNECTED, TOO_SLOW
+from ..web.state import ServerState
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

@@ -31,10 +31,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..context import context_of
 from ..dialects.common import BadRequest
 from ..dialects.errors import openai_error
 from ..sinks.live import Gap, LiveEvents, Numbered
+from ..web.context import context_of
 from .common import JSONResponse, endpoint, state_of, streaming_response
 
 RETRY_MS = 1000

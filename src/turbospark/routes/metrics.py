@@ -2,7 +2,7 @@
 :class:`~turbospark.sinks.prometheus.PrometheusSink`.
 
 Behind the API key like every route, unless the server was started with
-``--metrics-auth off`` (see :mod:`turbospark.auth`)."""
+``--metrics-auth off`` (see :mod:`turbospark.access.auth`)."""
 
 from __future__ import annotations
 

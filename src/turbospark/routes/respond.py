@@ -12,12 +12,12 @@ from typing import Any, cast
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
-from ..backend import Backend
+from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..core.dispatch import Dispatch
+from ..core.request import Final, Prepared
 from ..dialects.render import ChoicesRenderer, FrameOut, Renderer
-from ..dispatch import Dispatch
 from ..engine.types import CancelFlag
-from ..request import Final, Prepared
+from ..models.backend import Backend
 from .common import JSONResponse, failed, streaming_response
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

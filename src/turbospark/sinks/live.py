@@ -1,5 +1,5 @@
 """The server's live event feed: a bounded ring of recent events numbered by
-a server-assigned sequence, a :class:`~turbospark.fold.Fold` kept current,
+a server-assigned sequence, a :class:`~turbospark.views.fold.Fold` kept current,
 and subscribers (``GET /v1/events`` streams) that each get a bounded queue.
 
 Always installed in the server's observer fan-out (``Server``, ``turbospark
@@ -39,8 +39,8 @@ from typing import Any
 
 import orjson
 
-from ..fold import Fold
 from ..observe import ServerEvent
+from ..views.fold import Fold
 
 log = logging.getLogger("turbospark.sinks")
 

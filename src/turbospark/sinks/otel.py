@@ -12,7 +12,7 @@ included (CONTRACT §2); a status ≥ 500 or an ``error`` (a stream that failed
 after its headers, a client that left) sets the span's error status.
 Attributes follow the OpenTelemetry ``gen_ai.*`` and HTTP semantic
 conventions, plus the engine's timings under ``turbospark.*`` (summed by the
-shared :class:`~turbospark.usage.Usage`); the time to first token is measured
+shared :class:`~turbospark.views.usage.Usage`); the time to first token is measured
 from arrival (receipt of the first ``generated`` - its ``decodeSeconds`` -
 ``atMs``) and named so.
 
@@ -39,7 +39,7 @@ from typing import Any
 
 from .. import __version__
 from ..observe import Generated, RequestFinished, RequestRouted, RequestStarted, ServerEvent
-from ..usage import Usage
+from ..views.usage import Usage
 from .paths import RouteTemplates, default_templates
 
 log = logging.getLogger("turbospark.sinks")

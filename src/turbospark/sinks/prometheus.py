@@ -49,7 +49,7 @@ from ..observe import (
 from .paths import UNMATCHED, RouteTemplates, default_templates, method_label
 
 if TYPE_CHECKING:
-    from ..registry import Registry
+    from ..models.registry import Registry
 
 #: Latency buckets (seconds), close to vLLM's: sub-10 ms for a tiny model on
 #: a fast machine up to many minutes for a long generation on a CPU.

@@ -21,7 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backend import Capabilities, Health, Upstream
+from ..core.request import ChatRequest, Prepared
 from ..engine.channel import Channel, Run
 from ..engine.types import (
     AdmissionError,
@@ -33,7 +33,7 @@ from ..engine.types import (
     ReaderBehind,
     StopReason,
 )
-from ..request import ChatRequest, Prepared
+from ..models.backend import Capabilities, Health, Upstream
 from ..tools import calls as toolcalls
 from ..tools.prompting import tool_names
 from . import wire

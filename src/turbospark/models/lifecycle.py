@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ..observe import ModelAttached, Observer, now_ms, record
 from .backend import Backend
+from .entry import Entry, ModelSpec, RoutingError, info_of
 from .failures import note_failure, refuse_reload
-from .model_entry import Entry, ModelSpec, RoutingError, info_of
-from .observe import ModelAttached, Observer, now_ms, record
 from .residency import Residency
 
 log = logging.getLogger("turbospark.registry")  # (the registry's log, as before its split)

@@ -1,5 +1,5 @@
 """``turbospark report EVENTS.jsonl [--out DIR]``: the offline view of an
-``--event-log`` file. Folds it with :mod:`turbospark.fold` (the same fold as
+``--event-log`` file. Folds it with :mod:`turbospark.views.fold` (the same fold as
 the console and the dashboard), prints the summary and writes PNG plots.
 
 matplotlib is an optional extra (``turbospark[report]``) imported only here,

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from .engine.types import CancelFlag
+from ..engine.types import CancelFlag
 
 log = logging.getLogger("turbospark.server")
 

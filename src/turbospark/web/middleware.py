@@ -24,12 +24,10 @@ from typing import Any, cast
 
 import orjson
 
-from .context import RequestContext, context_of
-from .dialects.base import CorsHeaders, ErrorShapes
-from .dialects.common import BadRequest
-from .drain import Drain, ShuttingDown
-from .guard import CORS_EXPOSE, CORS_MAX_AGE, CORS_METHODS, BrowserPolicy
-from .observe import (
+from ..access.guard import CORS_EXPOSE, CORS_MAX_AGE, CORS_METHODS, BrowserPolicy
+from ..dialects.base import CorsHeaders, ErrorShapes
+from ..dialects.common import BadRequest
+from ..observe import (
     TRACE_HEADERS,
     Observer,
     RequestFinished,
@@ -40,6 +38,8 @@ from .observe import (
     request_tenant,
     trace_context,
 )
+from .context import RequestContext, context_of
+from .drain import Drain, ShuttingDown
 
 Scope = dict[str, Any]
 #: How long the end of a request waits for its engine runs to be reported

@@ -3,7 +3,7 @@
 A :class:`Backend` is what the registry holds and the generation core
 drives: the local llama.cpp model (``local.LocalBackend`` over an engine
 ``ChatModel``) and a remote engine (``upstream.model.RemoteModel``) alike.
-The core asks it to ``prepare`` a :class:`~turbospark.request.ChatRequest`
+The core asks it to ``prepare`` a :class:`~turbospark.core.request.ChatRequest`
 (template and tokenise, or build the upstream body; grammar; admission: every
 refusal here is a clean 4xx before any byte) and to ``start`` runs of what it
 prepared; what a backend can do is its :class:`Capabilities`, never probed
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .engine.channel import Run
-from .engine.types import CancelFlag, Embeddings, GenerationConfig
-from .request import ChatRequest, Prepared
+from ..core.request import ChatRequest, Prepared
+from ..engine.channel import Run
+from ..engine.types import CancelFlag, Embeddings, GenerationConfig
 
 
 @dataclass(frozen=True)

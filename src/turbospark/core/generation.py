@@ -13,7 +13,7 @@ A dialect translates its wire request into a :class:`ChatRequest`, calls
 - :class:`Final` — the end, with the engine's own counts (summed over attempts).
 
 Items are defined, and one run's text is turned into them, in answer.py
-(the :class:`~turbospark.answer.Router`). Tool calls: a grammar holds calls
+(the :class:`~turbospark.core.answer.Router`). Tool calls: a grammar holds calls
 to their one shape where it can (the lazy grammar of ``tool_choice`` auto,
 woken by a call marker or a bare call's opening; the grammar of
 ``tool_choice`` required/named), and such calls stream as they are written.
@@ -33,6 +33,20 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from ..engine.channel import Run
+from ..engine.types import (
+    AdmissionError,
+    CancelFlag,
+    GenerationConfig,
+    Progress,
+    RawDecodeResult,
+    StopReason,
+)
+from ..models.backend import Backend
+from ..observe import NO_REPORTER, Reporter
+from ..tools import calls as toolcalls
+from ..tools.guardrails import answer_turn, corrective_turn, repeated
+from ..tools.prompting import tool_names
 from .answer import (
     Delta,
     Outcome,
@@ -44,21 +58,7 @@ from .answer import (
     ToolCallBegin,
     ToolCallDelta,
 )
-from .backend import Backend
-from .engine.channel import Run
-from .engine.types import (
-    AdmissionError,
-    CancelFlag,
-    GenerationConfig,
-    Progress,
-    RawDecodeResult,
-    StopReason,
-)
-from .observe import NO_REPORTER, Reporter
 from .request import ChatRequest, Final, Prepared
-from .tools import calls as toolcalls
-from .tools.guardrails import answer_turn, corrective_turn, repeated
-from .tools.prompting import tool_names
 
 
 # ---------------------------------------------------------------- preparing
@@ -248,7 +248,7 @@ async def _one_choice(
 class _Turn:
     """One choice's attempts: the first run (routed as it comes; stopped
     early for a re-ask when its call names no offered tool or repeats an
-    answered one), its end (the router's :class:`~turbospark.answer.Outcome`
+    answered one), its end (the router's :class:`~turbospark.core.answer.Outcome`
     and the guardrails' decision), the second attempt if they ask for one,
     and the :class:`Final` of both."""
 

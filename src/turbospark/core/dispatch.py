@@ -13,16 +13,16 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from .backend import Backend
-from .context import RequestContext
-from .engine.types import CancelFlag, Overloaded
+from ..engine.types import CancelFlag, Overloaded
+from ..models.backend import Backend
+from ..models.registry import Capability, Route, RoutingError
+from ..models.replicas import routing_key
+from ..observe import Reporter, RequestRouted, record
+from ..upstream.client import UpstreamError
+from ..web.context import RequestContext
+from ..web.state import ServerState
 from .generation import prepare, stream
-from .observe import Reporter, RequestRouted, record
-from .registry import Capability, Route, RoutingError
-from .replicas import routing_key
 from .request import ChatRequest, Prepared
-from .state import ServerState
-from .upstream.client import UpstreamError
 
 log = logging.getLogger("turbospark.http")
 T = TypeVar("T")

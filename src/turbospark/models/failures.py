@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .model_entry import Entry, RoutingError
+from .entry import Entry, RoutingError
 
 log = logging.getLogger("turbospark.registry")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .model_entry import Capability, Entry, ModelSpec, RegistryError, Route, RoutingError
-from .model_names import ModelNames
+from .entry import Capability, Entry, ModelSpec, RegistryError, Route, RoutingError
+from .names import ModelNames
 from .replicas import ROUTINGS, ReplicaSet
 from .residency import ROOM_CODES
 

@@ -1,6 +1,6 @@
 """The Textual app behind ``turbospark console``.
 
-Everything on screen comes from one :class:`~turbospark.fold.Fold` fed by
+Everything on screen comes from one :class:`~turbospark.views.fold.Fold` fed by
 the server's ``/v1/events`` (through :class:`EventSource`), so it works the
 same against a remote server. Events are folded as they arrive (pause only
 freezes the screen, nothing is lost); the screen is redrawn at most four

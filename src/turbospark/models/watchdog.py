@@ -15,10 +15,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from ..observe import ModelDetached, ModelHealth, Observer, now_ms, record
+from .entry import Entry
 from .failures import forgive, note_failure
 from .lifecycle import Lifecycle
-from .model_entry import Entry
-from .observe import ModelDetached, ModelHealth, Observer, now_ms, record
 from .replicas import Replica
 
 log = logging.getLogger("turbospark.registry")  # (the registry's log, as before its split)

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED, Progress, TokenProb
+from ..engine.types import OPENING_HELD, OPENING_OFF, OPENING_WATCHED, Progress, TokenProb
+from ..tools import calls as toolcalls
+from ..tools import grammar as grammars
+from ..tools.guardrails import answered_arguments, canonical_arguments, validate_calls
+from ..tools.reasoning import ReasoningSplitter
+from ..tools.rescue import may_become_call, rescue_call
+from ..tools.streaming import CallReader, Compact, Opened, Piece, XmlCallReader, head_name, past_keys
 from .request import Prepared
-from .tools import calls as toolcalls
-from .tools import grammar as grammars
-from .tools.guardrails import answered_arguments, canonical_arguments, validate_calls
-from .tools.reasoning import ReasoningSplitter
-from .tools.rescue import may_become_call, rescue_call
-from .tools.streaming import CallReader, Compact, Opened, Piece, XmlCallReader, head_name, past_keys
 
 #: the longest an answer that begins as a JSON object is held back while it
 #: may still be rescued as a call (a silent stream trips clients' watchdogs)

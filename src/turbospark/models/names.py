@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import threading
 
-from .model_entry import Capability, Entry, RegistryError, Route, RoutingError
+from .entry import Capability, Entry, RegistryError, Route, RoutingError
 
 
 def _base_name(name: str) -> str:

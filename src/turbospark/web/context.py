@@ -9,11 +9,11 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from .engine.types import CancelFlag
-from .observe import NO_REPORTER, Reporter
+from ..engine.types import CancelFlag
+from ..observe import NO_REPORTER, Reporter
 
 if TYPE_CHECKING:
-    from .dispatch import Failover
+    from ..core.dispatch import Failover
 
 #: the scope key the request's :class:`RequestContext` is stored under
 CONTEXT_KEY = "turbospark.request"

@@ -9,7 +9,7 @@ Where the numbers come from (CONTRACT §2):
 
 - token counts and queue/prefill/decode times from ``generated`` (engine
   truth, each request's own wall-clock intervals), summed in a
-  :class:`~turbospark.usage.Usage` (a guardrail re-ask is a second one);
+  :class:`~turbospark.views.usage.Usage` (a guardrail re-ask is a second one);
 - status, wall duration and error from ``requestFinished``, which ends every
   request when its response is really over, streams included; a request with
   status ≥ 400 or an ``error`` (a failed stream, a client that left) is an

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine.types import GenerationConfig, RawDecodeResult, StopReason, TokenProb
-from .tools import calls as toolcalls
+from ..engine.types import GenerationConfig, RawDecodeResult, StopReason, TokenProb
+from ..tools import calls as toolcalls
 
 DEFAULT_MAX_TOKENS = 256
 EFFORTS_OFF = ("none", "off", "disabled")

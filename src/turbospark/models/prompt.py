@@ -1,4 +1,4 @@
-"""A local model's prompt: what :class:`~turbospark.local.LocalBackend`
+"""A local model's prompt: what :class:`~turbospark.models.local.LocalBackend`
 prepares before any engine work. The chat template (tools offered the
 template's way or inlined, thinking switched, inner system turns folded
 where a template refuses them), raw prompts and token ids, the
@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .engine.interface import ChatModel
-from .engine.template import TemplateError, fold_inner_system
-from .engine.types import AdmissionError, ContextOverflow
-from .request import EFFORTS_OFF, ChatRequest, FillIn, Prepared
-from .tools import calls as toolcalls
-from .tools import grammar as grammars
-from .tools.prompting import inline_tools, template_knows_tools, tool_names
+from ..core.request import EFFORTS_OFF, ChatRequest, FillIn, Prepared
+from ..engine.interface import ChatModel
+from ..engine.template import TemplateError, fold_inner_system
+from ..engine.types import AdmissionError, ContextOverflow
+from ..tools import calls as toolcalls
+from ..tools import grammar as grammars
+from ..tools.prompting import inline_tools, template_knows_tools, tool_names
 
 
 def _thinking(model: ChatModel, req: ChatRequest) -> bool:

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.model import LlamaChatModel, ModelOptions, derive_id
+from ..upstream.model import RemoteModel, RemoteOptions
 from .backend import Backend
 from .catalog import CATALOG, GGUF_MAGIC, cache_dir, resolve_model
-from .engine.model import LlamaChatModel, ModelOptions, derive_id
 from .local import LocalBackend
 from .registry import MAX_FAILURES, Entry, ModelSpec, Registry
 from .replicas import Replica
-from .upstream.model import RemoteModel, RemoteOptions
 
 #: a packaged name or GGUF path, options, or a model object the caller owns
 ModelArg = str | ModelOptions | Any

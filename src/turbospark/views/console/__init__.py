@@ -1,5 +1,5 @@
 """``turbospark console``: a terminal view of a (possibly remote) server,
-fed only by its ``/v1/events`` stream and folded with :mod:`turbospark.fold`."""
+fed only by its ``/v1/events`` stream and folded with :mod:`turbospark.views.fold`."""
 
 from __future__ import annotations
 

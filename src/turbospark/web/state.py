@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..models.registry import Registry
+from ..observe import Observer, RequestIds
 from .drain import Drain
-from .observe import Observer, RequestIds
-from .registry import Registry
 
 if TYPE_CHECKING:
-    from .sinks.live import LiveEvents
+    from ..sinks.live import LiveEvents
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """Which model serves a request (CONTRACT §4), and which models are in
 memory: the :class:`Registry` other modules use, composed of the names
-(:mod:`.model_names`), the room under ``--max-resident``
+(:mod:`.names`), the room under ``--max-resident``
 (:mod:`.residency`), the loads, leases and unloads (:mod:`.lifecycle`) and
 the watchdog (:mod:`.watchdog`). No HTTP types in here.
 
-A model is an :class:`Entry` (:mod:`.model_entry`): its names, how to
+A model is an :class:`Entry` (:mod:`.entry`): its names, how to
 (re)load it (a spec, when the registry may load it on demand) and, while
 resident, the loaded model. Each request holds a lease on the entry it was
 routed to; a detached or idle model is unloaded only once its leases are
@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from ..observe import ModelAttached, ModelDetached, Observer, now_ms, record
 from .backend import Backend
-from .failures import MAX_FAILURES
-from .lifecycle import Lifecycle
-from .model_entry import (
+from .entry import (
     Capability,
     Entry,
     Kind,
@@ -30,8 +29,9 @@ from .model_entry import (
     file_size,
     info_of,
 )
-from .model_names import ModelNames
-from .observe import ModelAttached, ModelDetached, Observer, now_ms, record
+from .failures import MAX_FAILURES
+from .lifecycle import Lifecycle
+from .names import ModelNames
 from .replica_groups import acquire_replica, check_members, group_entry
 from .replicas import Replica, ReplicaSet
 from .residency import Residency

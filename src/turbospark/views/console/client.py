@@ -1,6 +1,6 @@
 """Reads ``GET /v1/events`` with httpx, resuming with ``?since=`` after any
 disconnect, and hands out each event as its dict (gap markers as
-``{"kind": "gap", "missed": N, ...}``, which :class:`~turbospark.fold.Fold`
+``{"kind": "gap", "missed": N, ...}``, which :class:`~turbospark.views.fold.Fold`
 counts as log gaps)."""
 
 from __future__ import annotations

@@ -11,10 +11,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .auth import Auth
+from ..access.auth import Auth
+from ..access.guard import BrowserPolicy
+from ..dialects.base import ErrorShapes
+from ..routes.common import JSONResponse
+from ..routes.table import cors, error_shapes, route_table
 from .context import context_of
-from .dialects.base import ErrorShapes
-from .guard import BrowserPolicy
 from .middleware import (
     AuthMiddleware,
     DrainMiddleware,
@@ -22,8 +24,6 @@ from .middleware import (
     LeaseMiddleware,
     ObserveMiddleware,
 )
-from .routes.common import JSONResponse
-from .routes.table import cors, error_shapes, route_table
 from .state import ServerState
 
 

@@ -11,8 +11,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from .model_entry import Entry, RoutingError
-from .observe import ModelDetached, Observer, now_ms, record
+from ..observe import ModelDetached, Observer, now_ms, record
+from .entry import Entry, RoutingError
 
 log = logging.getLogger("turbospark.registry")  # (the registry's log, as before its split)
 

@@ -1,0 +1,1 @@
+"""Models: the Backend protocol, entries, registry, loading, replicas. May import engine/ tools/ upstream/ observe/."""

@@ -1,0 +1,1 @@
+"""The HTTP shell: the Starlette app, middleware, server state, request context, drain. May import every layer."""
