@@ -269,7 +269,7 @@ def test_a_generation_that_starts_after_the_cut_is_cut_too():
     """A request still being prepared when the drain runs out of time is
     failed the moment its generation is watched, not left to run on."""
     from turbospark.engine.types import CancelFlag
-    from turbospark.web.drain import Drain, ShuttingDown
+    from turbospark.serving.drain import Drain, ShuttingDown
 
     drain = Drain()
     running = CancelFlag()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .models.watchdog import STALL_TIMEOUT
-from .web.drain import DEFAULT_DRAIN_SECONDS
+from .serving.drain import DEFAULT_DRAIN_SECONDS
 
 DEFAULT_PARALLEL = 4
 ON_OFF = ("on", "off")

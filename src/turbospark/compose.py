@@ -22,11 +22,11 @@ from .access.guard import BrowserPolicy
 from .models.loading import ModelArg, default_model_folders, load_spec, populate
 from .models.registry import STALL_TIMEOUT, ModelSpec, Registry
 from .observe import Observer, combine
+from .serving.drain import Drain
+from .serving.state import ServerState
 from .sinks.live import LiveEvents
 from .sinks.prometheus import PrometheusSink
 from .web.app import build_app
-from .web.drain import Drain
-from .web.state import ServerState
 
 log = logging.getLogger("turbospark.server")
 

@@ -29,8 +29,8 @@ from .models.catalog import DEFAULT_MODEL
 from .models.loading import ModelArg
 from .models.registry import STALL_TIMEOUT, Registry
 from .observe import Observer
+from .serving.drain import CUT_GRACE_SECONDS, DEFAULT_DRAIN_SECONDS, Drain
 from .sinks.live import LiveEvents
-from .web.drain import CUT_GRACE_SECONDS, DEFAULT_DRAIN_SECONDS, Drain
 from .web.middleware import BODY_TIMEOUT, SEND_TIMEOUT, ClientTimeouts
 
 log = logging.getLogger("turbospark.server")

@@ -1,1 +1,3 @@
-"""The generation core: request types, generation, answers, dispatch. May import models/ tools/ engine/ observe/."""
+"""The generation core: request types, the Backend protocol, generation, answers.
+
+May import tools/ engine/ observe/; no HTTP, no models/."""

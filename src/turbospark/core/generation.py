@@ -42,7 +42,6 @@ from ..engine.types import (
     RawDecodeResult,
     StopReason,
 )
-from ..models.backend import Backend
 from ..observe import NO_REPORTER, Reporter
 from ..tools import calls as toolcalls
 from ..tools.guardrails import answer_turn, corrective_turn, repeated
@@ -58,6 +57,7 @@ from .answer import (
     ToolCallBegin,
     ToolCallDelta,
 )
+from .backend import Backend
 from .request import ChatRequest, Final, Prepared
 
 

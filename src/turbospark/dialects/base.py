@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..core.backend import Backend
 from ..core.request import ChatRequest, Prepared
-from ..models.backend import Backend
 from .errors import ErrorShape
 from .render import Renderer
 from .translate import Translation

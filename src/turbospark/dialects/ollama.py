@@ -33,9 +33,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
+from ..core.backend import Backend
 from ..core.request import ChatRequest, FillIn, Final, Prepared
 from ..engine.types import GenerationConfig, StopReason
-from ..models.backend import Backend
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, RendererFactory, Served

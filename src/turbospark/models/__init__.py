@@ -1,1 +1,3 @@
-"""Models: the Backend protocol, entries, registry, loading, replicas. May import engine/ tools/ upstream/ observe/."""
+"""Models: the local backend and its prompt, the registry, loading, replicas, catalog.
+
+May import core/ upstream/ tools/ engine/ observe/."""

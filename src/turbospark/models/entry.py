@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .backend import Backend
+from ..core.backend import Backend
 from .replicas import Replica, ReplicaSet
 
 Capability = Literal["chat", "embeddings"]

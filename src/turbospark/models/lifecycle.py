@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ..core.backend import Backend
 from ..observe import ModelAttached, Observer, now_ms, record
-from .backend import Backend
 from .entry import Entry, ModelSpec, RoutingError, info_of
 from .failures import note_failure, refuse_reload
 from .residency import Residency

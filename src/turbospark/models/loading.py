@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.backend import Backend
 from ..engine.model import LlamaChatModel, ModelOptions, derive_id
 from ..upstream.model import RemoteModel, RemoteOptions
-from .backend import Backend
 from .catalog import CATALOG, GGUF_MAGIC, cache_dir, resolve_model
 from .local import LocalBackend
 from .registry import MAX_FAILURES, Entry, ModelSpec, Registry

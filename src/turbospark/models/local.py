@@ -9,17 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..core.backend import Capabilities, Health, Upstream, Vocabulary
 from ..core.request import ChatRequest, Prepared
 from ..engine.channel import Run
 from ..engine.interface import ChatModel
 from ..engine.types import CancelFlag, Embeddings, GenerationConfig
 from ..tools.prompting import template_thinks
-from .backend import Capabilities, Health, Upstream, Vocabulary
 from .prompt import prepare_local, render
 
 
 class LocalBackend:
-    """A :class:`~turbospark.models.backend.Backend` over a local engine."""
+    """A :class:`~turbospark.core.backend.Backend` over a local engine."""
 
     def __init__(self, engine: ChatModel) -> None:
         self.engine = engine

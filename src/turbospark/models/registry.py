@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from ..core.backend import Backend
 from ..observe import ModelAttached, ModelDetached, Observer, now_ms, record
-from .backend import Backend
 from .entry import (
     Capability,
     Entry,

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..core.backend import Backend
 from ..dialects import anthropic as msgs
-from ..models.backend import Backend
 from .common import (
     JSONResponse,
     dispatch,

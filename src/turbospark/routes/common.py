@@ -16,7 +16,6 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from ..core.dispatch import Dispatch
 from ..core.request import ChatRequest
 from ..dialects.common import BadRequest, parse_json_object, validate
 from ..dialects.errors import ErrorShape, Failure
@@ -24,11 +23,11 @@ from ..dialects.render import SSE
 from ..dialects.stamps import normalize_messages
 from ..engine.types import AdmissionError, ContextOverflow, EngineError, Overloaded, ReaderBehind
 from ..models.registry import RoutingError
+from ..serving.context import DISCONNECTED, TOO_SLOW, RequestContext, context_of
+from ..serving.dispatch import Dispatch
+from ..serving.drain import ShuttingDown
+from ..serving.state import ServerState
 from ..upstream.client import UpstreamError
-from ..web.context import RequestContext, context_of
-from ..web.drain import ShuttingDown
-from ..web.middleware import DISCONNECTED, TOO_SLOW
-from ..web.state import ServerState
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

@@ -17,11 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..core.backend import Backend
 from ..dialects import ollama as ollama_names
 from ..dialects import ollama_embed as oe
 from ..dialects import openai_embeddings as emb
 from ..engine.types import Embeddings
-from ..models.backend import Backend
 from ..models.registry import Route as ModelRoute
 from .common import JSONResponse, dispatch, read_body
 

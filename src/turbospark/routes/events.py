@@ -33,8 +33,8 @@ from starlette.routing import Route
 
 from ..dialects.common import BadRequest
 from ..dialects.errors import openai_error
+from ..serving.context import context_of
 from ..sinks.live import Gap, LiveEvents, Numbered
-from ..web.context import context_of
 from .common import JSONResponse, endpoint, state_of, streaming_response
 
 RETRY_MS = 1000

@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..core.backend import Backend
 from ..core.generation import prepare
 from ..core.request import ChatRequest, Prepared
 from ..dialects.base import Dialect, Kind, Served
 from ..engine.types import AdmissionError
-from ..models.backend import Backend
 from .common import JSONResponse, bind_request, dispatch, read_body, request_id, warning_headers
 from .respond import Responder
 

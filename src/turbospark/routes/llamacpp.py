@@ -10,10 +10,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..core.backend import Backend, Vocabulary
 from ..dialects import llamacpp as ll
 from ..dialects.common import BadRequest
 from ..engine.types import AdmissionError
-from ..models.backend import Backend, Vocabulary
 from .common import (
     JSONResponse,
     dispatch,

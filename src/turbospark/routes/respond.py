@@ -13,11 +13,11 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
-from ..core.dispatch import Dispatch
+from ..core.backend import Backend
 from ..core.request import Final, Prepared
 from ..dialects.render import ChoicesRenderer, FrameOut, Renderer
 from ..engine.types import CancelFlag
-from ..models.backend import Backend
+from ..serving.dispatch import Dispatch
 from .common import JSONResponse, failed, streaming_response
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -37,7 +37,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import __version__
 from ..observe import Generated, RequestFinished, RequestRouted, RequestStarted, ServerEvent
 from ..views.usage import Usage
 from .paths import RouteTemplates, default_templates
@@ -135,7 +134,7 @@ class OtelSink:
         self._extract = extract  # the configured propagators (W3C trace context by default)
         self._owned = tracer_provider is None
         self.provider = tracer_provider if tracer_provider is not None else _otlp_provider(endpoint)
-        self.tracer = self.provider.get_tracer("turbospark", __version__)
+        self.tracer = self.provider.get_tracer("turbospark", _version())
         self._templates = templates
         self._open: OrderedDict[int, _Request] = OrderedDict()
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -310,3 +309,13 @@ def _otlp_provider(endpoint: str | None) -> Any:
     exporter = OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter()
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+def _version() -> str:
+    """turbospark's version, as installed (the sinks import no layer above them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("turbospark")
+    except PackageNotFoundError:
+        return "unknown"

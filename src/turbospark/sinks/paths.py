@@ -13,8 +13,6 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ..routes.table import route_table
-
 #: The label of a path no route takes (404s from scanners, typos).
 UNMATCHED = "other"
 #: Methods kept as label values; anything else is folded into ``other``.
@@ -59,6 +57,10 @@ _default_lock = threading.Lock()
 def default_templates() -> RouteTemplates:
     """The templates of turbospark's own route table (the same for every
     server in the process), built on first use."""
+    # (read when first needed: the route table is a layer above the sinks,
+    # and its events route feeds on them)
+    from ..routes.table import route_table
+
     global _default
     if _default is None:
         with _default_lock:

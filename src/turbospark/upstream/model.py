@@ -21,6 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.backend import Capabilities, Health, Upstream
 from ..core.request import ChatRequest, Prepared
 from ..engine.channel import Channel, Run
 from ..engine.types import (
@@ -33,7 +34,6 @@ from ..engine.types import (
     ReaderBehind,
     StopReason,
 )
-from ..models.backend import Capabilities, Health, Upstream
 from ..tools import calls as toolcalls
 from ..tools.prompting import tool_names
 from . import wire

@@ -1,1 +1,3 @@
-"""The HTTP shell: the Starlette app, middleware, server state, request context, drain. May import every layer."""
+"""The HTTP shell: the Starlette app and its middleware.
+
+May import every layer below (routes/ serving/ access/ dialects/ ...)."""

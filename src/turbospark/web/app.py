@@ -16,7 +16,8 @@ from ..access.guard import BrowserPolicy
 from ..dialects.base import ErrorShapes
 from ..routes.common import JSONResponse
 from ..routes.table import cors, error_shapes, route_table
-from .context import context_of
+from ..serving.context import context_of
+from ..serving.state import ServerState
 from .middleware import (
     AuthMiddleware,
     DrainMiddleware,
@@ -24,7 +25,6 @@ from .middleware import (
     LeaseMiddleware,
     ObserveMiddleware,
 )
-from .state import ServerState
 
 
 def http_error(shapes: ErrorShapes) -> Callable[[Request, Exception], Awaitable[Response]]:

@@ -38,15 +38,13 @@ from ..observe import (
     request_tenant,
     trace_context,
 )
-from .context import RequestContext, context_of
-from .drain import Drain, ShuttingDown
+from ..serving.context import DISCONNECTED, TOO_SLOW, RequestContext, context_of
+from ..serving.drain import Drain, ShuttingDown
 
 Scope = dict[str, Any]
 #: How long the end of a request waits for its engine runs to be reported
 #: (a cancelled run ends at the engine's next step).
 SETTLE_SECONDS = 30.0
-DISCONNECTED = "client disconnected"
-TOO_SLOW = "client too slow"
 
 
 class ObserveMiddleware:

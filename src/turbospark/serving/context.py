@@ -13,10 +13,15 @@ from ..engine.types import CancelFlag
 from ..observe import NO_REPORTER, Reporter
 
 if TYPE_CHECKING:
-    from ..core.dispatch import Failover
+    from .dispatch import Failover
 
 #: the scope key the request's :class:`RequestContext` is stored under
 CONTEXT_KEY = "turbospark.request"
+
+
+#: the error notes of a response whose client left, or read too slowly
+DISCONNECTED = "client disconnected"
+TOO_SLOW = "client too slow"
 
 
 @dataclass

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core.request import ChatRequest, Prepared
 from ..engine.channel import Run
 from ..engine.types import CancelFlag, Embeddings, GenerationConfig
+from .request import ChatRequest, Prepared
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,16 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from ..core.backend import Backend
+from ..core.generation import prepare, stream
+from ..core.request import ChatRequest, Prepared
 from ..engine.types import CancelFlag, Overloaded
-from ..models.backend import Backend
 from ..models.registry import Capability, Route, RoutingError
 from ..models.replicas import routing_key
 from ..observe import Reporter, RequestRouted, record
 from ..upstream.client import UpstreamError
-from ..web.context import RequestContext
-from ..web.state import ServerState
-from .generation import prepare, stream
-from .request import ChatRequest, Prepared
+from .context import RequestContext
+from .state import ServerState
 
 log = logging.getLogger("turbospark.http")
 T = TypeVar("T")
