@@ -138,3 +138,33 @@ def test_every_dialect_is_one_dialect_object():
         module = importlib.import_module(f"turbospark.dialects.{name}")
         assert isinstance(module.Dialect, Dialect), name
         assert module.Dialect.name and module.Dialect.error is not None, name
+
+
+def test_the_packages_form_a_tower():
+    """No package imports one that imports it back (module-level imports):
+    the layers read from the top (web/, routes/) down to engine/."""
+    mods = _modules()
+
+    def package(name: str) -> str:
+        parts = name.split(".")
+        return parts[1] if len(parts) > 1 and (SRC / parts[1]).is_dir() else "<top>"
+
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        graph.setdefault(package(name), set()).update(
+            package(dep) for dep in _imports(name, path, mods) if package(dep) != package(name)
+        )
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo += graph.get(node, ())
+        return False
+
+    loops = sorted(f"{a} <-> {b}" for a in graph for b in graph[a] if reaches(b, a))
+    assert not loops, loops
