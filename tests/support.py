@@ -87,9 +87,12 @@ def openai_client(srv: Server) -> openai.OpenAI:
 
 
 # ------------------------------------------------------------ scripted servers
-def scripted(*scripts: Script, guardrails: bool = True) -> tuple[Server, ScriptedModel, ListObserver]:
-    """A (not yet started) server around a scripted model playing ``scripts``."""
-    model = ScriptedModel(scripts=list(scripts))
+def scripted(
+    *scripts: Script, guardrails: bool = True, chat_template: str = ""
+) -> tuple[Server, ScriptedModel, ListObserver]:
+    """A (not yet started) server around a scripted model playing ``scripts``
+    (its template, what it can do, is fixed before the server sees it)."""
+    model = ScriptedModel(scripts=list(scripts), chat_template=chat_template)
     obs = ListObserver()
     return Server(models=[model], observer=obs, guardrails=guardrails), model, obs
 

@@ -237,8 +237,8 @@ def test_invalid_call_is_reasked_once_and_the_second_answer_returned():
 
 
 def test_think_reaches_the_template_switch():
-    srv, model, _ = scripted(Script(["Hi"]))
-    model.chat_template = "{% if enable_thinking %}<think>{% endif %}"  # it can think (Ollama refuses others)
+    # it can think (Ollama refuses others)
+    srv, model, _ = scripted(Script(["Hi"]), chat_template="{% if enable_thinking %}<think>{% endif %}")
     with srv:
         c = client(srv)
         c.chat(model="x", messages=ASK, think=False)
