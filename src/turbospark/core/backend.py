@@ -31,10 +31,6 @@ class Capabilities:
     chat: bool = True
     #: ``/v1/embeddings``, ``/api/embed``
     embeddings: bool = False
-    #: fill-in-the-middle (the vocabulary has FIM tokens)
-    fim: bool = False
-    #: every token obeys ``config.grammar``: calls stream as they are written
-    grammars: bool = False
     #: images in a prompt
     vision: bool = False
     #: its chat template handles thinking apart from the answer; None: not

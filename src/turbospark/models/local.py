@@ -25,12 +25,9 @@ class LocalBackend:
         self.engine = engine
         self.model_id = engine.model_id
         self.aliases = tuple(engine.aliases)
-        fim = engine.fim_tokens if engine.supports_chat else {}
         self._capabilities = Capabilities(
             chat=engine.supports_chat,
             embeddings=engine.supports_embeddings,  # (a llama.cpp chat model embeds too)
-            fim=min(fim.get("pre", -1), fim.get("suf", -1), fim.get("mid", -1)) >= 0,
-            grammars=engine.enforces_grammars,
             vision=engine.vision,
             thinking=template_thinks(engine.template_source),
             resident=True,
