@@ -62,8 +62,6 @@ class Scheduler:
         host_cache_bytes: int = 0,
         cache_dir: str | None = None,
     ) -> None:
-        self.model = model
-        self.ctx = ctx
         self.name = name
         self._slots = SlotStore(
             ctx,

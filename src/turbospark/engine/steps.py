@@ -76,9 +76,7 @@ class Stepper:
     def step(self) -> None:
         batch = self._batch
         batch.clear()
-        for seq in list(self._active):
-            if seq.job.cancel.cancelled:
-                self._running.finish(seq, StopReason.CANCELLED)
+        self._running.drop_cancelled()
         if not self._active:
             return
         chosen: list[Feed] = []
