@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from turbospark.engine.channel import Channel, Run
@@ -57,10 +56,6 @@ class ScriptedModel:
     enforces_grammars: bool = False
     calls: list[dict[str, Any]] = field(default_factory=list)
     _tasks: set[Any] = field(default_factory=set, repr=False)
-
-    @property
-    def template(self) -> Any:
-        return SimpleNamespace(source=self.chat_template)
 
     @property
     def template_source(self) -> str:
@@ -123,8 +118,7 @@ class ScriptedModel:
 
     def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> list[int]:
         self.calls.append({"messages": messages, "tools": tools, **kw})
-        text = " ".join(f"<{m['role']}> {m.get('content') or ''}" for m in messages) + " <assistant>"
-        return self.tokenize(text)
+        return self.tokenize(self.chat_text(messages, tools))
 
     def prompt_ids(self, text: str) -> list[int]:
         self.calls.append({"prompt": text})

@@ -116,11 +116,10 @@ class Outcome:
     calls: list[toolcalls.ToolCall] = field(default_factory=list)
     #: why calls (if any) were not accepted
     problems: list[str] = field(default_factory=list)
-    #: the guardrails may check the calls and ask a second time
-    guard: bool = False
     #: the calls were checked whole (not streamed) and go out whole at the end
     whole: bool = False
-    #: the calls were read before anything of them was sent
+    #: the calls were read before anything of them was sent (the guardrails
+    #: may check them and ask a second time)
     buffered: bool = False
     #: text after the calls, sent unless a second attempt replaces it
     leftover: str = ""
@@ -250,6 +249,7 @@ class Router:
         #: holds and that is still being written after HOLD_SECONDS is read
         #: on speculation (its bytes stream; it is validated, not re-asked,
         #: at the end).
+        self.live = live
         self.speculate = live and stream_calls and self.tools
         #: a guardrail re-ask may follow this answer: a call that names no
         #: offered tool is held whole (and the run stopped, ``misnamed``);
@@ -292,10 +292,6 @@ class Router:
         """What the run wrote as its answer: text and the call tail."""
         return "".join(self.content) + self.tail
 
-    def text(self, text: str) -> Delta:
-        """Answer text to send (counted in :attr:`answer`)."""
-        return self._content(text)
-
     def add_reasoning(self, text: str) -> ReasoningDelta:
         self.reasoning.append(text)
         return ReasoningDelta(text)
@@ -310,7 +306,7 @@ class Router:
             return [], [self.hold.repeat]
         return None
 
-    def finish(self, relayed: Relayed | None, live: bool) -> Outcome:
+    def finish(self, relayed: Relayed | None) -> Outcome:
         """The end of the run's answer (after :meth:`flush`): its calls,
         read as they came, split off by the engine, or parsed from the tail
         now, with what is still to be sent."""
@@ -323,16 +319,16 @@ class Router:
             out.problems = validate_calls(calls, tools)
             leftover = calls_of(self.tail, self.prepared)[2] if self.tail else ""
             if leftover.strip():
-                out.items.append(self._content(leftover))
+                out.items.append(self.text(leftover))
             return out
         if self.streamed_calls:
-            return self._finish_streamed(live)
+            return self._finish_streamed()
         if self.prepared.offered:
             calls, problems, leftover = calls_of(self.tail, self.prepared)
-            return Outcome([], calls, problems, guard=True, whole=True, buffered=True, leftover=leftover)
+            return Outcome([], calls, problems, whole=True, buffered=True, leftover=leftover)
         return Outcome()
 
-    def _finish_streamed(self, live: bool) -> Outcome:
+    def _finish_streamed(self) -> Outcome:
         """Calls that went out as they were written (a grammar kept them
         valid, or they were read on speculation and are validated here)."""
         assert self.reader is not None
@@ -354,12 +350,12 @@ class Router:
             out.items += [ToolCallDelta(i, call) for i, call in enumerate(more, len(calls))]
             out.calls, out.problems = calls + more, out.problems + more_problems
             if leftover.strip():
-                out.items.append(self._content(leftover))
-        elif not live:
+                out.items.append(self.text(leftover))
+        elif not self.live:
             # a client reading the whole answer at once has seen none of it:
             # the guardrails' checks (a grammar-held call may still repeat one
             # whose result the conversation has) and their re-ask
-            out.guard = out.buffered = True
+            out.buffered = True
         return out
 
     def flush(self) -> list[Routed]:
@@ -369,7 +365,7 @@ class Router:
             # the whole answer was a JSON object: the call parsers decide
             self.tail, self.pending = self.pending, ""
         if self.pending and not self.tail:
-            out.append(self._content(self.pending))
+            out.append(self.text(self.pending))
             self.pending = ""
         return out
 
@@ -422,7 +418,8 @@ class Router:
         enough JSON to see a "name" key); until then it stays pending."""
         return any(m in text for m in toolcalls.MARKERS) or '"name"' in text
 
-    def _content(self, text: str) -> Delta:
+    def text(self, text: str) -> Delta:
+        """Answer text to send (counted in :attr:`answer`)."""
         self.content.append(text)
         self.held_since = None
         return Delta(text)
@@ -451,7 +448,7 @@ class Router:
         fresh = not self.tail
         self.tail += text
         if self.rest_streams:
-            return [self._content(text)]
+            return [self.text(text)]
         if self.reader is None and fresh and self.trigger is not None and text.lstrip().startswith(self.trigger):
             self.reader = self._new_reader()
         elif self.reader is None and self.speculate and self._held_too_long():
@@ -474,13 +471,13 @@ class Router:
                 return out  # (more calls the reader cannot take: the parsers', at the end)
             self.rest_streams = True
             rest = after_call(reader.rest)
-            return [*out, self._content(rest)] if rest else out
+            return [*out, self.text(rest)] if rest else out
         if self.misnamed is None:
             self.misnamed = self._unknown_name(self.tail)
         if self.reask and self.misnamed is not None:
             return out
         text, self.tail, self.reader, self.speculate = self.tail, "", None, False
-        return [*out, self._content(text)]
+        return [*out, self.text(text)]
 
     def _unknown_name(self, held: str) -> str | None:
         """Why ``held`` is no call: its head names no offered tool (else None)."""
@@ -509,7 +506,7 @@ class Router:
             return []
         held, self.tail, self.pending = self.tail + self.pending, "", ""
         self.reader, self.speculate, self.hold_json = None, False, False
-        return [self._content(held)] if held else []
+        return [self.text(held)] if held else []
 
     def no_reask(self) -> list[Routed]:
         """The re-ask this router held a call for cannot be made (no room
@@ -524,12 +521,11 @@ class Router:
             if not text:
                 continue
             if channel == "reasoning":
-                self.reasoning.append(text)
-                out.append(ReasoningDelta(text))
+                out.append(self.add_reasoning(text))
             elif self.tail or self.reader is not None:
                 out += self._to_tail(text)
             elif not self.tools:
-                out.append(self._content(text))
+                out.append(self.text(text))
             else:
                 out += self._answer(text)
             if self.misnamed is None and (self.tail or self.pending) and (self.reader is None or self.reader.failed):
@@ -555,18 +551,18 @@ class Router:
         sent = "".join(self.content)
         start = toolcalls.call_start(sent + self.pending, len(sent))
         if start is None:
-            out.append(self._content(self.pending))
+            out.append(self.text(self.pending))
             self.pending = ""
             return out
         start = max(0, start - len(sent))
         if start > 0:
-            out.append(self._content(self.pending[:start]))
+            out.append(self.text(self.pending[:start]))
         rest = self.pending[start:]
         self.pending = ""
         if self._is_call(rest):
             out += self._to_tail(rest)
         elif self._held_too_long():  # no call has shown itself: text
-            out.append(self._content(rest))
+            out.append(self.text(rest))
         else:
             self.pending = rest  # maybe a call: decide with more text
         return out

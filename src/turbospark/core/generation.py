@@ -37,7 +37,6 @@ from ..engine.channel import Run
 from ..engine.types import (
     AdmissionError,
     CancelFlag,
-    GenerationConfig,
     Progress,
     RawDecodeResult,
     StopReason,
@@ -103,7 +102,7 @@ async def _run(
     run to end at the engine's next step (it is still reported: the reporter
     tracks its result's future)."""
     if run is None:
-        run = _start(backend, prepared, prepared.config, cancel)
+        run = backend.start(prepared, prepared.config, cancel)
     model_id = backend.model_id
     reported = False
 
@@ -125,11 +124,6 @@ async def _run(
     finally:
         if not run.done.done():
             cancel.cancel("the client went away")
-
-
-def _start(backend: Backend, prepared: Prepared, config: GenerationConfig, cancel: CancelFlag) -> Run:
-    """One engine run of ``prepared`` with ``config`` (a choice's own)."""
-    return backend.start(prepared, config, cancel)
 
 
 Item = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta | Final
@@ -255,7 +249,7 @@ class _Turn:
     def __init__(
         self, backend: Backend, prepared: Prepared, cancel: CancelFlag, live: bool, reask: bool, own_run: bool
     ) -> None:
-        self.backend, self.prepared, self.cancel, self.live, self.reask = backend, prepared, cancel, live, reask
+        self.backend, self.prepared, self.cancel, self.live = backend, prepared, cancel, live
         #: a run this choice starts has a flag of its own, to stop it for a re-ask
         self.own = cancel.child() if reask and own_run else cancel
         self.router = Router(prepared, live=live, reask=reask, stops=self.own is not cancel)
@@ -289,8 +283,7 @@ class _Turn:
                 self.retry = await _guard(self.backend, self.prepared, router, *why, self.cancel)
                 if self.retry is not None:
                     self.own.cancel("re-asked: " + (router.misnamed or "the call repeats one the conversation has"))
-                else:  # no room for a second attempt: the first goes on, as it is
-                    self.reask = False
+                else:  # no room for a second attempt: the first goes on, as it is (``router.reask`` off)
                     for d in router.no_reask():
                         yield d
         assert self.result is not None
@@ -308,12 +301,12 @@ class _Turn:
             return
         for d in self.probs.attach((), router.flush()):
             yield d
-        out = self.outcome = router.finish(self.relayed, self.live)
+        out = self.outcome = router.finish(self.relayed)
         for item in out.items:
             yield item
         # (an answer the budget cut short stands: a second attempt would have
         # no more room than the first had)
-        if out.guard and self.reask and result.reason is not StopReason.MAX_TOKENS:
+        if out.buffered and router.reask and result.reason is not StopReason.MAX_TOKENS:
             self.retry = await _guard(self.backend, self.prepared, router, out.problems, out.calls, self.cancel)
         if self.retry is None and out.leftover.strip():
             # what the first attempt wrote from its call on is the answer's

@@ -311,7 +311,8 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     lazy = _lazy_call_grammar(req, syntax, specials) if grammar is None else None
     # an answer that opens as a bare JSON call (not for a model that may
     # reason first: the engine could not tell where its answer opens)
-    reasons = think and "<think>" in model.template_source
+    thinks_first = "<think>" in model.template_source
+    reasons = think and thinks_first
     opening = _opening_call(req, syntax) if grammar is None and not reasons else None
     # (set whole: a re-ask's config is a copy of the first attempt's, and
     # its grammars are its own)
@@ -334,8 +335,8 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         think_open = bool(opener) and (ids[-len(opener) :] == opener or ids[-len(opener) - 1 : -1] == opener)
     # thinking is split off whenever the model writes it (the effort only
     # flips the template's switch); raw prompts are left alone
-    prepared = Prepared(ids, config, req, syntax, offered, not raw, think_open, warnings, call_grammar)
-    # a second attempt may be held to one call by a grammar, unless the
-    # model may reason first (the call would be its reasoning)
-    prepared.may_force_call = "<think>" not in model.template_source
-    return prepared
+    # (a second attempt may be held to one call by a grammar, unless the
+    # model may reason first: the call would be its reasoning)
+    return Prepared(
+        ids, config, req, syntax, offered, not raw, think_open, warnings, call_grammar, may_force_call=not thinks_first
+    )
