@@ -32,6 +32,8 @@ def peer_env(path: str) -> dict[str, str]:
             while target in table and not os.path.isfile(os.path.join(bindir, target)):
                 target = table[target]
             dst = os.path.join(links, name)
+            if os.path.lexists(dst) and not os.path.exists(dst):
+                os.remove(dst)  # a link left by a checkout that moved or went away
             if not os.path.lexists(dst):
                 os.symlink(os.path.join(bindir, target), dst)
     return {**os.environ, "LD_LIBRARY_PATH": links + ":" + bindir}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..engine.channel import Run
-from ..engine.types import CancelFlag, Embeddings, GenerationConfig
+from ..engine.types import AdmissionError, CancelFlag, Embeddings, GenerationConfig
 from .request import ChatRequest, Prepared
 
 
@@ -59,6 +59,13 @@ class Upstream:
 
     base_url: str
     api_key_env: str | None
+
+
+def needs_local(model_id: str, upstream: Upstream | None, what: str) -> AdmissionError:
+    """The 400 for what only a model running here can do (its tokens, its
+    template), asked of one that runs elsewhere."""
+    where = f" ({upstream.base_url})" if upstream is not None else ""
+    return AdmissionError(f"model {model_id!r} runs on a remote engine{where}; {what} needs a local model", "model")
 
 
 class Vocabulary(Protocol):

@@ -134,8 +134,8 @@ async def probe_replica(replica: Replica) -> str | None:
     engine neither failed nor stalled (the registry's watchdog decides those)."""
     entry: Entry = replica.entry
     model: Backend | None = entry.model
-    if model is not None and not model.capabilities.resident:
-        return await model.probe()
+    if model is not None and (down := await model.probe()) is not None:
+        return down  # (a remote that does not answer its health path)
     if entry.failure is not None and model is None:
         # a failed engine is reloaded by the next request routed to it, once
         # its backoff is over: until then (or after too many failures) down

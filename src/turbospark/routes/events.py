@@ -33,9 +33,8 @@ from starlette.routing import Route
 
 from ..dialects.common import BadRequest
 from ..dialects.errors import openai_error
-from ..serving.context import context_of
 from ..sinks.live import Gap, LiveEvents, Numbered
-from .common import JSONResponse, endpoint, state_of, streaming_response
+from .common import JSONResponse, context, endpoint, state_of, streaming_response
 
 RETRY_MS = 1000
 
@@ -67,7 +66,7 @@ def viewer(request: Request) -> str | None:
     for an admin. No tenant in the state means no keys are configured (the
     auth middleware lets everything through untouched): one tenant, and the
     caller administers."""
-    ctx = context_of(request.scope)
+    ctx = context(request)
     return None if ctx.tenant is None or ctx.admin else ctx.tenant
 
 
@@ -110,7 +109,7 @@ async def events(request: Request) -> Response:
         # the headers alone: the stream never ends, and a HEAD's body is
         # never sent, so streaming it would hold the connection for good
         return streaming_response(_no_frames())
-    context_of(request.scope).open_ended = True  # a watcher closing it is its end, not an error
+    context(request).open_ended = True  # a watcher closing it is its end, not an error
     return streaming_response(_frames(live, since, viewer(request)))
 
 

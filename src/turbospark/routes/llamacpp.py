@@ -10,10 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..core.backend import Backend, Vocabulary
+from ..core.backend import Backend, Vocabulary, needs_local
 from ..dialects import llamacpp as ll
 from ..dialects.common import BadRequest
-from ..engine.types import AdmissionError
 from .common import (
     JSONResponse,
     dispatch,
@@ -28,10 +27,7 @@ def _vocabulary(model: Backend, what: str) -> Vocabulary:
     not known here (a remote engine's are its own)."""
     vocab = model.vocabulary
     if vocab is None:
-        where = f" ({model.upstream.base_url})" if model.upstream is not None else ""
-        raise AdmissionError(
-            f"model {model.model_id!r} runs on a remote engine{where}; {what} needs a local model", "model"
-        )
+        raise needs_local(model.model_id, model.upstream, what)
     return vocab
 
 

@@ -21,7 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.backend import Capabilities, Health, Upstream
+from ..core.backend import Capabilities, Health, Upstream, needs_local
 from ..core.request import ChatRequest, Prepared
 from ..engine.channel import Channel, Run
 from ..engine.types import (
@@ -137,12 +137,6 @@ class RemoteModel:
 
     def load(self) -> dict[str, Any]:
         return {"running": self.in_flight, "waiting": 0, "slots": []}
-
-    def _local_only(self, what: str) -> AdmissionError:
-        return AdmissionError(
-            f"model {self.model_id!r} runs on a remote engine ({self.options.base_url}); {what} needs a local model",
-            "model",
-        )
 
     def reserve(self, config: GenerationConfig) -> Callable[[], None]:
         """No wait list here: the upstream admits (its refusals are relayed)."""
@@ -306,7 +300,7 @@ class RemoteModel:
     def encode(self, texts: list[str], truncate: bool = False) -> Embeddings:
         """The upstream's ``/embeddings`` (blocking: worker threads)."""
         if not self.capabilities.embeddings:
-            raise self._local_only("embedding")
+            raise needs_local(self.model_id, self.upstream, "embedding")
         data = self.connection.post_json("/embeddings", {"model": self.options.model, "input": texts})
         rows = sorted(data.get("data") or [], key=lambda r: r.get("index", 0) if isinstance(r, dict) else 0)
         vectors = [r.get("embedding") for r in rows if isinstance(r, dict)]

@@ -38,7 +38,7 @@ from ..observe import (
     request_tenant,
     trace_context,
 )
-from ..serving.context import DISCONNECTED, TOO_SLOW, RequestContext, context_of
+from ..serving.context import CONTEXT_KEY, DISCONNECTED, TOO_SLOW, RequestContext, context_of
 from ..serving.drain import Drain, ShuttingDown
 
 Scope = dict[str, Any]
@@ -398,7 +398,9 @@ class LeaseMiddleware:
         try:
             await self.app(scope, receive, send)
         finally:
-            context_of(scope).release_all()
+            ctx = scope.get(CONTEXT_KEY)  # (none for lifespan scopes: nothing held)
+            if ctx is not None:
+                ctx.release_all()
 
 
 #: seconds a client may leave a response chunk unread before it is dropped
