@@ -14,6 +14,7 @@ import pytest
 
 from turbospark import ListObserver, Server
 from turbospark.engine.model import LlamaChatModel, ModelOptions
+from turbospark.engine.speculative import StepCosts
 from turbospark.engine.types import CancelFlag, GenerationConfig
 from turbospark.models.catalog import resolve_model
 from turbospark.routes.admin import session_hash
@@ -180,6 +181,19 @@ def test_seeded_sampling_is_identical_with_speculation():
     msgs = [{"role": "user", "content": "Repeat exactly: one two three four five six seven eight nine ten"}]
     spec = LlamaChatModel(ModelOptions(path=path(), id="spec2", parallel=1, prefix_reuse=False))
     try:
+        # drafting is worth it whatever the machine's load: the step costs are
+        # imposed (a loaded box timed its own steps as too dear to draft, and
+        # nothing was drafted to compare)
+        sch = spec.scheduler
+        with sch._cond:
+            sch._calibration.abandon()
+
+        class Imposed(StepCosts):
+            def observe(self, n: int, dt: float) -> None:
+                pass
+
+        sch.step_costs = Imposed(sch.step_costs.limit)
+        sch.step_costs.calibrate({1: 0.010, sch.step_costs.limit: 0.011})
         kw = dict(max_new_tokens=40, seed=11)
         a = asyncio.run(
             spec.run_completion(
