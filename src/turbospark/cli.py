@@ -12,8 +12,20 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
-from .cli_options import CONSOLE, REPORT, SERVE, Option, add_options, merge_server, model_defaults, model_values
-from .models.catalog import CATALOG, DEFAULT_MODEL, ModelNotFound
+from .cli_options import (
+    CONSOLE,
+    MODELS,
+    PULL,
+    REMOVE,
+    REPORT,
+    SERVE,
+    Option,
+    add_options,
+    merge_server,
+    model_defaults,
+    model_values,
+)
+from .models.catalog import CATALOG, DEFAULT_MODEL, ModelNotFound, cache_dir
 
 
 def _progress_printer(label: str) -> Callable[[float], None]:
@@ -58,7 +70,6 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     (``POST /v1/admin/models``) starts from (the file's [defaults], then the
     flags), and the server settings the flags leave to the file."""
     from .config import MODEL_KEYS, load_config
-    from .models.loading import options_for
 
     opts: list[Any] = []
     server: dict[str, Any] = {}
@@ -69,8 +80,9 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
         server = cfg.server
         defaults.update({MODEL_KEYS[k][0]: v for k, v in cfg.defaults.items()})
     base = model_defaults()
+    store = [*(args.models_dir or []), *server.get("models_dirs", [])]
     for arg in args.model or ([] if opts else [DEFAULT_MODEL]):
-        opts.append(options_for(arg, **base))
+        opts.append(_option_for(arg, base, store))
     for alias in args.alias or []:
         _add_alias(opts, alias)
     given = model_values(args)
@@ -81,6 +93,26 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     args.model_defaults = defaults
     merge_server(args, server)
     return opts
+
+
+def _option_for(arg: str, base: dict[str, Any], store_dirs: list[str]) -> Any:
+    """A ``--model``: a GGUF path or an installed packaged model as it is; a
+    model to pull (``org/repo:Q4_K_M``, ``ollama:name``, a packaged one not
+    installed) from the store, pulled first with a progress bar when missing."""
+    from .models.loading import options_for
+
+    if os.path.isfile(arg) or (arg in CATALOG and CATALOG[arg].installed()):
+        return options_for(arg, **base)
+    from .pull.bar import Bar
+    from .pull.commands import ensure, store_at
+    from .pull.specs import options
+
+    store = store_at(store_dirs)
+    try:
+        pulled = ensure(arg, store, Bar(sys.stderr))
+        return options_for(pulled.path, **base) if pulled.model is None else options(store, pulled.model, base)
+    finally:
+        store.close()
 
 
 def _add_alias(opts: list[Any], alias: str) -> None:
@@ -134,10 +166,12 @@ def _checked_options(args: argparse.Namespace) -> list[Any]:
     from .config import ConfigError
     from .engine.hostcache import folder_problem
     from .models.loading import GroupOptions
+    from .pull.commands import PullFailed
+    from .pull.store import StoreError
 
     try:
         options = _model_options(args)
-    except (ConfigError, ModelNotFound) as exc:
+    except (ConfigError, ModelNotFound, PullFailed, StoreError) as exc:
         raise _Refused(str(exc)) from None
     local = [o for g in options for o in ([opts for _, opts in g.replicas] if isinstance(g, GroupOptions) else [g])]
     for folder in {os.path.expanduser(d) for d in (getattr(o, "cache_dir", None) for o in local) if d}:
@@ -202,6 +236,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
     from .compose import assemble
     from .engine.memory import MemoryRefused
     from .models.registry import RegistryError
+    from .pull.store import StoreError
     from .sinks.otel import otel_wanted
 
     display = _LoadDisplay()
@@ -219,6 +254,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
             guardrails=args.guardrails == "on",
             normalize_client_stamps=args.normalize_client_stamps == "on",
             model_folders=args.models_dir or None,
+            store_dir=(args.models_dir or [cache_dir()])[0],
             remote_key_envs=args.remote_key_env,
             model_defaults=args.model_defaults,
             progress_for=display.progress_for,
@@ -230,7 +266,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
         if args.event_log and getattr(exc, "filename", None) == args.event_log:
             raise _Refused(f"cannot open the event log {args.event_log}: {exc.strerror or exc}") from None
         raise _Refused(str(exc)) from None
-    except (RegistryError, RuntimeError, ValueError, MemoryRefused) as exc:
+    except (RegistryError, RuntimeError, ValueError, MemoryRefused, StoreError) as exc:
         raise _Refused(str(exc)) from None
 
 
@@ -316,14 +352,22 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    """The catalog, without loading (or assembling) any model."""
-    for name, entry in sorted(CATALOG.items()):
-        state = "installed" if entry.installed() else "not installed"
-        default = " (default)" if name == DEFAULT_MODEL else ""
-        print(f"{name:<22} {state:<14} {entry.description}{default}")
-        if state != "installed":
-            print(f"{'':<22} get it with: {entry.pip}")
-    return 0
+    """The store and the catalog, without loading any model."""
+    from .pull.commands import models
+
+    return models(args.models_dir)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from .pull.commands import pull
+
+    return pull(args.reference, args.models_dir)
+
+
+def _remove(args: argparse.Namespace) -> int:
+    from .pull.commands import remove
+
+    return remove(args.name, args.models_dir)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -332,7 +376,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     commands: tuple[tuple[str, str, tuple[Option, ...], Callable[[argparse.Namespace], int]], ...] = (
         ("serve", "serve models over HTTP", SERVE, _serve),
-        ("models", "list the packaged models and whether they are installed", (), _models),
+        ("pull", "download a model into the store (Hugging Face, Ollama's registry, a URL, a package)", PULL, _pull),
+        ("models", "list the pulled models and the packaged ones", MODELS, _models),
+        ("rm", "remove a pulled model from the store", REMOVE, _remove),
         ("console", "live terminal view of a server's events", CONSOLE, _console),
         ("report", "summary and PNG plots of an --event-log file", REPORT, _report),
     )

@@ -105,7 +105,11 @@ def _server(flag: str, help: str, key: str | None = None, **kw: Any) -> Option:
 
 
 SERVE: tuple[Option, ...] = (
-    Option(("--model", "-m"), "GGUF path or packaged model name (repeatable)", action="append"),
+    Option(
+        ("--model", "-m"),
+        "GGUF path, packaged model name, or a model to pull first: org/repo:QUANT, ollama:name[:tag] (repeatable)",
+        action="append",
+    ),
     Option(("--config",), "turbospark.toml with server settings and models", metavar="FILE"),
     Option(("--alias",), "another name a model answers to (repeatable)", action="append", metavar="[MODEL_ID=]NAME"),
     _server("--host", "address to listen on (default 127.0.0.1)", fallback="127.0.0.1"),
@@ -211,8 +215,9 @@ SERVE: tuple[Option, ...] = (
     ),
     _server(
         "--models-dir",
-        "a folder admin attach may load GGUF files from (repeatable; default: "
-        "the model cache and the folders of the models given at start)",
+        "the model store pulled models land in (the first one; default: the user cache's "
+        "turbospark/models); admin attach may load GGUF files from any (repeatable; default: the "
+        "store and the folders of the models given at start)",
         "models_dirs",
         action="append",
         metavar="DIR",
@@ -294,6 +299,20 @@ CONSOLE: tuple[Option, ...] = (
     Option(("--url",), "the server (default http://127.0.0.1:8080)", default="http://127.0.0.1:8080"),
     Option(("--api-key",), "its API key (or TURBOSPARK_API_KEY)"),
 )
+
+_STORE = Option(
+    ("--models-dir",),
+    "the model store (default: the user cache's turbospark/models)",
+    action="append",
+    metavar="DIR",
+)
+PULL: tuple[Option, ...] = (
+    Option(("reference",), "org/repo[:QUANT], hf.co/org/repo:QUANT, org/repo/file.gguf, ollama:name[:tag], "
+           "a packaged name or an https URL of a .gguf file", metavar="MODEL"),
+    _STORE,
+)  # fmt: skip
+MODELS: tuple[Option, ...] = (_STORE,)
+REMOVE: tuple[Option, ...] = (Option(("name",), "a pulled model's name (see turbospark models)"), _STORE)
 
 REPORT: tuple[Option, ...] = (
     Option(("events",), "a file written by serve --event-log", metavar="EVENTS.jsonl"),

@@ -22,6 +22,9 @@ from .access.guard import BrowserPolicy
 from .models.loading import ModelArg, default_model_folders, load_spec, populate
 from .models.registry import STALL_TIMEOUT, ModelSpec, Registry
 from .observe import Observer, combine
+from .pull.puller import Puller
+from .pull.specs import on_demand
+from .pull.store import Store
 from .serving.drain import Drain
 from .serving.state import ServerState
 from .sinks.live import LiveEvents
@@ -47,6 +50,8 @@ class Assembly:
     sinks: list[Any] = field(default_factory=list)
     #: models this assembly loaded (a model object passed in stays the caller's)
     owned: list[Any] = field(default_factory=list)
+    #: the model store's puller (``store_dir``), closed with it
+    puller: Puller | None = None
 
     def close(self) -> None:
         """Close the models it loaded, at start or on demand since, then the
@@ -55,6 +60,9 @@ class Assembly:
         self.owned.clear()
         _close_sinks(self.sinks)
         self.sinks.clear()
+        if self.puller is not None:
+            self.puller.close()
+            self.puller = None
 
 
 def assemble(
@@ -76,11 +84,14 @@ def assemble(
     model_defaults: dict[str, Any] | None = None,
     progress_for: Callable[[ModelSpec], Callable[[float], None] | None] | None = None,
     on_loaded: Callable[[Any], None] | None = None,
+    store_dir: str | None = None,
 ) -> Assembly:
     """Open the sinks, register (and load) the models, build the app.
     Raises what loading raises (a bad model, no memory, a name clash; an
     event log that cannot be opened: ``OSError``; tracing without its extra:
-    ``ImportError``) after closing whatever it had opened."""
+    ``ImportError``; a model store that cannot be opened: ``StoreError``)
+    after closing whatever it had opened. ``store_dir``: where pulled models
+    live (None: this server pulls nothing)."""
     sinks: list[Any] = []
     try:
         if tracing:  # to ``otlp_endpoint``, else where the OTEL_* variables say
@@ -101,11 +112,17 @@ def assemble(
     live = LiveEvents()  # /v1/events, /v1/stats, /dashboard: always on
     observer = combine([*observers, metrics, *sinks, live])
     registry = Registry(observer, loader=load_spec, max_resident=max_resident, stall_timeout=stall_timeout)
+    puller = None
     try:
+        if store_dir is not None:
+            puller = Puller(Store(store_dir), observer)
+            registry.on_demand = on_demand(puller.store, model_defaults)
         owned = populate(registry, models, model_defaults, progress_for, on_loaded)
     except BaseException:
         _close_models(registry, set())
         _close_sinks(sinks)
+        if puller is not None:
+            puller.close()
         raise
     metrics.watch(registry)
     state = ServerState(
@@ -119,10 +136,11 @@ def assemble(
         model_folders=tuple(model_folders) if model_folders is not None else default_model_folders(registry),
         remote_key_envs=tuple(remote_key_envs),
         model_defaults=dict(model_defaults or {}),
+        puller=puller,
     )
     state.drain.on_cut(registry.stop_waiting)  # loads waiting for room end at the deadline
     app = build_app(state, auth, policy)
-    return Assembly(registry, observer, metrics, live, app, state.drain, sinks, owned)
+    return Assembly(registry, observer, metrics, live, app, state.drain, sinks, owned, puller)
 
 
 def _close_models(registry: Registry, owned: set[int]) -> None:

@@ -65,6 +65,7 @@ class Server:
         stall_timeout: float = STALL_TIMEOUT,
         send_timeout: float = SEND_TIMEOUT,
         body_timeout: float = BODY_TIMEOUT,
+        store_dir: str | None = None,
     ) -> None:
         self.send_timeout, self.body_timeout = send_timeout, body_timeout
         self.host = host
@@ -85,6 +86,7 @@ class Server:
             model_folders=tuple(models_dirs) if models_dirs is not None else None,
             remote_key_envs=tuple(remote_key_envs),
             model_defaults=model_defaults,
+            store_dir=store_dir,
         )
         self.registry = self.assembly.registry
         self.observer = self.assembly.observer

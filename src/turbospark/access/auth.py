@@ -53,8 +53,12 @@ MISSING_KEY = "invalid or missing API key"
 NOT_ADMIN = "this route needs an admin key (--admin-key); an inference key never administers"
 
 
+#: admin routes outside ``/v1/admin/``: Ollama's model management (the store)
+ADMIN_PATHS = frozenset({"/api/pull", "/api/delete", "/api/copy"})
+
+
 def is_admin_route(path: str) -> bool:
-    return path.startswith(ADMIN_PREFIX) or path.rstrip("/") == ADMIN_PREFIX.rstrip("/")
+    return path.startswith(ADMIN_PREFIX) or path.rstrip("/") == ADMIN_PREFIX.rstrip("/") or path in ADMIN_PATHS
 
 
 @dataclass

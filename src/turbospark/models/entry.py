@@ -59,6 +59,9 @@ class ModelSpec:
     #: seconds idle before the model is unloaded (None: stays resident)
     keep_alive: float | None = None
     path: str = ""
+    #: what is known before loading (a pulled model's architecture, size,
+    #: quant ...): shown by the listings until the load tells more
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

@@ -190,7 +190,9 @@ def attachable(arg: str, folders: Iterable[str]) -> tuple[str, str | None]:
     try:
         real = os.path.realpath(arg)
         roots = [os.path.realpath(f) for f in folders]
-        if not any(_inside(real, root) for root in roots):
+        inside = [root for root in roots if _inside(real, root)]
+        hidden = [p for root in inside for p in os.path.relpath(real, root).split(os.sep) if p.startswith(".")]
+        if not inside or hidden:  # (a hidden folder holds partial downloads)
             raise NotAttachable(arg)
         fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
         try:

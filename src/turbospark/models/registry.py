@@ -73,6 +73,9 @@ class Registry:
         self.watchdog = Watchdog(self._names.entries, self.lifecycle, observer, stall_timeout)
         #: detached entries whose model still runs the requests it had
         self._leaving: list[Entry] = []
+        #: a model asked for by a name no entry has: the spec of one that can
+        #: be loaded under it (a model in the pull store), or None
+        self.on_demand: Callable[[str], ModelSpec | None] | None = None
 
     @property
     def max_resident(self) -> int:
@@ -101,10 +104,11 @@ class Registry:
             self.check_names(spec.id, spec.aliases)
             entry = Entry(spec.id, spec.aliases, spec.kind, spec=spec)
             entry.info = {
+                **spec.facts,
                 "id": spec.id,
                 "aliases": list(spec.aliases),
                 "path": spec.path,
-                "size_bytes": file_size(spec.path),
+                "size_bytes": spec.facts.get("size_bytes") or file_size(spec.path),
             }
             # the context it will be served with, when its options fix one (a
             # chat model's ``ctx``; 0: the model's own, known once it is loaded)
@@ -219,7 +223,28 @@ class Registry:
 
     # -- routing ---------------------------------------------------------------
     def resolve(self, requested: str | None, capability: Capability = "chat") -> Route:
+        if requested and self.on_demand is not None and self._names.lookup(requested) is None:
+            self.configure_on_demand(requested)
         return self._names.resolve(requested, capability)
+
+    def configure_on_demand(self, name: str) -> Entry | None:
+        """The entry of a model known only to :attr:`on_demand` (configured
+        now, loaded on first use), or None."""
+        spec = self.on_demand(name) if self.on_demand is not None else None
+        if spec is None:
+            return None
+        with self._names.lock:
+            found = self._names.lookup(name)
+            if found is not None:
+                return found
+            same = self._names.get(spec.id)
+            if same is not None and same.spec is not None and same.spec.path == spec.path:
+                same.aliases = (*same.aliases, name)  # known already, by another of its names
+                return same
+            try:
+                return self.configure(spec)
+            except RegistryError:  # (its id is taken by another model)
+                return None
 
     async def acquire(
         self,

@@ -195,6 +195,25 @@ class ModelHealth(ServerEvent):
     reason: str = ""
 
 
+@_event("modelPull")
+class ModelPull(ServerEvent):
+    """A model download (``turbospark pull``, ``/api/pull``, an attach that
+    pulls): ``phase`` is ``started``, ``progress`` (at most twice a second),
+    ``finished`` or ``failed`` (with ``reason``). ``completed``/``total`` are
+    bytes of the model's files; ``fetched`` the bytes that came over the
+    network (less than ``completed`` when a download resumed)."""
+
+    at_ms: int
+    model: str
+    phase: str
+    completed: int = 0
+    total: int = 0
+    fetched: int = 0
+    seconds: float | None = None
+    reason: str | None = None
+    _optional: ClassVar[frozenset[str]] = frozenset({"seconds", "reason"})
+
+
 EVENT_TYPES: tuple[type[ServerEvent], ...] = (
     RequestStarted,
     RequestRouted,
@@ -203,4 +222,5 @@ EVENT_TYPES: tuple[type[ServerEvent], ...] = (
     ModelAttached,
     ModelDetached,
     ModelHealth,
+    ModelPull,
 )

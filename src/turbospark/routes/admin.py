@@ -34,6 +34,7 @@ from ..models.replicas import ROUTINGS
 from ..upstream.model import RemoteModel, RemoteOptions
 from .common import JSONResponse, endpoint, read_json, state_of
 from .events import viewer
+from .pulls import pull_failure, run_pull
 
 
 def owner_hash(owner: str) -> str | None:
@@ -83,7 +84,9 @@ class AttachBody(BaseModel):
     """``POST /v1/admin/models``: what to load and under which names."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    model: str = Field(min_length=1, description="GGUF path or packaged model name")
+    model: str = Field(min_length=1, description="GGUF path, packaged model name, or (with pull) a reference")
+    #: pull ``model`` into the store first (``org/repo:Q4_K_M``, ``ollama:name``, a URL)
+    pull: bool = False
     id: str | None = Field(default=None, min_length=1)
     aliases: list[str] = Field(default_factory=list)
     kind: Literal["chat", "embedding", "remote"] = "chat"
@@ -240,12 +243,21 @@ async def attach_model(request: Request) -> Response:
         return await _attach_remote(request, raw)
     body = validate(AttachBody, raw)
     registry = state_of(request).registry
+    default_id: str | None
     try:
-        path, default_id = await asyncio.to_thread(attachable, body.model, state_of(request).model_folders)
+        if body.pull:
+            pulled = await run_pull(state_of(request), body.model, register=False)
+            path, default_id = pulled.path, pulled.name
+        else:
+            path, default_id = await asyncio.to_thread(attachable, body.model, state_of(request).model_folders)
+    except BadRequest:
+        raise
     except NotAttachable as exc:
         raise BadRequest(str(exc), "model", status=403, code="model_not_allowed", type="permission_error") from None
     except ModelNotFound as exc:
         raise BadRequest(str(exc), "model", status=404, code="model_not_found") from None
+    except Exception as exc:  # a pull that failed
+        raise pull_failure(exc) from None
     # the server's own defaults (threads, queue bound, reuse, speculation,
     # keep-alive ...), then what the request sets
     base = {k: v for k, v in state_of(request).model_defaults.items() if k not in ("path", "id", "aliases", "kind")}

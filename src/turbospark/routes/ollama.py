@@ -6,6 +6,7 @@ routes/embeddings.py."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from starlette.routing import Route
 
 from ..dialects import ollama as ol
 from ..dialects.common import BadRequest
+from ..pull.specs import facts
 from ..tools.prompting import template_thinks
 from .common import (
     JSONResponse,
@@ -56,19 +58,35 @@ def _capabilities(entry: Any) -> list[str]:
     return caps
 
 
+def _tag(info: dict[str, Any], fallback: float) -> dict[str, Any]:
+    row = ol.tag_entry(info, _mtime_ns(info, fallback))
+    if str(info.get("digest") or "").startswith("sha256:"):
+        row["digest"] = info["digest"][7:]  # a pulled model's, as its source gave it
+    return row
+
+
 async def tags(request: Request) -> Response:
+    """The models served, then those pulled into the store and not loaded
+    (each loads on first use, by name)."""
     st = state_of(request)
-    entries = []
-    for entry in st.registry.entries():
-        info = _info(entry)
-        entries.append(ol.tag_entry(info, _mtime_ns(info, st.started_at)))
-    return JSONResponse({"models": entries})
+    entries = st.registry.entries()
+    rows = [_tag(_info(entry), st.started_at) for entry in entries]
+    if st.puller is not None:
+        store = st.puller.store
+        names = {n for e in entries for n in e.names}
+        for model in await asyncio.to_thread(store.models):
+            if model.name not in names:
+                info = {**facts(model), "id": model.name, "path": store.path(model.files[0])}
+                rows.append(_tag(info, model.pulled_at))
+    return JSONResponse({"models": rows})
 
 
 async def show(request: Request) -> Response:
     st = state_of(request)
     name = (await read_body(request, ol.ShowBody)).requested()
-    entry = st.registry.lookup(ol.model_name(name) or name)  # lookups never fall back
+    wanted = ol.model_name(name) or name
+    # lookups never fall back; a pulled model becomes known by its name
+    entry = st.registry.lookup(wanted) or await asyncio.to_thread(st.registry.configure_on_demand, wanted)
     if entry is None:
         raise BadRequest(f"model '{name}' not found", "model", status=404, code="model_not_found")
     info = _info(entry)

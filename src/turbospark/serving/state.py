@@ -12,6 +12,7 @@ from ..observe import Observer, RequestIds
 from .drain import Drain
 
 if TYPE_CHECKING:
+    from ..pull.puller import Puller
     from ..sinks.live import LiveEvents
 
 
@@ -39,5 +40,7 @@ class ServerState:
     remote_key_envs: tuple[str, ...] = ()
     #: the options an attached model starts from (the server's own defaults)
     model_defaults: dict[str, Any] = field(default_factory=dict)
+    #: fills the model store (``/api/pull``, attach with ``pull``); None: no store
+    puller: Puller | None = None
     #: requests in flight, and whether new ones are taken (graceful shutdown)
     drain: Drain = field(default_factory=Drain)

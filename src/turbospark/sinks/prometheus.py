@@ -41,6 +41,7 @@ from ..observe import (
     ModelAttached,
     ModelDetached,
     ModelHealth,
+    ModelPull,
     RequestFinished,
     RequestRouted,
     RequestStarted,
@@ -170,6 +171,12 @@ class PrometheusSink:
         self.accepted = Counter(
             "turbospark_spec_decode_num_accepted_tokens", "Speculative tokens accepted.", ["model"], registry=r
         )
+        self.pulled_bytes = Counter(
+            "turbospark_model_pull_bytes", "Bytes model pulls fetched over the network.", registry=r
+        )
+        self.pulls = Counter(
+            "turbospark_model_pulls", "Model pulls that ended, by outcome (finished, failed).", ["outcome"], registry=r
+        )
 
     def _declare_latency_histograms(self, r: CollectorRegistry) -> None:
         """Per-request latencies: end to end, queue, prefill, decode, time to first token."""
@@ -256,6 +263,10 @@ class PrometheusSink:
             self._generated(event, now)
         elif isinstance(event, RequestFinished):
             self._finished(event)
+        elif isinstance(event, ModelPull):
+            if event.phase in ("finished", "failed"):
+                self.pulled_bytes.inc(event.fetched)
+                self.pulls.labels(event.phase).inc()
         elif isinstance(event, ModelHealth):
             if event.state == "down":  # a replica taken out of routing, a lone remote model unanswering
                 self.replica_down.labels(event.model).inc()

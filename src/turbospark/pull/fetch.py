@@ -1,0 +1,119 @@
+"""One file over HTTP, done right: resumed from the bytes already on disk
+after a cut connection (``Range``), verified against the digest its source
+gave before it is moved into place (an atomic rename), so a partial or
+unverified file is never where a model is loaded from."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from .gguf import MAGIC
+
+CHUNK = 1 << 20
+#: attempts at one file (each resumes where the last stopped)
+ATTEMPTS = 5
+
+
+class FetchError(RuntimeError):
+    """A download failed (the message says why); ``status`` is what a client gets."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A file to fetch: where from, how big, and its digest (hex sha256)."""
+
+    url: str
+    size: int | None = None
+    sha256: str | None = None
+
+
+def sha256_of(path: str, progress: Callable[[int], None] | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+            if progress:
+                progress(len(block))
+    return h.hexdigest()
+
+
+def verify(path: str, remote: Remote, gguf: bool) -> None:
+    """Size, GGUF magic and digest, or :class:`FetchError` (the file is deleted)."""
+    problem = None
+    size = os.path.getsize(path)
+    if remote.size is not None and size != remote.size:
+        problem = f"{os.path.basename(path)}: {size} bytes arrived, the source said {remote.size}"
+    elif gguf:
+        with open(path, "rb") as f:
+            if f.read(4) != MAGIC:
+                problem = f"{remote.url} is not a GGUF file"
+    if problem is None and remote.sha256 is not None:
+        got = sha256_of(path)
+        if got != remote.sha256.lower():
+            problem = f"{remote.url}: sha256 {got} does not match the source's {remote.sha256}"
+    if problem is not None:
+        os.unlink(path)
+        raise FetchError(problem)
+
+
+def _one_attempt(
+    client: httpx.Client, remote: Remote, partial: str, headers: dict[str, str], progress: Callable[[int], None]
+) -> bool:
+    """Fetch from the bytes on disk onwards; True when the source sent it all."""
+    have = os.path.getsize(partial) if os.path.exists(partial) else 0
+    if remote.size is not None and have >= remote.size:
+        return True
+    ask = {**headers, **({"Range": f"bytes={have}-"} if have else {})}
+    with client.stream("GET", remote.url, headers=ask, follow_redirects=True) as r:
+        if r.status_code == 416 and have:
+            return True  # (we already hold it all)
+        if r.status_code not in (200, 206):
+            r.read()
+            raise FetchError(f"{remote.url} answered {r.status_code}", 404 if r.status_code == 404 else 502)
+        mode = "ab" if r.status_code == 206 else "wb"  # 200: the source starts over
+        if mode == "wb" and have:
+            progress(-have)
+        with open(partial, mode) as out:
+            for block in r.iter_bytes(CHUNK):
+                out.write(block)
+                out.flush()
+                progress(len(block))
+    return True
+
+
+def download(
+    client: httpx.Client,
+    remote: Remote,
+    partial: str,
+    target: str,
+    progress: Callable[[int], None],
+    headers: dict[str, str] | None = None,
+    gguf: bool = True,
+    verifying: Callable[[], None] | None = None,
+) -> None:
+    """``remote`` into ``target`` by way of ``partial`` (resumed if it is
+    there), verified, then renamed into place. ``progress`` gets byte counts
+    as they arrive (negative when a source ignores the range and restarts)."""
+    last: Exception | None = None
+    for _ in range(ATTEMPTS):
+        try:
+            _one_attempt(client, remote, partial, headers or {}, progress)
+            break
+        except httpx.TransportError as exc:  # cut, reset, timed out: resume
+            last = exc
+    else:
+        raise FetchError(f"{remote.url}: the connection failed {ATTEMPTS} times ({last})")
+    if verifying:
+        verifying()
+    verify(partial, remote, gguf)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(partial, target)

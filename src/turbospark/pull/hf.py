@@ -1,0 +1,191 @@
+"""Hugging Face: which files a reference means (the quant, every part of a
+split model, an ``mmproj`` beside it), fetched through ``huggingface_hub``,
+so ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HUB_OFFLINE`` and the proxies are
+honoured as in every other Hugging Face tool."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .fetch import FetchError, Remote, verify
+from .refs import DEFAULT_QUANT, Reference
+
+_SPLIT = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+_QUANT = re.compile(r"^(I?Q\d(_[A-Z0-9]+)*|TQ\d_\d|F16|F32|BF16|MXFP4)$", re.IGNORECASE)
+ATTEMPTS = 5
+#: where a connection failure inside ``huggingface_hub`` comes from
+_TRANSPORT = {"httpx", "httpx2", "httpcore", "httpcore2", "h11", "h2"}
+
+
+def endpoint_of(endpoint: str | None) -> str | None:
+    """The hub to ask: the one given, else ``HF_ENDPOINT`` as it is now
+    (``huggingface_hub`` reads it once, when first imported)."""
+    return endpoint or os.environ.get("HF_ENDPOINT") or None
+
+
+def _hub() -> None:
+    """Before ``huggingface_hub`` is first imported: it reports which tool
+    uses it unless told not to (a call home a local server does not make)."""
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+class NeedsQuant(ValueError):
+    """The reference names no quant the repository has (the message lists them)."""
+
+
+@dataclass(frozen=True)
+class HfFile:
+    path: str
+    size: int | None
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class HfPlan:
+    reference: Reference  # with the quant chosen
+    revision: str
+    files: tuple[HfFile, ...]
+    mmproj: HfFile | None
+
+
+def quant_of(filename: str) -> str:
+    """``Qwen2.5-0.5B-Instruct-Q4_K_M.gguf`` → ``Q4_K_M`` ("" when none)."""
+    name = os.path.basename(filename)
+    split = _SPLIT.match(name)
+    stem = split.group("prefix") if split else name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+    for token in reversed(re.split(r"[-.]", stem)):
+        if _QUANT.match(token):
+            return token.upper()
+    return ""
+
+
+def _listing(repo: str, endpoint: str | None) -> tuple[str, list[HfFile]]:
+    _hub()
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+
+    try:
+        info = HfApi(endpoint=endpoint_of(endpoint)).model_info(repo, files_metadata=True)
+    except RepositoryNotFoundError:
+        missing = f"Hugging Face has no model repository {repo!r} (or it needs a token: HF_TOKEN)"
+        raise FetchError(missing, 404) from None
+    except OfflineModeIsEnabled:
+        raise FetchError(f"{repo}: HF_HUB_OFFLINE is set, and the model is not in the store", 503) from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise FetchError(f"listing {repo} on Hugging Face failed: {exc}") from None
+    files = []
+    for s in info.siblings or []:
+        lfs: Any = s.lfs
+        files.append(HfFile(s.rfilename, s.size, lfs.sha256 if lfs is not None else None))
+    return str(info.sha or "main"), files
+
+
+def _pick(ref: Reference, files: list[HfFile]) -> tuple[Reference, list[HfFile]]:
+    """The model files a reference means (all parts of a split one)."""
+    ggufs = [f for f in files if f.path.lower().endswith(".gguf") and "mmproj" not in os.path.basename(f.path).lower()]
+    by_path = {f.path: f for f in ggufs}
+    if ref.file:
+        if ref.file not in by_path:
+            raise NeedsQuant(f"{ref.repo} has no file {ref.file!r}; its GGUF files: {_names(ggufs)}")
+        chosen = [by_path[ref.file]]
+    else:
+        quants = sorted({quant_of(f.path) for f in ggufs} - {""})
+        want = ref.tag or (DEFAULT_QUANT if DEFAULT_QUANT in quants else "")
+        if not want and len(ggufs) == 1:
+            chosen = ggufs
+        else:
+            chosen = [f for f in ggufs if quant_of(f.path) == want]
+        if not chosen:
+            asked = f"no {ref.tag} file" if ref.tag else f"no {DEFAULT_QUANT} file, and no quant was named"
+            raise NeedsQuant(
+                f"{ref.repo} has {asked}; name one as {ref.repo}:QUANT. Quants there: {', '.join(quants) or 'none'}"
+                f" (files: {_names(ggufs)})"
+            )
+        ref = ref.with_tag(want or quant_of(chosen[0].path))
+    first = _SPLIT.match(os.path.basename(chosen[0].path))
+    if first:  # every part of a split model, in order
+        prefix = chosen[0].path[: -len(first.group(0))] + first.group("prefix")
+        chosen = sorted(
+            (f for f in ggufs if _SPLIT.match(os.path.basename(f.path)) and f.path.startswith(prefix)),
+            key=lambda f: f.path,
+        )
+        if len(chosen) != int(first.group("count")):
+            raise FetchError(f"{ref.repo}: {first.group('count')} parts expected, {len(chosen)} listed")
+    elif len(chosen) > 1:
+        raise NeedsQuant(f"{ref.repo} has several {ref.tag} files ({_names(chosen)}); name one as org/repo/file.gguf")
+    return ref, chosen
+
+
+def _names(files: list[HfFile]) -> str:
+    return ", ".join(f.path for f in files[:20]) + (" …" if len(files) > 20 else "")
+
+
+def plan(ref: Reference, endpoint: str | None = None) -> HfPlan:
+    revision, files = _listing(ref.repo, endpoint)
+    ref, chosen = _pick(ref, files)
+    projectors = sorted(
+        (f for f in files if "mmproj" in os.path.basename(f.path).lower() and f.path.endswith(".gguf")),
+        key=lambda f: (0 if "f16" in f.path.lower() else 1, f.path),
+    )
+    return HfPlan(ref, revision, tuple(chosen), projectors[0] if projectors else None)
+
+
+def _bar_class(progress: Callable[[int], None]) -> type:
+    """A ``tqdm`` that shows nothing and tells ``progress`` what arrived."""
+    from tqdm.auto import tqdm
+
+    class Bar(tqdm):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            progress(int(n or 0))
+            return super().update(n)  # type: ignore[no-any-return]
+
+    return Bar
+
+
+def download(
+    plan: HfPlan,
+    file: HfFile,
+    target: str,
+    staging: str,
+    progress: Callable[[int], None],
+    endpoint: str | None,
+    verifying: Callable[[], None],
+) -> None:
+    """One file through ``huggingface_hub`` (which resumes from its
+    ``.incomplete`` file), verified against the hub's sha256, moved into place."""
+    _hub()
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    last: Exception | None = None
+    for _ in range(ATTEMPTS):
+        try:
+            path = hf_hub_download(
+                plan.reference.repo,
+                file.path,
+                revision=plan.revision,
+                local_dir=staging,
+                endpoint=endpoint_of(endpoint),
+                tqdm_class=_bar_class(progress),
+            )
+            break
+        except HfHubHTTPError as exc:
+            raise FetchError(f"{plan.reference.repo}/{file.path}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a cut, a reset, a timeout: again (it resumes)
+            if type(exc).__module__.split(".")[0] not in _TRANSPORT:
+                raise
+            last = exc
+    else:
+        raise FetchError(f"{plan.reference.repo}/{file.path}: the download failed {ATTEMPTS} times ({last})")
+    verifying()
+    verify(str(path), Remote(f"{plan.reference.repo}/{file.path}", file.size, file.sha256), gguf=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(str(path), target)
