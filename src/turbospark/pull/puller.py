@@ -226,8 +226,15 @@ class Puller:
                 digest,
                 f.size or 0,
                 lambda progress, verifying, f=f, target=target: hf.download(
-                    plan, f, target, self.store.staging(), progress, self.endpoint, verifying
-                ),
+                    plan,
+                    f,
+                    target,
+                    self.store.partial(f.sha256 or f"{plan.revision}-{f.path}"),
+                    self.client,
+                    progress,
+                    self.endpoint,
+                    verifying,
+                ),  # fmt: skip
             )
         relative = [os.path.relpath(t, self.store.root) for t in targets]
         model_files = relative[: len(plan.files)]

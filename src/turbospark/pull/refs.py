@@ -65,7 +65,7 @@ class Reference:
             if self.file:
                 return f"{self.repo}/{self.file}"
             return f"{self.repo}:{self.tag}" if self.tag else self.repo
-        return self.url.rsplit("/", 1)[-1]
+        return urllib.parse.urlsplit(self.url).path.rsplit("/", 1)[-1]
 
     def with_tag(self, tag: str) -> Reference:
         return Reference(self.source, self.repo, tag, self.file, self.url)

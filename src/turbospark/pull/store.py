@@ -111,9 +111,6 @@ class Store:
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in key)[:200]
         return os.path.join(self.root, PARTIAL, safe + ".part")
 
-    def staging(self) -> str:
-        return os.path.join(self.root, PARTIAL)
-
     def ensure_space(self, needed: int) -> None:
         """Refuse, before any byte, a download the disk cannot hold."""
         free = shutil.disk_usage(self.root).free
