@@ -49,6 +49,7 @@ def hubs(tmp_path_factory):
     hf.add_file(REPO, "mmproj-SmolLM2-f16.gguf", b"GGUF" + bytes(60))
     hf.add_file("test-org/NoDefault-GGUF", "x-Q5_K_M.gguf", gguf)
     hf.add_file("test-org/NoDefault-GGUF", "x-Q8_0.gguf", gguf)
+    hf.add_file("test-org/Evil-GGUF", "../../escape-Q4_K_M.gguf", b"GGUF" + bytes(60))  # a hostile listing
     for path in split:
         hf.add_file("test-org/Split-GGUF", os.path.basename(path), path)
     for repo in ("test-org/Big-GGUF", "test-org/Bad-GGUF", "test-org/Cut-GGUF"):
@@ -169,6 +170,11 @@ def test_no_quant_and_no_default_is_a_400_naming_the_choices(served, hubs):
     assert "Q5_K_M" in str(err.value)
     r = httpx.post(srv.url + "/api/pull", json={"model": "../../etc/passwd", "stream": False}, timeout=60)
     assert r.status_code == 400 and "not a valid name" in r.json()["error"]
+    r = httpx.post(srv.url + "/api/pull", json={"model": "test-org/Evil-GGUF", "stream": False}, timeout=60)
+    assert r.status_code == 400 and "escape" not in r.json()["error"]  # a path out of the store is no file
+    assert hf.gets("test-org/Evil-GGUF", "../../escape-Q4_K_M.gguf") == 0
+    r = httpx.post(srv.url + "/api/pull", json={"model": "smollm2:135m", "insecure": True}, timeout=60)
+    assert r.status_code == 400 and "insecure" in r.json()["error"]  # refused, never ignored
 
 
 def test_split_model_loads_and_answers(served, hubs):

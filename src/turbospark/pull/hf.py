@@ -18,6 +18,7 @@ from .fetch import FetchError, Remote
 from .refs import DEFAULT_QUANT, Reference
 
 _SPLIT = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 _QUANT = re.compile(r"^(I?Q\d(_[A-Z0-9]+)*|TQ\d_\d|F16|F32|BF16|MXFP4)$", re.IGNORECASE)
 
 
@@ -80,7 +81,8 @@ def _listing(repo: str, endpoint: str | None) -> tuple[str, list[HfFile]]:
     files = []
     for s in info.siblings or []:
         lfs: Any = s.lfs
-        files.append(HfFile(s.rfilename, s.size, lfs.sha256 if lfs is not None else None))
+        if all(_NAME.match(part) for part in s.rfilename.split("/")):  # (never a path outside the store)
+            files.append(HfFile(s.rfilename, s.size, lfs.sha256 if lfs is not None else None))
     return str(info.sha or "main"), files
 
 

@@ -96,8 +96,16 @@ class Puller:
         )
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
+        self._closed = threading.Event()
 
     def close(self) -> None:
+        """Stop the pulls in progress at their next chunk (their bytes stay
+        in ``.partial/`` for the next pull to continue), then close."""
+        self._closed.set()
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.done.wait(30)
         self.client.close()
         self.store.close()
 
@@ -193,6 +201,8 @@ class Puller:
         state = {"done": 0}
 
         def arrived(n: int) -> None:
+            if self._closed.is_set():
+                raise fetch.FetchError("the server is shutting down; pull again to continue", 503)
             state["done"] += n
             job.completed += n
             job.fetched += max(n, 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -93,6 +94,8 @@ async def pull(request: Request) -> Response:
     st = state_of(request)
     body = await read_body(request, PullBody)
     text = body.requested()
+    if body.insecure:
+        raise BadRequest("insecure pulls are not supported: the registry is TURBOSPARK_OLLAMA_REGISTRY", "insecure")
     try:
         parse(text, bare_is_ollama=True)
     except BadReference as exc:
@@ -106,8 +109,15 @@ async def pull(request: Request) -> Response:
         return JSONResponse({"status": "success"})
     queue: asyncio.Queue[Any] = asyncio.Queue()
     task = asyncio.ensure_future(run_pull(st, text, _lines(asyncio.get_running_loop(), queue)))
-    task.add_done_callback(lambda _: queue.put_nowait(None))
+    task.add_done_callback(functools.partial(_ended, queue))
     return streaming_response(_stream(queue, task), media_type=NDJSON)
+
+
+def _ended(queue: asyncio.Queue[Any], task: asyncio.Future[Pulled]) -> None:
+    """The end marker; a pull whose client left still ends, and its failure is read."""
+    queue.put_nowait(None)
+    if not task.cancelled():
+        task.exception()
 
 
 async def _stream(queue: asyncio.Queue[Any], task: asyncio.Future[Pulled]) -> AsyncIterator[bytes]:
