@@ -9,10 +9,11 @@ import time
 import httpx
 from rich.text import Text
 
-from turbospark.observe import ListObserver
+from turbospark.observe import ListObserver, now_ms
 from turbospark.views.console.app import COLUMNS, ConsoleApp
+from turbospark.views.console.charts import size_text
 
-from .views_support import chat, fresh_server, group_with_a_replica_down
+from .views_support import MIB, HeldPull, chat, fresh_server, group_with_a_replica_down, pulling_server, tell_pull
 
 COL = {key: i for i, (_, key) in enumerate(COLUMNS)}
 
@@ -134,6 +135,58 @@ def test_console_shows_a_replica_down(server):
                 assert any("red" in str(sp.style) for sp in spans if sp.start <= down < sp.end), spans
                 assert not any("red" in str(sp.style) for sp in spans if sp.start <= up < sp.end), spans
                 assert app.fold.unwell["pool@b"][0] == "down" and "unreachable" in app.fold.unwell["pool@b"][1]
+
+        asyncio.run(main())
+
+
+def pulls_shown(app: ConsoleApp) -> list[str]:
+    widget = app.query_one("#pulls")
+    if not widget.display:
+        return []
+    content = widget.render()
+    return str(getattr(content, "plain", content)).splitlines()
+
+
+def pull_line(app: ConsoleApp, start: str) -> str | None:
+    return next((line for line in pulls_shown(app) if line.startswith(start)), None)
+
+
+def test_console_shows_pulls_with_a_bar(tmp_path):
+    """A pull in progress gets a bar under the band (the model, a bar of the
+    bytes done over the total, the percentage, the sizes); one that ended
+    stays a while as pulled, or failed with its reason, then goes."""
+    with pulling_server(str(tmp_path)) as (srv, reg):
+
+        async def main() -> None:
+            app = ConsoleApp(srv.url)
+            async with app.run_test(size=(200, 50)) as pilot:
+                await until(pilot, lambda: app.source.connected)
+                assert pulls_shown(app) == []  # nothing pulled yet: no pane at all
+                held = HeldPull(srv, reg)
+                try:
+                    await asyncio.to_thread(held.start)
+                    await until(pilot, lambda: pull_line(app, "pulling smollm2:135m") is not None)
+                    line = pull_line(app, "pulling smollm2:135m")
+                    assert f"   0%  0 B / {size_text(held.size)}" in line and "░" in line and "█" not in line, line
+                    at = now_ms()
+                    tell_pull(srv, "started", at)
+                    tell_pull(srv, "progress", at + 2000, 42 * MIB)
+                    await until(pilot, lambda: "42%" in (pull_line(app, "pulling org/big:Q8_0") or ""))
+                    line = pull_line(app, "pulling org/big:Q8_0")
+                    assert "█░" in line and "42%  42.0 MiB / 100.0 MiB  21.0 MiB/s" in line, line
+                    await asyncio.to_thread(held.finish)
+                finally:
+                    held.hold.release()
+                await until(pilot, lambda: pull_line(app, "pulled  smollm2:135m") is not None)
+                line = pull_line(app, "pulled  smollm2:135m")
+                assert "100%" in line and "░" not in line and f"{size_text(held.size)} / " in line, line
+                assert pull_line(app, "pulling smollm2") is None
+                tell_pull(srv, "failed", now_ms(), 42 * MIB, reason="no space left on device")
+                await until(pilot, lambda: pull_line(app, "failed  org/big:Q8_0") is not None)
+                assert pull_line(app, "failed  org/big:Q8_0").endswith("no space left on device")
+                assert [line.split()[0] for line in pulls_shown(app)] == ["pulled", "failed"]
+                app.show_ended_s = 0.0  # (30 s by default) the ended pulls go, and the pane with them
+                await until(pilot, lambda: pulls_shown(app) == [])
 
         asyncio.run(main())
 

@@ -12,10 +12,10 @@ import time
 import httpx
 import pytest
 
-from turbospark.observe import ListObserver
+from turbospark.observe import ListObserver, now_ms
 
 from .chromium import LivePage, run_once
-from .views_support import chat, fresh_server, group_with_a_replica_down
+from .views_support import MIB, HeldPull, chat, fresh_server, group_with_a_replica_down, pulling_server, tell_pull
 
 ARTIFACTS = os.path.join(os.path.dirname(__file__), "artifacts")
 KEY = "dash-key"
@@ -142,3 +142,47 @@ def test_dashboard_shows_a_replica_down(server):
         assert re.sub(r"<[^>]+>", "", models) == "pool@a, pool@b down, pool"  # members attach first
         down = re.search(r'<span class="s5 unwell" title="([^"]*)">pool@b down</span>', models)
         assert down and "unreachable" in down.group(1), models
+
+
+def pull_row(page: LivePage, model: str, until: str = "true") -> dict:
+    """What the page shows of one pull, once ``until`` (JS, of ``row``) holds."""
+    return page.wait(
+        f"(() => {{ const row = document.querySelector('#pulls .pull[data-model=\"{model}\"]');"
+        " if (!row || document.getElementById('pulls').hidden) return null;"
+        " const bar = row.querySelector('progress'), text = (c) => row.querySelector(c)?.textContent ?? null;"
+        f" if (!({until})) return null;"
+        " return { state: row.className, label: text('.state'), pct: text('.pct'), sizes: text('.sizes'),"
+        " rate: text('.rate'), reason: text('.reason'), max: bar.getAttribute('max'),"
+        " value: bar.getAttribute('value'), width: bar.getBoundingClientRect().width }; })()"
+    )
+
+
+def test_dashboard_shows_pulls_with_a_bar(tmp_path):
+    """A pull in progress when the page opens is in its first paint (the
+    server's fold has it), with a bar of the bytes done over the total and
+    the percentage; what follows comes live: another pull's progress, the
+    first one's end, a failure with its reason; ended pulls go after a while."""
+    with pulling_server(str(tmp_path)) as (srv, reg):
+        with HeldPull(srv, reg) as held, LivePage(f"{srv.url}/dashboard") as page:
+            page.wait("document.getElementById('state').textContent === 'live'")
+            row = pull_row(page, "smollm2:135m")
+            assert (row["state"], row["label"], row["pct"]) == ("pull pulling", "pulling", "0%"), row
+            assert (row["max"], row["value"]) == (str(held.size), "0") and row["width"] > 100, row
+            at = now_ms()
+            tell_pull(srv, "started", at)
+            tell_pull(srv, "progress", at + 2000, 42 * MIB)
+            row = pull_row(page, "org/big:Q8_0", "text('.pct') === '42%'")
+            assert (row["max"], row["value"]) == (str(100 * MIB), str(42 * MIB)), row
+            assert (row["sizes"], row["rate"]) == ("42.0 MiB / 100.0 MiB", "21.0 MiB/s"), row
+            held.finish()
+            row = pull_row(page, "smollm2:135m", "row.className === 'pull finished'")
+            assert (row["label"], row["pct"]) == ("pulled", "100%"), row
+            assert row["max"] == row["value"] == str(held.size), row
+            tell_pull(srv, "failed", now_ms(), 42 * MIB, reason="no space left on device")
+            row = pull_row(page, "org/big:Q8_0", "row.className === 'pull failed'")
+            assert (row["label"], row["pct"], row["reason"]) == ("failed", "42%", "no space left on device"), row
+            os.makedirs(ARTIFACTS, exist_ok=True)
+            page.screenshot(os.path.join(ARTIFACTS, "dashboard-pulls.png"))
+            # (30 s by default) the ended pulls go, and the pane with them
+            page.js("SHOW_ENDED_MS = 0; render();")
+            page.wait("document.getElementById('pulls').hidden")

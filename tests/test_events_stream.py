@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from turbospark.observe import ListObserver
 from turbospark.views.fold import Fold
 
-from .views_support import FrameReader, chat, fresh_server, read_frames
+from .views_support import FrameReader, HeldPull, chat, fresh_server, pulling_server, read_frames
 
 TIMEOUT = httpx.Timeout(30.0)
 
@@ -168,3 +168,41 @@ def test_views_need_the_key_but_the_dashboard_page_does_not(server):
         assert "default-src 'none'" in page.headers["content-security-policy"]
         assert "http://" not in page.text and "https://" not in page.text  # no CDN, nothing remote
         assert httpx.post(srv.url + "/dashboard", timeout=10).status_code in (401, 405)
+
+
+def test_a_pull_reaches_every_stream_and_the_stats_while_it_runs(tmp_path):
+    """``modelPull`` events are the server's, like a model attaching: a
+    tenant's stream carries them, and its ``/v1/stats`` (what a view paints
+    first) lists the pull in progress as the puller has it, then its end."""
+    user, admin = {"Authorization": "Bearer user-key"}, {"Authorization": "Bearer admin-key"}
+    with pulling_server(str(tmp_path), api_keys=["user-key"], admin_keys=["admin-key"]) as (srv, reg):
+        with HeldPull(srv, reg, headers=admin) as pull:
+            stats = httpx.get(srv.url + "/v1/stats", headers=user, timeout=10).json()
+            (active,) = srv.assembly.puller.active()
+            assert (active["model"], active["completed"], active["total"]) == ("smollm2:135m", 0, pull.size)
+            (shown,) = stats["pulls"]
+            assert (shown["model"], shown["state"], shown["completed"], shown["total"]) == (
+                "smollm2:135m", "pulling", 0, pull.size,
+            )  # fmt: skip
+            with httpx.Client(timeout=TIMEOUT) as client:
+                with client.stream("GET", srv.url + "/v1/events?since=0", headers=user) as resp:
+                    reader = FrameReader(resp)
+                    reader.until(lambda fs: any(f.get("event") == "modelPull" for f in fs))
+                    pull.finish()
+                    frames = reader.until(
+                        lambda fs: any(f.get("event") == "modelPull" and f["data"]["phase"] == "finished" for f in fs)
+                    )
+        pulls = [f["data"] for f in frames if f.get("event") == "modelPull"]
+        assert {p["model"] for p in pulls} == {"smollm2:135m"}
+        last = pulls[-1]
+        assert last["completed"] == last["total"] == last["fetched"] == pull.size and last["seconds"] > 0
+        failed = httpx.post(srv.url + "/api/pull", json={"model": "nothing:here", "stream": False}, headers=admin)
+        assert failed.status_code >= 400
+        stats = httpx.get(srv.url + "/v1/stats", headers=user, timeout=10).json()
+        done, bad = stats["pulls"]
+        assert (done["model"], done["state"], done["completed"], done["total"]) == (
+            "smollm2:135m", "finished", pull.size, pull.size,
+        )  # fmt: skip
+        assert done["bytesPerSec"] == pytest.approx(pull.size / last["seconds"])
+        assert (bad["model"], bad["state"]) == ("nothing:here", "failed") and bad["reason"], bad
+        assert httpx.get(srv.url + "/v1/stats", headers=admin, timeout=10).json()["pulls"] == stats["pulls"]

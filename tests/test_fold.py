@@ -15,14 +15,15 @@ from turbospark.observe import (
     ModelAttached,
     ModelDetached,
     ModelHealth,
+    ModelPull,
     RequestFinished,
     RequestRouted,
     RequestStarted,
 )
 from turbospark.sinks.live import LiveEvents
-from turbospark.views.console.charts import rate_chart, sparkline, time_chart
+from turbospark.views.console.charts import pull_bar, rate_chart, size_text, sparkline, time_chart
 from turbospark.views.console.client import SSEParser
-from turbospark.views.fold import Fold, percentile
+from turbospark.views.fold import PULLS_KEPT, Fold, percentile
 
 
 def gen(rid, new=10, prompt=20, prefill=0.1, decode=0.5, reused=0, evicted=False, model="m", **kw):
@@ -168,6 +169,88 @@ def test_fold_keeps_the_models_that_are_down_and_a_tenants_fold_starts_with_them
     assert fold.unwell == {"m": ("stalled", "no step")} and fold.fresh().unwell == fold.unwell
 
 
+def pull(model, phase, at, completed=0, total=0, fetched=None, **kw):
+    fetched = completed if fetched is None else fetched
+    return ModelPull(at_ms=at, model=model, phase=phase, completed=completed, total=total, fetched=fetched, **kw)
+
+
+MiB = 1 << 20
+
+
+def test_fold_follows_pulls_in_progress_and_keeps_the_newest_that_ended():
+    f = Fold()
+    f.feed_all(
+        e.to_dict()
+        for e in (
+            pull("a", "started", 1000, total=100 * MiB),
+            pull("b", "started", 1500, completed=10 * MiB, total=20 * MiB, fetched=0),  # (10 MiB already there)
+            pull("a", "progress", 3000, completed=40 * MiB, total=100 * MiB),
+            pull("b", "progress", 2500, completed=15 * MiB, total=20 * MiB, fetched=5 * MiB),
+        )
+    )
+    a, b = f.summary()["pulls"]
+    assert (a["model"], a["state"], a["completed"], a["total"]) == ("a", "pulling", 40 * MiB, 100 * MiB)
+    assert a["bytesPerSec"] == pytest.approx(20 * MiB) and a["startedMs"] == 1000 and a["atMs"] == 3000
+    assert b["bytesPerSec"] == pytest.approx(5 * MiB)  # what came over the network, not what was there
+    f.feed(pull("a", "finished", 5000, completed=100 * MiB, total=100 * MiB, seconds=4.0).to_dict())
+    f.feed(
+        pull(
+            "b", "failed", 5100, completed=15 * MiB, total=20 * MiB, fetched=5 * MiB, reason="sha256 mismatch"
+        ).to_dict()
+    )
+    a, b = f.summary()["pulls"]  # ended: in the order they ended
+    assert (a["state"], a["seconds"], a["bytesPerSec"]) == ("finished", 4.0, pytest.approx(25 * MiB))
+    assert (b["state"], b["reason"], b["completed"]) == ("failed", "sha256 mismatch", 15 * MiB)
+    assert not f.pulls.active and f.events == 6
+    # a view that joined mid-pull: the rate from the first event it saw
+    late = Fold().feed_all(
+        [pull("c", "progress", 1000, 50, 100).to_dict(), pull("c", "progress", 2000, 80, 100).to_dict()]
+    )
+    assert late.summary()["pulls"][0]["bytesPerSec"] == pytest.approx(30.0) and late.malformed == 0
+    # a pull of the same model again starts afresh; the newest PULLS_KEPT ended are kept
+    for i in range(PULLS_KEPT + 2):
+        f.feed_all(
+            [pull(f"m{i}", "started", 6000 + i).to_dict(), pull(f"m{i}", "failed", 7000 + i, reason="x").to_dict()]
+        )
+    f.feed(pull("a", "started", 9000, total=100).to_dict())
+    s = f.summary()["pulls"]
+    assert [(p["model"], p["state"]) for p in s] == [("a", "pulling")] + [
+        (f"m{i}", "failed") for i in range(2, PULLS_KEPT + 2)
+    ]
+    assert s[0]["completed"] == 0 and s[0]["bytesPerSec"] is None
+    # a tenant's fold (made when its first request comes) starts with the pulls, its own copy
+    copy = f.fresh()
+    assert copy.summary()["pulls"] == s
+    f.feed(pull("a", "progress", 9500, completed=50, total=100).to_dict())
+    assert copy.summary()["pulls"][0]["completed"] == 0
+    # shaped as the server writes them, or counted malformed and left out
+    for bad in (
+        {"kind": "modelPull", "model": "x"},
+        {"kind": "modelPull", "model": "x", "phase": "progress", "total": "9"},
+    ):
+        n = Fold()
+        n.feed(bad)
+        assert n.malformed == 1 and n.summary()["pulls"] == []
+
+
+def test_a_tenant_sees_the_pulls_in_its_stream_and_its_fold():
+    async def main():
+        live = LiveEvents()
+        live.record(pull("m", "started", 1, total=100))
+        live.record(RequestStarted(id=1, at_ms=2, method="GET", path="/v1/stats"))
+        live.request_tenant(1, "t1")  # its fold, made now, knows the pull in progress
+        sub, _, _ = live.subscribe(since=None, tenant="t1")
+        live.record(pull("m", "progress", 500, completed=60, total=100))
+        _, items = live.take(sub)
+        assert [(i.kind, orjson.loads(i.data)["completed"]) for i in items] == [("modelPull", 60)]
+        (shown,) = live.summary(tenant="t1")["pulls"]
+        assert (shown["model"], shown["state"], shown["completed"]) == ("m", "pulling", 60)
+        assert live.summary(tenant="t1")["pulls"] == live.summary()["pulls"]
+        live.unsubscribe(sub)
+
+    asyncio.run(main())
+
+
 def test_sse_parser():
     p = SSEParser()
     frames = [
@@ -198,6 +281,31 @@ def test_text_charts():
     times = time_chart(f.records(), width=40)
     assert "#1" in times.plain and "#2" in times.plain and "█" in times.plain
     assert "no generations" in time_chart([]).plain
+
+
+def test_pull_bars():
+    f = Fold().feed_all(
+        e.to_dict()
+        for e in (
+            pull("org/m:Q4_K_M", "started", 0, total=100 * MiB),
+            pull("org/m:Q4_K_M", "progress", 2000, completed=42 * MiB + 7, total=100 * MiB),
+            pull("u", "started", 0),
+            pull("x[bold]\x1b", "failed", 10, reason="no \x1b space"),
+            pull("done", "finished", 3000, completed=3 * MiB, total=3 * MiB, seconds=1.5),
+        )
+    )
+    going, unsized = f.pulls.active.values()
+    bad, done = f.pulls.ended
+    line = pull_bar(going, width=20)
+    assert line.plain.startswith("pulling org/m:Q4_K_M  ")
+    assert "████████░░░░░░░░░░░░  42%  42.0 MiB / 100.0 MiB  21.0 MiB/s" in line.plain  # (rounded down)
+    assert "░" * 20 + "   –%  0 B" in pull_bar(unsized, width=20).plain
+    f.feed(pull("u", "finished", 10, seconds=0.5).to_dict())  # (a packaged model: no size told)
+    assert "████ 100%  0 B in 0.5 s" in pull_bar(f.pulls.ended[-1], width=4).plain
+    assert pull_bar(done, width=4).plain == "pulled  done  ████ 100%  3.0 MiB / 3.0 MiB in 1.5 s  2.0 MiB/s"
+    failed = pull_bar(bad, width=4).plain
+    assert failed.startswith("failed  x[bold]\\x1b  ") and failed.endswith("no \\x1b space"), failed
+    assert (size_text(512), size_text(2048), size_text(3 << 30)) == ("512 B", "2.0 KiB", "3.0 GiB")
 
 
 # -------------------------------------------------------------- live ring

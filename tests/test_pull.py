@@ -142,12 +142,17 @@ def test_ollama_sdk_pull_list_show_chat_copy_delete(served, hubs):
 
 
 def test_hugging_face_quant_choice_mmproj_and_chat(served, hubs):
-    srv, _, store = served
+    srv, events, store = served
     hf, _ = hubs
     r = httpx.post(srv.url + "/api/pull", json={"model": f"hf.co/{REPO}", "stream": False}, timeout=300)
     assert r.status_code == 200 and r.json() == {"status": "success"}, r.text
     assert hf.gets(REPO, MAIN) == 1 and hf.gets(REPO, "SmolLM2-135M-Instruct-Q8_0.gguf") == 0  # Q4_K_M by default
     assert (store / "hf" / REPO / "mmproj-SmolLM2-f16.gguf").is_file()  # fetched beside it
+    # its events carry the name with the quant chosen, from the first (which
+    # knows the size: the views draw a bar at once)
+    told = [e for e in events.events if e.kind == "modelPull" and REPO in e.model]
+    assert {e.model for e in told} == {f"{REPO}:Q4_K_M"} and [told[0].phase, told[-1].phase] == ["started", "finished"]
+    assert told[0].total == told[-1].completed == os.path.getsize(bundled()) + 64
     chat(srv, f"{REPO}:Q4_K_M")
     chat(srv, f"hf.co/{REPO}:Q4_K_M")  # the name as pulled, Ollama's way
 

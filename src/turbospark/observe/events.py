@@ -197,9 +197,11 @@ class ModelHealth(ServerEvent):
 
 @_event("modelPull")
 class ModelPull(ServerEvent):
-    """A model download (``turbospark pull``, ``/api/pull``, an attach that
-    pulls): ``phase`` is ``started``, ``progress`` (at most twice a second),
-    ``finished`` or ``failed`` (with ``reason``). ``completed``/``total`` are
+    """A model download by a server (``/api/pull``, an attach that pulls):
+    ``phase`` is ``started`` (once the name and the size are known;
+    a plan that failed: just before its ``failed``), ``progress`` (at most
+    twice a second), ``finished`` or ``failed`` (with ``reason``); every
+    event of one pull carries the same ``model``. ``completed``/``total`` are
     bytes of the model's files; ``fetched`` the bytes that came over the
     network (less than ``completed`` when a download resumed)."""
 

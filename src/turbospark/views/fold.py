@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .usage import Usage
@@ -75,9 +75,22 @@ _FIELDS: dict[str, dict[str, Any]] = {
         **dict.fromkeys(("queueSeconds", "prefillSeconds", "decodeSeconds"), _number),
     },
     "requestFinished": {"id": _int, "status": _int, "durationMs": _number, "error": _text},
+    "modelPull": {
+        "model": _text,
+        "phase": _text,
+        "atMs": _number,
+        **dict.fromkeys(("completed", "total", "fetched"), _int),
+        "seconds": _number,
+        "reason": _text,
+    },
 }
 #: read with ``event[...]``: must be there
-_REQUIRED = {"modelAttached": ("model",), "modelDetached": ("model",), "modelHealth": ("model",)}
+_REQUIRED = {
+    "modelAttached": ("model",),
+    "modelDetached": ("model",),
+    "modelHealth": ("model",),
+    "modelPull": ("model", "phase"),
+}
 
 
 def well_formed(event: Any) -> bool:
@@ -179,6 +192,87 @@ class ModelTotals:
         }
 
 
+#: ended pulls kept (the newest), for the views to show a while
+PULLS_KEPT = 5
+
+
+@dataclass
+class PullRecord:
+    """One model pull as its ``modelPull`` events told it: ``state`` is
+    ``pulling`` until a ``finished`` or ``failed`` one."""
+
+    model: str
+    state: str = "pulling"
+    completed: int = 0
+    total: int = 0
+    fetched: int = 0
+    started_ms: float | None = None  # of the first event seen (its ``started``, unless joined mid-pull)
+    at_ms: float | None = None  # of the last
+    seconds: float | None = None
+    reason: str | None = None
+    _first_fetched: int = 0  # ``fetched`` at the first event seen
+
+    def update(self, e: Mapping[str, Any]) -> None:
+        phase = e.get("phase")
+        if self.at_ms is None:
+            self.started_ms, self._first_fetched = e.get("atMs"), int(e.get("fetched") or 0)
+        self.at_ms = e.get("atMs", self.at_ms)
+        self.completed, self.total = int(e.get("completed") or 0), int(e.get("total") or 0)
+        self.fetched = int(e.get("fetched") or 0)
+        if phase in ("finished", "failed"):
+            self.state, self.seconds, self.reason = phase, e.get("seconds"), e.get("reason")
+
+    @property
+    def bytes_per_sec(self) -> float | None:
+        """Network bytes a second: over the whole pull once it finished,
+        else since the first event seen."""
+        if self.state == "finished" and self.seconds:
+            return self.fetched / self.seconds
+        if self.started_ms is None or self.at_ms is None or self.at_ms <= self.started_ms:
+            return None
+        return (self.fetched - self._first_fetched) / ((self.at_ms - self.started_ms) / 1000.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "state": self.state,
+            "completed": self.completed,
+            "total": self.total,
+            "fetched": self.fetched,
+            "bytesPerSec": self.bytes_per_sec,
+            "seconds": self.seconds,
+            "reason": self.reason,
+            "startedMs": self.started_ms,
+            "atMs": self.at_ms,
+        }
+
+
+@dataclass
+class Pulls:
+    """The pulls in progress (by model, in the order they started) and the
+    newest :data:`PULLS_KEPT` that ended."""
+
+    active: dict[str, PullRecord] = field(default_factory=dict)
+    ended: deque[PullRecord] = field(default_factory=lambda: deque(maxlen=PULLS_KEPT))
+
+    def feed(self, e: Mapping[str, Any]) -> None:
+        model, phase = e["model"], e["phase"]
+        rec = self.active.get(model)
+        if rec is None or phase == "started":  # (joined mid-pull: from its first event seen)
+            rec = self.active[model] = PullRecord(model)
+        rec.update(e)
+        if rec.state != "pulling":
+            del self.active[model]
+            self.ended.append(rec)
+
+    def copy(self) -> Pulls:
+        return Pulls({m: replace(r) for m, r in self.active.items()}, deque(map(replace, self.ended), PULLS_KEPT))
+
+    def records(self) -> list[PullRecord]:
+        """In progress (oldest first), then ended (oldest first)."""
+        return [*self.active.values(), *self.ended]
+
+
 @dataclass
 class Fold:
     """Consumes event dicts in order; :meth:`summary` is JSON-able.
@@ -210,6 +304,7 @@ class Fold:
     #: down, a stalled engine): name -> (state, reason)
     unwell: dict[str, tuple[str, str]] = field(default_factory=dict)
     per_model: dict[str, ModelTotals] = field(default_factory=dict)
+    pulls: Pulls = field(default_factory=Pulls)
     _records: OrderedDict[int, RequestRecord] = field(default_factory=OrderedDict)
     _open: set[int] = field(default_factory=set)
     #: earlier server runs' records (kept only without ``max_requests``)
@@ -226,8 +321,8 @@ class Fold:
 
     def fresh(self) -> Fold:
         """An empty fold that knows the models this one knows, and their
-        states (for a view that missed those events)."""
-        return Fold(models=list(self.models), unwell=dict(self.unwell))
+        states, and the pulls (for a view that missed those events)."""
+        return Fold(models=list(self.models), unwell=dict(self.unwell), pulls=self.pulls.copy())
 
     # -- feeding ---------------------------------------------------------
     def feed_all(self, events: Iterable[Mapping[str, Any]]) -> Fold:
@@ -269,6 +364,9 @@ class Fold:
                 self.unwell.pop(event["model"], None)
             else:
                 self.unwell[event["model"]] = (str(event.get("state")), str(event.get("reason") or ""))
+            return None
+        if kind == "modelPull":
+            self.pulls.feed(event)
             return None
         rid: int | None = event.get("id")
         if rid is None or rid in self._hidden:
@@ -390,5 +488,6 @@ class Fold:
             "models": list(self.models),
             "modelStates": {m: {"state": st, "reason": why} for m, (st, why) in self.unwell.items()},
             "perModel": {name: t.to_dict() for name, t in sorted(self.per_model.items())},
+            "pulls": [p.to_dict() for p in self.pulls.records()],
             "records": [r.to_dict() for r in recs],
         }

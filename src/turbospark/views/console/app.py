@@ -4,11 +4,14 @@ Everything on screen comes from one :class:`~turbospark.views.fold.Fold` fed by
 the server's ``/v1/events`` (through :class:`EventSource`), so it works the
 same against a remote server. Events are folded as they arrive (pause only
 freezes the screen, nothing is lost); the screen is redrawn at most four
-times a second, touching only the rows whose requests changed.
+times a second, touching only the rows whose requests changed. Model pulls
+in progress get a bar under the header band; one that ended stays there for
+:attr:`ConsoleApp.show_ended_s` after the console saw it end.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.text import Text
@@ -17,8 +20,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer, Static
 
-from ..fold import Fold, RequestRecord
-from .charts import rate_chart, time_chart
+from ..fold import Fold, PullRecord, RequestRecord
+from .charts import pulls_text, rate_chart, time_chart
 from .client import EventSource
 from .text import plain, printable
 
@@ -112,6 +115,7 @@ class ConsoleApp(App[None]):
     TITLE = "turbospark console"
     CSS = """
     #band { height: auto; padding: 0 1; background: $panel; }
+    #pulls { height: auto; padding: 0 1; background: $panel; display: none; }
     #main { height: 1fr; }
     #requests { width: 3fr; }
     #details { width: 1fr; min-width: 30; padding: 0 1; border-left: solid $panel-lighten-2; }
@@ -138,10 +142,17 @@ class ConsoleApp(App[None]):
         self._touched: set[int] = set()
         self._dirty = True
         self._rebuild = True
+        #: how long a pull that ended stays on screen (seconds)
+        self.show_ended_s = 30.0
+        #: when this console first showed each ended pull, by (model, atMs)
+        self._ended_seen: dict[tuple[str, float | None], float] = {}
+        #: when the console first showed the oldest ended pull still shown (None: none is)
+        self._ended_since: float | None = None
 
     # -- layout ----------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Static(id="band")
+        yield Static(id="pulls")
         with Horizontal(id="main"):
             yield DataTable(id="requests", cursor_type="row", zebra_stripes=True)
             yield Static("select a request", id="details")
@@ -209,11 +220,14 @@ class ConsoleApp(App[None]):
         if not self._dirty or (self.paused and not force):
             if self.paused:
                 self._draw_band()
+            elif self._ended_since is not None and time.monotonic() >= self._ended_since + self.show_ended_s:
+                self._draw_pulls()  # an ended pull's time on screen ran out
             return
         self._dirty = False
         self._draw_band()
         if self.paused:
             return
+        self._draw_pulls()
         self._draw_table()
         records = [r for r in self.fold.records() if self.passes(r)]
         width = max(20, self.size.width // 2 - 30)
@@ -252,6 +266,28 @@ class ConsoleApp(App[None]):
         if filters:
             band.append("filter: " + ", ".join(filters), style="magenta")
         self.query_one("#band", Static).update(band)
+
+    def shown_pulls(self) -> list[PullRecord]:
+        """The pulls in progress, and those that ended less than
+        :attr:`show_ended_s` ago (by this console's clock: the server's may
+        be another machine's)."""
+        now = time.monotonic()
+        ended, since = [], []
+        for p in self.fold.pulls.ended:
+            seen = self._ended_seen.setdefault((p.model, p.at_ms), now)
+            if now < seen + self.show_ended_s:
+                ended.append(p)
+                since.append(seen)
+        self._ended_since = min(since, default=None)
+        return [*self.fold.pulls.active.values(), *ended]
+
+    def _draw_pulls(self) -> None:
+        pulls = self.shown_pulls()
+        widget = self.query_one("#pulls", Static)
+        widget.display = bool(pulls)
+        widget.update(pulls_text(pulls, width=max(10, min(40, self.size.width // 4))))
+        kept = {(p.model, p.at_ms) for p in self.fold.pulls.ended}
+        self._ended_seen = {k: v for k, v in self._ended_seen.items() if k in kept}
 
     def _draw_table(self) -> None:
         table = self.query_one("#requests", DataTable)

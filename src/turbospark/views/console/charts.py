@@ -1,6 +1,6 @@
 """Text charts for the console (Textual has no chart widget): Unicode
-sparklines and stacked bars, as rich ``Text``. Pure functions of fold
-records, so they are tested without a terminal."""
+sparklines, stacked bars and pull progress bars, as rich ``Text``. Pure
+functions of fold records, so they are tested without a terminal."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from ..fold import RequestRecord
+from ..fold import PullRecord, RequestRecord
 from .text import printable
 
 TICKS = "▁▂▃▄▅▆▇█"
@@ -80,4 +80,58 @@ def time_chart(records: Sequence[RequestRecord], width: int = 50, rows: int = 8)
             out.append("█" * round(part / top * width), style=color)
         out.append(f" {sum(ms):.0f} ms\n", style="dim")
     out.rstrip()
+    return out
+
+
+PULL_STYLES = {"pulling": ("pulling", "cyan"), "finished": ("pulled", "green"), "failed": ("failed", "bold red")}
+
+
+def size_text(n: float) -> str:
+    """Bytes as people read them (binary units, as ``turbospark pull``)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def pull_percent(p: PullRecord) -> int | None:
+    """Whole percent done, rounded down (100 only once it all came); None
+    while the size is not known (a finished pull of no told size: 100)."""
+    if p.total <= 0:
+        return 100 if p.state == "finished" else None
+    return min(100, p.completed * 100 // p.total)
+
+
+def pull_bar(p: PullRecord, width: int = 30) -> Text:
+    """One pull: state, model, a bar of bytes done over the total, the
+    percentage, the sizes and the rate; a failed one with its reason."""
+    label, color = PULL_STYLES.get(p.state, (p.state, "yellow"))
+    pct = pull_percent(p)
+    done = 0 if pct is None else round(pct / 100 * width)
+    out = Text()
+    out.append(f"{label:<8}", style=color)
+    out.append(printable(p.model), style="bold")
+    out.append("  ")
+    out.append("█" * done, style=color)
+    out.append("░" * (width - done), style="dim")
+    out.append(f" {'–' if pct is None else pct:>3}%  ", style="bold")
+    sizes = size_text(p.completed) + (f" / {size_text(p.total)}" if p.total else "")
+    out.append(sizes, style="")
+    rate = p.bytes_per_sec
+    if p.state == "finished" and p.seconds is not None:
+        out.append(f" in {p.seconds:.1f} s", style="dim")
+    if rate is not None:
+        out.append(f"  {size_text(rate)}/s", style="dim")
+    if p.state == "failed":
+        out.append(f"  {printable(p.reason or 'failed')}", style="red")
+    return out
+
+
+def pulls_text(pulls: Sequence[PullRecord], width: int = 30) -> Text:
+    """The pulls to show, one line each (empty: no line at all)."""
+    out = Text()
+    for i, p in enumerate(pulls):
+        if i:
+            out.append("\n")
+        out.append(pull_bar(p, width))
     return out
