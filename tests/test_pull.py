@@ -60,6 +60,7 @@ def hubs(tmp_path_factory):
     reg.add_model("smollm2", "135m", gguf, template="{{ .Prompt }}", params=params, system="You are terse.")
     reg.add_model("twice", "latest", gguf)
     reg.add_model("cut", "latest", gguf)
+    reg.add_model("crashed", "latest", gguf)
     reg.add_model("tampered", "latest", gguf)
     reg.wrong_digest("tampered", "latest")
     env = {**hf.env(), "TURBOSPARK_OLLAMA_REGISTRY": reg.url}
@@ -211,6 +212,23 @@ def test_a_cut_connection_resumes(served, hubs):
     blob = [rng for method, path, rng in reg.requests if method == "GET" and path.endswith(digest)]
     assert blob[-2] is None and int(blob[-1][6:-1]) > 10 << 20  # resumed from the bytes on disk
     chat(srv, "cut")
+
+
+def test_a_pull_after_a_crash_continues_the_file(served, hubs):
+    """The bytes an earlier (killed) pull left in .partial/ are kept: the
+    next pull asks for the rest, and counts them as done, not fetched."""
+    srv, events, store = served
+    _, reg = hubs
+    size, digest = os.path.getsize(bundled()), reg.model_digest("crashed", "latest")
+    with open(bundled(), "rb") as f:
+        (store / ".partial" / f"{digest[7:]}.part").write_bytes(f.read(30 << 20))
+    sent = reg.bytes_sent(digest)
+    r = httpx.post(srv.url + "/api/pull", json={"model": "crashed", "stream": False}, timeout=300)
+    assert r.status_code == 200, r.text
+    blob = [rng for method, path, rng in reg.requests if method == "GET" and path.endswith(digest)]
+    assert blob[-1] == f"bytes={30 << 20}-" and reg.bytes_sent(digest) - sent == size - (30 << 20)
+    done = [e for e in events.events if e.kind == "modelPull" and e.model == "crashed" and e.phase == "finished"]
+    assert done and done[-1].completed == done[-1].total == size and done[-1].fetched == size - (30 << 20)
 
 
 def test_a_wrong_digest_is_refused_and_nothing_is_loadable(served, hubs):

@@ -99,10 +99,14 @@ def download(
     headers: dict[str, str] | None = None,
     gguf: bool = True,
     verifying: Callable[[], None] | None = None,
+    on_disk: Callable[[int], None] | None = None,
 ) -> None:
     """``remote`` into ``target`` by way of ``partial`` (resumed if it is
-    there), verified, then renamed into place. ``progress`` gets byte counts
-    as they arrive (negative when a source ignores the range and restarts)."""
+    there: ``on_disk`` is told how many bytes an earlier pull left), verified,
+    then renamed into place. ``progress`` gets byte counts as they arrive
+    (negative when a source ignores the range and restarts)."""
+    if on_disk is not None and os.path.exists(partial):
+        on_disk(os.path.getsize(partial))
     last: Exception | None = None
     for _ in range(ATTEMPTS):
         try:

@@ -145,6 +145,7 @@ def download(
     progress: Callable[[int], None],
     endpoint: str | None,
     verifying: Callable[[], None],
+    on_disk: Callable[[int], None],
 ) -> None:
     """One file: its URL and headers (``HF_TOKEN``, the user agent) from
     ``huggingface_hub``; the bytes through the pooled client, resumed from
@@ -157,4 +158,5 @@ def download(
 
     url = hf_hub_url(plan.reference.repo, file.path, revision=plan.revision, endpoint=endpoint_of(endpoint))
     remote = Remote(url, file.size, file.sha256)
-    fetch.download(client, remote, partial, target, progress, headers=build_hf_headers(), verifying=verifying)
+    headers = build_hf_headers()
+    fetch.download(client, remote, partial, target, progress, headers=headers, verifying=verifying, on_disk=on_disk)

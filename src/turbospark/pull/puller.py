@@ -207,27 +207,29 @@ class Puller:
             ),
         )
 
-    def _counter(self, job: _Job, digest: str, size: int) -> Callable[[int], None]:
-        """The ``progress`` callback of one file's download."""
+    def _counter(self, job: _Job, digest: str, size: int) -> tuple[Callable[[int], None], Callable[[int], None]]:
+        """The ``progress`` callback of one file's download, and its
+        ``on_disk`` (bytes an earlier pull left: done, not fetched)."""
         state = {"done": 0}
 
-        def arrived(n: int) -> None:
+        def arrived(n: int, fetched: bool = True) -> None:
             if self._closed.is_set():
                 raise fetch.FetchError("the server is shutting down; pull again to continue", 503)
             state["done"] += n
             job.completed += n
-            job.fetched += max(n, 0)
+            job.fetched += max(n, 0) if fetched else 0
             whole = bool(size) and state["done"] >= size  # (the last line always goes)
             self._say(job, PullUpdate(f"pulling {digest[7:19]}", digest, size, state["done"]), force=whole)
             if time.monotonic() - job.evented >= EVENT_EVERY:
                 self._event(job, "progress")
 
-        return arrived
+        return arrived, lambda n: arrived(n, fetched=False)
 
     def _file(self, job: _Job, digest: str, size: int, fetch_one: Callable[..., None]) -> None:
         """One file of a model: skipped when it is in place, else fetched with progress."""
         self._say(job, PullUpdate(f"pulling {digest[7:19]}", digest, size, 0))
-        fetch_one(self._counter(job, digest, size), lambda: self._say(job, PullUpdate("verifying sha256 digest")))
+        progress, on_disk = self._counter(job, digest, size)
+        fetch_one(progress, lambda: self._say(job, PullUpdate("verifying sha256 digest")), on_disk)
 
     # -- the sources ----------------------------------------------------------
     def _hf(self, ref: Reference, job: _Job) -> Pulled:
@@ -247,7 +249,7 @@ class Puller:
                 job,
                 digest,
                 f.size or 0,
-                lambda progress, verifying, f=f, target=target: hf.download(
+                lambda progress, verifying, on_disk, f=f, target=target: hf.download(
                     plan,
                     f,
                     target,
@@ -256,6 +258,7 @@ class Puller:
                     progress,
                     self.endpoint,
                     verifying,
+                    on_disk,
                 ),  # fmt: skip
             )
         relative = [os.path.relpath(t, self.store.root) for t in targets]
@@ -279,9 +282,15 @@ class Puller:
                 job,
                 layer.digest,
                 layer.size,
-                lambda progress, verifying, layer=layer, target=target: fetch.download(
-                    self.client, plan.blob(layer), self.store.partial(layer.hex), target, progress, verifying=verifying
-                ),
+                lambda progress, verifying, on_disk, layer=layer, target=target: fetch.download(
+                    self.client,
+                    plan.blob(layer),
+                    self.store.partial(layer.hex),
+                    target,
+                    progress,
+                    verifying=verifying,
+                    on_disk=on_disk,
+                ),  # fmt: skip
             )
         relative = [os.path.relpath(t, self.store.root) for t in targets]
         row = self._installed(ref, relative[:1], relative[1] if plan.projector else None)
@@ -308,9 +317,9 @@ class Puller:
                 job,
                 f"sha256:{sha or '0' * 64}",
                 size or 0,
-                lambda progress, verifying: fetch.download(
+                lambda progress, verifying, on_disk: fetch.download(
                     self.client, fetch.Remote(url, size, sha), self.store.partial(url), target, progress,
-                    verifying=verifying,
+                    verifying=verifying, on_disk=on_disk,
                 ),
             )  # fmt: skip
         self._started(job)  # (in place already)
