@@ -57,7 +57,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     Also sets ``args.model_defaults``: the options a model attached later
     (``POST /v1/admin/models``) starts from (the file's [defaults], then the
     flags), and the server settings the flags leave to the file."""
-    from .config import MODEL_KEYS, load_config
+    from .config import load_config, model_fields
     from .models.loading import options_for
 
     opts: list[Any] = []
@@ -67,7 +67,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
         cfg = load_config(args.config)
         opts.extend(cfg.models)
         server = cfg.server
-        defaults.update({MODEL_KEYS[k][0]: v for k, v in cfg.defaults.items()})
+        defaults.update(model_fields(cfg.defaults))
     base = model_defaults()
     for arg in args.model or ([] if opts else [DEFAULT_MODEL]):
         opts.append(options_for(arg, **base))
