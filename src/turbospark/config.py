@@ -59,7 +59,10 @@
     ]
 
 Every problem is reported once, naming the key and the file, before anything
-is loaded. Explicit command-line flags override the file.
+is loaded. Explicit command-line flags override the file. A running server
+reads it again on SIGHUP, ``POST /v1/admin/config/reload`` and, with
+``--watch-config``, when it changes (``compose.ConfigReloader``): models
+added, removed and reloaded, ``[server]`` changes reported for a restart.
 """
 
 from __future__ import annotations

@@ -5,14 +5,30 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..models.presets import ReloadResult
 from ..models.registry import Registry
 from ..observe import Observer, RequestIds
 from .drain import Drain
 
 if TYPE_CHECKING:
     from ..sinks.live import LiveEvents
+
+
+class ConfigControl(Protocol):
+    """The config file behind a server started with one
+    (``compose.ConfigReloader``): ``GET /v1/admin/config`` and
+    ``POST /v1/admin/config/reload``."""
+
+    def describe(self) -> dict[str, Any]:
+        """What is in force: the file, when it was loaded, the last reload,
+        the server settings and each model's preset (no secret)."""
+        ...
+
+    async def reload(self, trigger: str) -> ReloadResult:
+        """Read the file again and apply it (an invalid one: ``error``, nothing changed)."""
+        ...
 
 
 @dataclass
@@ -41,3 +57,5 @@ class ServerState:
     model_defaults: dict[str, Any] = field(default_factory=dict)
     #: requests in flight, and whether new ones are taken (graceful shutdown)
     drain: Drain = field(default_factory=Drain)
+    #: the config file, when the server was started with one (None: without)
+    config: ConfigControl | None = None
