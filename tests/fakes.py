@@ -47,6 +47,7 @@ class ScriptedModel:
     vision: Any = None
     default_reasoning: Any = None
     default_system: str | None = None
+    default_sampling: dict[str, Any] = field(default_factory=dict)
     context: int = 4096
     #: the chat template's source as the engine would report it (only read
     #: for what it mentions: thinking, tools)

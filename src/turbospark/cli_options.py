@@ -292,6 +292,12 @@ SERVE: tuple[Option, ...] = (
         "(or set OTEL_EXPORTER_OTLP_ENDPOINT; needs turbospark[otel])",
         metavar="URL",
     ),
+    Option(
+        ("--watch-config",),
+        "re-read the --config file whenever it changes (checked every second), as SIGHUP and "
+        "POST /v1/admin/config/reload do: models added, removed and reloaded, requests in flight kept",
+        action="store_true",
+    ),
     Option(("--verbose", "-v"), action="store_true"),
 )
 
@@ -362,3 +368,19 @@ def merge_server(args: argparse.Namespace, server: dict[str, Any]) -> None:
             if o.choices == ON_OFF and isinstance(value, bool):
                 value = "on" if value else "off"
             setattr(args, o.dest, value)
+
+
+#: server settings that are secrets: shown only as how many there are
+SECRET_SETTINGS = ("api_keys", "admin_keys")
+
+
+def server_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The server settings in force once :func:`merge_server` has run, by
+    their ``[server]`` key (``GET /v1/admin/config``): never a key, only how
+    many are given."""
+    out: dict[str, Any] = {}
+    for o in SERVE:
+        if o.server is not None:
+            value = getattr(args, o.dest)
+            out[o.server] = len(value or []) if o.server in SECRET_SETTINGS else value
+    return out

@@ -1,6 +1,9 @@
 """The one composition root: ``turbospark serve`` (``cli._serve``) and the
 embedding :class:`~turbospark.server.Server` both build a server here, so the
-parts are made, wired and closed the same way.
+parts are made, wired and closed the same way; and a server started with a
+config file follows it here (:class:`ConfigReloader`: SIGHUP,
+``--watch-config`` and ``POST /v1/admin/config/reload`` re-read it and
+apply the difference).
 
 Order matters in one place: the sinks exist before the registry, so they see
 every model attach; the app is built last, over what is already made, and
@@ -9,7 +12,11 @@ creates nothing itself.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +26,10 @@ from starlette.applications import Starlette
 from . import __version__
 from .access.auth import Auth
 from .access.guard import BrowserPolicy
+from .config import Config
 from .models.loading import ModelArg, default_model_folders, load_spec, populate
-from .models.registry import STALL_TIMEOUT, ModelSpec, Registry
+from .models.presets import Presets, ReloadResult
+from .models.registry import STALL_TIMEOUT, ModelSpec, Registry, RegistryError
 from .observe import Observer, combine
 from .pull.puller import Puller
 from .pull.specs import on_demand
@@ -46,6 +55,8 @@ class Assembly:
     app: Starlette
     #: requests in flight; a graceful shutdown runs it (``server.LiveUvicorn``)
     drain: Drain
+    #: what the handlers share (``app.state.turbospark``)
+    state: ServerState
     #: sinks this assembly opened (event log, OpenTelemetry): closed by it
     sinks: list[Any] = field(default_factory=list)
     #: models this assembly loaded (a model object passed in stays the caller's)
@@ -140,7 +151,7 @@ def assemble(
     )
     state.drain.on_cut(registry.stop_waiting)  # loads waiting for room end at the deadline
     app = build_app(state, auth, policy)
-    return Assembly(registry, observer, metrics, live, app, state.drain, sinks, owned, puller)
+    return Assembly(registry, observer, metrics, live, app, state.drain, state, sinks, owned, puller)
 
 
 def _close_models(registry: Registry, owned: set[int]) -> None:
@@ -167,3 +178,157 @@ def _close_sinks(sinks: list[Any]) -> None:
             close()
         except Exception:  # pragma: no cover - shutting down goes on
             log.exception("closing sink %r failed", sink)
+
+
+#: how often ``--watch-config`` looks at the file, and how long a change
+#: must hold before it is read (seconds)
+WATCH_SECONDS = 1.0
+SETTLE_SECONDS = 0.25
+
+#: a reading of the config file: the file (its models with the command
+#: line's flags applied) and the options a model attached later starts from
+Reading = tuple[Config, dict[str, Any]]
+
+
+class ConfigReloader:
+    """The config file behind a running server: read again on SIGHUP
+    (:meth:`hangup`), ``POST /v1/admin/config/reload`` and, with
+    ``--watch-config``, when its modification time or size changes; each
+    reading is applied as a difference (:class:`~turbospark.models.presets.Presets`).
+    An invalid file changes nothing: its error is logged, returned and
+    shown by ``GET /v1/admin/config``. ``[server]`` settings apply at a
+    restart only: a change to one is reported, not applied."""
+
+    def __init__(
+        self,
+        path: str,
+        read: Callable[[], Reading],
+        state: ServerState,
+        first: Reading,
+        settings: dict[str, Any],
+        watch: bool = False,
+    ) -> None:
+        self.path, self.read, self.state, self.settings, self.watch = path, read, state, settings, watch
+        self.config, _ = first
+        self.presets = Presets(state.registry, self.config.models)
+        #: the server settings the file gave at start (a change is reported)
+        self.started_with = dict(self.config.server)
+        self.loaded_at = time.time()
+        self.last: ReloadResult | None = None
+        self._stamp = _stamp(path)
+        self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- triggers ----------------------------------------------------------------
+    def start(self) -> None:
+        """With the event loop (call on it): the watch begins, and SIGHUP may come."""
+        self._loop = asyncio.get_running_loop()
+        if self.watch:
+            self._spawn(self._watch())
+
+    def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    def hangup(self) -> None:
+        """SIGHUP (from the signal handler, any thread): reload on the loop."""
+        if self._loop is None:
+            log.warning("SIGHUP before the server started: the config file is not re-read")
+            return
+        self._loop.call_soon_threadsafe(lambda: self._spawn(self.reload("SIGHUP")))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            stamp = _stamp(self.path)
+            if stamp is None or stamp == self._stamp:
+                continue
+            await asyncio.sleep(SETTLE_SECONDS)  # (an editor may be writing it still)
+            if _stamp(self.path) == stamp:
+                await self.reload("watch")
+
+    # -- the reload --------------------------------------------------------------
+    async def reload(self, trigger: str) -> ReloadResult:
+        """Read the file and apply it; one reload at a time."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            self._stamp = _stamp(self.path)
+            result = ReloadResult(trigger)
+            try:
+                config, defaults = await asyncio.to_thread(self.read)
+                await self.presets.apply(config.models, result)
+            except (ValueError, OSError) as exc:  # ConfigError, RegistryError: nothing was applied
+                result.error = f"{self.path}: {exc}" if isinstance(exc, RegistryError) else str(exc)
+                log.error("config reload (%s) refused, the models in force are kept: %s", trigger, result.error)
+            else:
+                self.config, self.loaded_at = config, result.at
+                self.state.model_defaults = defaults
+                server = config.server
+                keys = set(server) | set(self.started_with)
+                result.restart_needed = sorted(k for k in keys if server.get(k) != self.started_with.get(k))
+                _log_reload(result)
+            self.last = result
+            return result
+
+    def describe(self) -> dict[str, Any]:
+        """What is in force (``GET /v1/admin/config``): no secret in it."""
+        registry = self.state.registry
+        ours = self.presets.in_force()
+        models = []
+        for model_id, section in self.config.presets().items():
+            entry = self.presets.entry(model_id)
+            state = entry.state if entry is not None else "not served"
+            if self.last is not None and model_id in self.last.failed:
+                state = f"{state} (the last reload failed to load it: {self.last.failed[model_id]})"
+            models.append({"id": model_id, "state": state, "preset": section})
+        return {
+            "file": self.path,
+            "loaded_at": round(self.loaded_at, 3),
+            "watch": self.watch,
+            "last_reload": self.last.to_json() if self.last is not None else None,
+            "server": self.settings,
+            "defaults": dict(self.config.defaults),
+            "models": models,
+            # (given on the command line or attached through the admin API: a reload leaves them)
+            "other_models": [e.id for e in registry.entries() if e.member_of is None and e.id not in ours],
+        }
+
+
+def follow_config(
+    assembly: Assembly,
+    path: str,
+    read: Callable[[], Reading],
+    first: Reading,
+    settings: dict[str, Any],
+    watch: bool = False,
+) -> ConfigReloader:
+    """Make ``path`` the assembled server's config file (the models it gave
+    are ``first``'s): reloadable from then on."""
+    reloader = ConfigReloader(path, read, assembly.state, first, settings, watch)
+    assembly.state.config = reloader
+    return reloader
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What tells a changed file (None: there is none now)."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        return st.st_mtime_ns, st.st_size, st.st_ino
+    return None
+
+
+def _log_reload(result: ReloadResult) -> None:
+    done = (("added", result.added), ("removed", result.removed), ("reloaded", result.reloaded))
+    parts = [f"{what} {', '.join(ids)}" for what, ids in done if ids]
+    log.info("config reloaded (%s): %s", result.trigger, "; ".join(parts) or "no model changed")
+    for model_id, why in result.failed.items():
+        log.error("config reload: model %s: %s", model_id, why)
+    if result.restart_needed:
+        log.warning("config reload: [server] %s changed: applies at a restart", ", ".join(result.restart_needed))

@@ -25,10 +25,16 @@
     ctx = 4096
     parallel = 4
 
-    [models.chat]             # the section name is the model id
+    [models.chat]             # the section name is the model id; each section is a preset
     model = "smollm2-135m"    # a GGUF path (relative to this file) or a packaged model
     aliases = ["gpt-4o"]
     system = "You are terse."
+    temperature = 0.2         # sampling defaults (also top_p, top_k, min_p, seed, repeat_penalty,
+    top_k = 40                # presence_penalty, frequency_penalty; [defaults] too): a request's own win
+
+    [models.fetched]
+    pull = "org/repo:Q4_K_M"  # no model: the file this reference names (load_config's pull resolver)
+    ctx = 8192
 
     [models.embed]
     model = "smollm2-135m"
@@ -53,13 +59,18 @@
     ]
 
 Every problem is reported once, naming the key and the file, before anything
-is loaded. Explicit command-line flags override the file.
+is loaded. Explicit command-line flags override the file. A running server
+reads it again on SIGHUP, ``POST /v1/admin/config/reload`` and, with
+``--watch-config``, when it changes (``compose.ConfigReloader``): models
+added, removed and reloaded, ``[server]`` changes reported for a restart.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,8 +110,26 @@ MODEL_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "prefill_chunk": ("prefill_chunk", (int,)),
     "keep_alive": ("keep_alive", (int, float)),
     "gpu_layers": ("gpu_layers", (int,)),
+    "pull": ("pull", (str,)),
 }
-DEFAULT_KEYS = {k: v for k, v in MODEL_KEYS.items() if k not in ("model", "aliases")}
+#: sampling defaults of a model (``ModelOptions.sampling``): a request that
+#: does not set the field gets the value -> (accepted types, least, most)
+SAMPLING_KEYS: dict[str, tuple[tuple[type, ...], float | None, float | None]] = {
+    "temperature": ((int, float), 0.0, None),
+    "top_p": ((int, float), 0.0, 1.0),
+    "top_k": ((int,), 0, None),
+    "min_p": ((int, float), 0.0, 1.0),
+    "repeat_penalty": ((int, float), 0.0, None),
+    "presence_penalty": ((int, float), -2.0, 2.0),
+    "frequency_penalty": ((int, float), -2.0, 2.0),
+    "seed": ((int,), 0, None),
+}
+#: the keys of a local model's section: its options, and its sampling defaults
+SECTION_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
+    **MODEL_KEYS,
+    **{k: ("sampling", types) for k, (types, _, _) in SAMPLING_KEYS.items()},
+}
+DEFAULT_KEYS = {k: v for k, v in SECTION_KEYS.items() if k not in ("model", "aliases", "pull")}
 SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "host": (str,),
     "port": (int,),
@@ -146,12 +175,58 @@ NON_NEGATIVE = {
 }
 
 
+#: how a ``pull`` reference (``org/repo:Q4_K_M``) becomes a GGUF path: the
+#: seam the pull feature plugs into (``load_config(path, pull=...)``); it
+#: may raise (ValueError, OSError, LookupError, ConfigError: the message is
+#: shown naming the key and the file)
+PullResolver = Callable[[str], str]
+
+
+def no_pull(reference: str) -> str:
+    """The resolver when none is given: a section that names its model only
+    by ``pull`` is refused."""
+    raise ConfigError(
+        f"pull references need the pull feature to fetch {reference!r}; give model = a GGUF path "
+        "or a packaged model name instead"
+    )
+
+
 @dataclass
 class Config:
     server: dict[str, Any] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     #: local models, remote ones and replica groups, in the file's order
     models: list[ModelOptions | RemoteOptions | GroupOptions] = field(default_factory=list)
+    #: each model's section as written (``GET /v1/admin/config`` shows them)
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def presets(self) -> dict[str, dict[str, Any]]:
+        """The model sections as written, with no secret: a header's value
+        is never shown (only that it is set); ``api_key_env`` is only ever a
+        variable's name."""
+        return {model_id: _public(table) for model_id, table in self.sections.items()}
+
+
+def _public(table: dict[str, Any]) -> dict[str, Any]:
+    out = dict(table)
+    if isinstance(out.get("headers"), dict):
+        out["headers"] = {name: "(set)" for name in out["headers"]}
+    if isinstance(out.get("replicas"), list):
+        out["replicas"] = [_public(r) if isinstance(r, dict) else r for r in out["replicas"]]
+    return out
+
+
+def model_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """A section's (or ``[defaults]``') keys as ``ModelOptions`` fields: the
+    sampling keys gathered into ``sampling``, ``aliases`` a tuple."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        attr = SECTION_KEYS[key][0]
+        if attr == "sampling":
+            out.setdefault("sampling", {})[key] = float(value) if float in SAMPLING_KEYS[key][0] else value
+        else:
+            out[attr] = tuple(value) if key == "aliases" else value
+    return out
 
 
 def _check(file: str, where: str, key: str, value: Any, types: tuple[type, ...]) -> None:
@@ -167,6 +242,13 @@ def _check(file: str, where: str, key: str, value: Any, types: tuple[type, ...])
         raise ConfigError(f"{file}: {where}.kind must be 'chat' or 'embedding', not {value!r}")
     if isinstance(value, list) and not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{file}: {where}.{key} must be a list of strings")
+    if key in SAMPLING_KEYS:
+        _, least, most = SAMPLING_KEYS[key]
+        if (least is not None and value < least) or (most is not None and value > most):
+            span = f"between {least:g} and {most:g}" if most is not None else f"at least {least:g}"
+            raise ConfigError(f"{file}: {where}.{key} must be {span}")
+    if key == "pull" and (not value.strip() or any(c.isspace() for c in value)):
+        raise ConfigError(f"{file}: {where}.pull must be a model reference such as 'org/repo:Q4_K_M'")
 
 
 def _section(file: str, name: str, table: Any, allowed: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +263,11 @@ def _section(file: str, name: str, table: Any, allowed: dict[str, Any]) -> dict[
     return dict(table)
 
 
-def load_config(path: str) -> Config:
+def load_config(path: str, pull: PullResolver | None = None) -> Config:
+    """The file at ``path``, checked whole (:class:`ConfigError` names the
+    first problem's key and the file). A model section with ``pull`` and no
+    ``model`` is the model ``pull`` resolves to (:data:`PullResolver`;
+    without one, :func:`no_pull` refuses it)."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -204,42 +290,70 @@ def load_config(path: str) -> Config:
     if not isinstance(models, dict):
         raise ConfigError(f"{path}: [models] must hold one table per model, e.g. [models.chat]")
     base = os.path.dirname(os.path.abspath(path))
+    ctx = _Where(path, base, cfg.defaults, pull or no_pull)
     for model_id, table in models.items():
         where = f"models.{model_id}"
         if isinstance(table, dict) and ("replicas" in table or table.get("kind") == "remote"):
-            cfg.models.append(_remote_or_group(path, where, model_id, table, cfg.defaults, base))
-            continue
-        cfg.models.append(_local(path, where, model_id, table, cfg.defaults, base))
+            cfg.models.append(_remote_or_group(ctx, where, model_id, table))
+        else:
+            cfg.models.append(_local(ctx, where, model_id, table))
+        cfg.sections[model_id] = copy.deepcopy(table)
     return cfg
 
 
-def _local(path: str, where: str, model_id: str, table: Any, defaults: dict[str, Any], base: str) -> ModelOptions:
+@dataclass
+class _Where:
+    """What reading a model section needs besides the section: the file, its
+    folder (paths in it are relative to it), ``[defaults]`` and the
+    resolver of ``pull`` references."""
+
+    file: str
+    base: str
+    defaults: dict[str, Any]
+    pull: PullResolver
+
+
+def _local(at: _Where, where: str, model_id: str, table: Any) -> ModelOptions:
     """A local GGUF model's section (or a group's local replica)."""
-    values = _section(path, where, table, MODEL_KEYS)
-    if "model" not in values:
-        raise ConfigError(f"{path}: {where}.model is required (a GGUF path or a packaged model name)")
-    merged = {**defaults, **values}
+    path = at.file
+    values = _section(path, where, table, SECTION_KEYS)
+    merged = {**at.defaults, **values}
     if "cache_dir" in merged:  # relative to the file, like every path in it
-        merged["cache_dir"] = os.path.join(base, os.path.expanduser(merged["cache_dir"]))
-    target = merged.pop("model")
-    candidate = target if os.path.isabs(target) else os.path.join(base, target)
-    try:
-        gguf, _ = resolve_model(candidate if os.path.isfile(candidate) else target)
-    except ModelNotFound as exc:
-        raise ConfigError(f"{path}: {where}.model: {exc}") from None
-    kwargs: dict[str, Any] = {"path": gguf, "id": model_id}
-    for key, value in merged.items():
-        attr = MODEL_KEYS[key][0]
-        kwargs[attr] = tuple(value) if key == "aliases" else value
+        merged["cache_dir"] = os.path.join(at.base, os.path.expanduser(merged["cache_dir"]))
+    kwargs: dict[str, Any] = {"path": _gguf(at, where, merged.pop("model", None), values.get("pull")), "id": model_id}
+    kwargs.update(model_fields(merged))
     return ModelOptions(**kwargs)
 
 
-def _remote_or_group(
-    path: str, where: str, model_id: str, table: dict[str, Any], defaults: dict[str, Any], base: str
-) -> RemoteOptions | GroupOptions:
+def _gguf(at: _Where, where: str, target: str | None, reference: str | None) -> str:
+    """The GGUF file a section's ``model`` names, else the one its ``pull``
+    reference resolves to."""
+    key = f"{where}.model"
+    if target is None:
+        if reference is None:
+            raise ConfigError(
+                f"{at.file}: {key} is required (a GGUF path or a packaged model name; or pull = a reference)"
+            )
+        key = f"{where}.pull"
+        try:
+            target = at.pull(reference)
+        except ConfigError as exc:
+            raise ConfigError(f"{at.file}: {key}: {exc}") from None
+        except (ValueError, OSError, LookupError) as exc:
+            raise ConfigError(f"{at.file}: {key}: {reference!r} could not be resolved: {exc}") from None
+    candidate = target if os.path.isabs(target) else os.path.join(at.base, target)
+    try:
+        gguf, _ = resolve_model(candidate if os.path.isfile(candidate) else target)
+    except ModelNotFound as exc:
+        raise ConfigError(f"{at.file}: {key}: {exc}") from None
+    return gguf
+
+
+def _remote_or_group(at: _Where, where: str, model_id: str, table: dict[str, Any]) -> RemoteOptions | GroupOptions:
     """A ``kind = "remote"`` section, or a section with ``replicas``: each
     replica a table with ``base_url`` (remote, inheriting the section's
     remote keys) or without (a local GGUF, inheriting ``[defaults]``)."""
+    path = at.file
     values = dict(table)
     aliases = values.pop("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
@@ -263,13 +377,13 @@ def _remote_or_group(
             rep = dict(rep)
             name = replica_name(rep, i)
             rep.pop("name", None)
-            at = f"{where}.replicas[{i}]"
+            place = f"{where}.replicas[{i}]"
             if any(n == name for n, _ in members):
-                raise ConfigError(f"{path}: {at}: two replicas are named {name!r}; give each a name")
+                raise ConfigError(f"{path}: {place}: two replicas are named {name!r}; give each a name")
             if "base_url" in rep:
-                members.append((name, remote_options(f"{model_id}@{name}", {**values, **rep}, at)))
+                members.append((name, remote_options(f"{model_id}@{name}", {**values, **rep}, place)))
             else:
-                members.append((name, _local(path, at, f"{model_id}@{name}", rep, defaults, base)))
+                members.append((name, _local(at, place, f"{model_id}@{name}", rep)))
         return GroupOptions(model_id, members, tuple(aliases), **group_values)
     except RemoteConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

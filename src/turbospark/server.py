@@ -24,7 +24,7 @@ from uvicorn.server import HANDLED_SIGNALS
 
 from .access.auth import Auth, check_bind, read_key_file
 from .access.guard import policy_from
-from .compose import assemble
+from .compose import ConfigReloader, assemble
 from .models.catalog import DEFAULT_MODEL
 from .models.loading import ModelArg
 from .models.registry import STALL_TIMEOUT, Registry
@@ -171,12 +171,15 @@ class LiveUvicorn(uvicorn.Server):
         registry: Registry | None = None,
         drain: Drain | None = None,
         drain_timeout: float = DEFAULT_DRAIN_SECONDS,
+        config_file: ConfigReloader | None = None,
     ) -> None:
         super().__init__(config)
         self.live = live
         self.registry = registry
         self.drain = drain
         self.drain_timeout = drain_timeout
+        #: the config file a SIGHUP re-reads (None: SIGHUP drains, as SIGTERM)
+        self.config_file = config_file
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining: asyncio.Task[None] | None = None
 
@@ -185,9 +188,13 @@ class LiveUvicorn(uvicorn.Server):
         await super().startup(sockets)
         if self.registry is not None:
             self.registry.start()
+        if self.config_file is not None:
+            self.config_file.start()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.live.close()
+        if self.config_file is not None:
+            self.config_file.stop()
         await super().shutdown(sockets)
 
     async def drain_and_exit(self) -> None:
@@ -204,6 +211,9 @@ class LiveUvicorn(uvicorn.Server):
             self._draining = asyncio.ensure_future(self.drain_and_exit())
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        if sig == getattr(signal, "SIGHUP", None) and self.config_file is not None:
+            self.config_file.hangup()  # with a config file, SIGHUP re-reads it (as daemons do)
+            return
         if self.drain is None or self._loop is None or not self.started:
             super().handle_exit(sig, frame)  # not serving yet: stop at once
             return
@@ -231,8 +241,9 @@ class LiveUvicorn(uvicorn.Server):
         # a closed terminal (SIGHUP) drains as SIGTERM does (its default
         # killed the process: streams cut without an error frame, no KV kept,
         # the event log's tail lost), unless it is ignored (``nohup``)
+        # (with a config file, SIGHUP re-reads it, even under ``nohup``)
         hup = getattr(signal, "SIGHUP", None)
-        if hup is not None and signal.getsignal(hup) is not signal.SIG_IGN:
+        if hup is not None and (self.config_file is not None or signal.getsignal(hup) is not signal.SIG_IGN):
             signals.append(hup)
         original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
         try:

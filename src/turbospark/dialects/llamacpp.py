@@ -40,7 +40,15 @@ from .common import BadRequest, sse_data
 from .errors import Failure, llamacpp_error
 from .openai_chat import timings
 from .render import SSE, Unsent
-from .translate import SAMPLING, Translation, copy_sampling, logprob_value, logprobs_setting, stop_strings
+from .translate import (
+    SAMPLING,
+    Translation,
+    copy_sampling,
+    logprob_value,
+    logprobs_setting,
+    set_sampling,
+    stop_strings,
+)
 
 #: llama-server's default when ``n_predict`` is -1 or absent is "until the
 #: end"; a server that must answer on a budget uses the context's room
@@ -142,7 +150,7 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     config = GenerationConfig()
     copy_sampling(body, config, SAMPLING)
     if body.repeat_penalty is not None:
-        config.repeat_penalty = body.repeat_penalty
+        set_sampling(config, "repeat_penalty", body.repeat_penalty)
     if body.repeat_last_n is not None:
         config.penalty_last_n = body.repeat_last_n  # -1: the whole context (fitted in prepare)
     config.stop = stop_strings([body.stop] if isinstance(body.stop, str) else body.stop) or ()
@@ -358,7 +366,14 @@ def props(info: dict[str, Any], parallel: int, template: str) -> dict[str, Any]:
     return {
         "default_generation_settings": {
             "n_ctx": ctx,
-            "params": {"n_predict": UNLIMITED, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
+            "params": {
+                "n_predict": UNLIMITED,
+                "temperature": 0.8,
+                "top_k": 40,
+                "top_p": 0.95,
+                "min_p": 0.05,
+                **(info.get("sampling") or {}),  # the model's preset (config file)
+            },
         },
         "total_slots": parallel,
         "model_path": info.get("path") or info.get("id"),

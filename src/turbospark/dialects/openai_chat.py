@@ -28,6 +28,7 @@ from .translate import (
     Translation,
     copy_sampling,
     logprobs_setting,
+    set_sampling,
     token_logprob,
     tool_calls_for_template,
 )
@@ -124,7 +125,7 @@ def sampling(body: Any, config: GenerationConfig) -> None:
     copy_sampling(body, config)
     rp = body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty
     if rp is not None:
-        config.repeat_penalty = rp
+        set_sampling(config, "repeat_penalty", rp)
     if body.stop is not None:
         config.stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
     if body.logit_bias:

@@ -47,12 +47,19 @@ SAMPLING: Mapping[str, str] = {
 }
 
 
+def set_sampling(config: GenerationConfig, attr: str, value: Any) -> None:
+    """A sampling field the request sets itself: recorded as given, so the
+    model's own default for it (a config preset) does not replace it."""
+    setattr(config, attr, value)
+    config.given = config.given | {attr}
+
+
 def copy_sampling(source: Any, config: GenerationConfig, fields: Mapping[str, str] = SAMPLING) -> None:
     """Set each config attribute whose request field is given (not None)."""
     for attr, name in fields.items():
         value = getattr(source, name, None)
         if value is not None:
-            setattr(config, attr, value)
+            set_sampling(config, attr, value)
 
 
 def pick(fields: Mapping[str, str], *names: str) -> dict[str, str]:

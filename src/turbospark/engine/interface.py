@@ -26,6 +26,9 @@ class ChatModel(Protocol):
     supports_embeddings: bool
     default_reasoning: str | None
     default_system: str | None
+    #: sampling fields a request that does not set them gets (temperature,
+    #: top_k ...: ``ModelOptions.sampling``)
+    default_sampling: dict[str, Any]
     #: the sampler applies ``config.grammar``
     enforces_grammars: bool
 

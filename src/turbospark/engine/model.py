@@ -79,6 +79,12 @@ class ModelOptions:
     default_system: str | None = None
     default_reasoning: str | None = None
     chat_template: str | None = None
+    #: sampling defaults (``GenerationConfig`` fields: temperature, top_p,
+    #: top_k, min_p, seed and the penalties) for requests that do not set them
+    sampling: dict[str, Any] = field(default_factory=dict)
+    #: where the model comes from when it is pulled (a reference such as
+    #: ``org/repo:Q4_K_M``; the config's ``pull`` key), else None
+    pull: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -115,6 +121,7 @@ class LlamaChatModel:
         self.aliases = tuple(opts.aliases)
         self.default_system = opts.default_system
         self.default_reasoning = opts.default_reasoning
+        self.default_sampling = dict(opts.sampling)
         self._embedder: Embedder | None = None  # created on first encode()
         self._embedder_lock = threading.Lock()
         self._closed = False
@@ -235,6 +242,7 @@ class LlamaChatModel:
             "threads": self.ctx.threads if self.ctx else self.embedder().ctx.threads,
             "quantization": md.get("general.file_type", ""),
             "chat_template": self.template.source,
+            "sampling": dict(self.default_sampling),
         }
 
     def _end_turn_tokens(self) -> frozenset[int]:

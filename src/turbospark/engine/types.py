@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,10 +84,20 @@ class GenerationConfig:
     #: A place on the wait list held since admission (``Scheduler.reserve``):
     #: the submit that takes it is never refused as overloaded.
     reservation: Any = field(default=None, repr=False, compare=False)
+    #: The sampling fields the request set itself (the dialects record
+    #: them): a model's own sampling defaults fill only the others.
+    given: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    def fill_defaults(self, defaults: Mapping[str, Any]) -> None:
+        """Take a model's sampling defaults (``ModelOptions.sampling``) for
+        each field the request did not set itself (:attr:`given`)."""
+        for name, value in defaults.items():
+            if name not in self.given:
+                setattr(self, name, value)
 
 
 @dataclass(slots=True, frozen=True)

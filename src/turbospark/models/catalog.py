@@ -60,12 +60,15 @@ class CatalogEntry:
         return assemble(paths, os.path.join(cache_dir(), self.filename), self.sha256)  # type: ignore[arg-type]
 
 
-def cache_dir() -> str:
+def cache_dir(create: bool = True) -> str:
+    """The model cache (assembled packaged models) and the default model
+    store: ``$TURBOSPARK_CACHE/models``, else the user cache's."""
     base = os.environ.get("TURBOSPARK_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "turbospark"
     )
     path = os.path.join(base, "models")
-    os.makedirs(path, exist_ok=True)
+    if create:
+        os.makedirs(path, exist_ok=True)
     return path
 
 

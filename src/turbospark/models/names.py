@@ -52,18 +52,26 @@ class ModelNames:
         with self.lock:
             return self._entries.pop(model_id, None)
 
+    def swap(self, old: Entry, new: Entry) -> None:
+        """Put ``new`` in ``old``'s place (its position in the order kept)."""
+        with self.lock:
+            self._entries = {(new.id if e is old else k): (new if e is old else e) for k, e in self._entries.items()}
+
     def entries(self) -> list[Entry]:
         with self.lock:
             return list(self._entries.values())
 
-    def _owner_of(self, name: str) -> Entry | None:
+    def _owner_of(self, name: str, ignoring: Entry | None = None) -> Entry | None:
         for e in self._entries.values():
-            if name in e.names:
+            if name in e.names and e is not ignoring:
                 return e
         return None
 
-    def check_names(self, model_id: str, aliases: tuple[str, ...] | list[str] = ()) -> None:
-        """Refuse an id or alias that another model already answers to."""
+    def check_names(
+        self, model_id: str, aliases: tuple[str, ...] | list[str] = (), ignoring: Entry | None = None
+    ) -> None:
+        """Refuse an id or alias that another model (not ``ignoring``, the
+        one it replaces) already answers to."""
         with self.lock:
             seen: set[str] = set()
             for name in [model_id, *aliases]:
@@ -72,7 +80,7 @@ class ModelNames:
                 if name in seen:
                     raise RegistryError(f"model {model_id!r} lists the name {name!r} twice")
                 seen.add(name)
-                owner = self._owner_of(name)
+                owner = self._owner_of(name, ignoring)
                 if owner is not None:
                     raise RegistryError(
                         f"the name {name!r} of model {model_id!r} is already used by model {owner.id!r}"

@@ -297,6 +297,7 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     if not ids:
         raise AdmissionError("the prompt is empty", "prompt" if raw else "messages")
     config = req.config
+    config.fill_defaults(model.default_sampling)  # the model's preset, where the request is silent
     if not req.max_tokens_explicit:
         config.max_new_tokens = model.default_max_new(len(ids), req.default_max_tokens)
     model.check_admission(len(ids), config.max_new_tokens)

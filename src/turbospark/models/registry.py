@@ -88,12 +88,9 @@ class Registry:
 
     def attach(self, model: Backend, spec: ModelSpec | None = None) -> Entry:
         """Add a loaded model (and, with a spec, the means to reload it)."""
-        aliases = tuple(model.aliases)
-        kind: Kind = "chat" if model.capabilities.chat else "embedding"
         with self._names.lock:
-            self.check_names(model.model_id, aliases)
-            entry = Entry(model.model_id, aliases, kind, spec=spec, model=model)
-            entry.info = info_of(model)
+            entry = _loaded(model, spec)
+            self.check_names(entry.id, entry.aliases)
             self._names.add(entry)
         record(self.observer, lambda: ModelAttached(at_ms=now_ms(), model=entry.id))
         return entry
@@ -101,24 +98,42 @@ class Registry:
     def configure(self, spec: ModelSpec) -> Entry:
         """Add a model that is loaded on first use."""
         with self._names.lock:
+            entry = _configured(spec)
             self.check_names(spec.id, spec.aliases)
-            entry = Entry(spec.id, spec.aliases, spec.kind, spec=spec)
-            entry.info = {
-                **spec.facts,
-                "id": spec.id,
-                "aliases": list(spec.aliases),
-                "path": spec.path,
-                "size_bytes": spec.facts.get("size_bytes") or file_size(spec.path),
-            }
-            # the context it will be served with, when its options fix one (a
-            # chat model's ``ctx``; 0: the model's own, known once it is loaded)
-            ctx = getattr(spec.options, "ctx", 0)
-            if spec.kind == "chat" and isinstance(ctx, int) and ctx > 0:
-                entry.info["context"] = ctx
             self._names.add(entry)
         return entry
 
-    def detach(self, model_id: str) -> Entry:
+    def replace(self, model_id: str, model: Backend | None, spec: ModelSpec | None, reason: str = "replaced") -> Entry:
+        """Put a new model in the place of ``model_id`` in one step: loaded
+        (``model``, reloadable with ``spec``) or loaded on first use (only
+        ``spec``). A request routed from now on gets the new one; the old
+        one finishes the requests it has, then unloads (needs a loop). Its
+        names may change (:class:`RegistryError` if another model has one);
+        a replica group is not replaced this way (remove it, add the new)."""
+        with self._names.lock:
+            old = self._names.get(model_id)
+            if old is None:
+                raise KeyError(model_id)
+            if old.group is not None or old.member_of is not None:
+                raise RegistryError(f"{model_id!r} is a replica group or one of its replicas: remove it and add anew")
+            if model is not None:
+                entry = _loaded(model, spec)
+            elif spec is not None:
+                entry = _configured(spec)
+            else:
+                raise ValueError("replace needs a model or a spec")
+            self._names.check_names(entry.id, entry.aliases, ignoring=old)
+            self._names.swap(old, entry)
+            old.detached = True
+            if old.model is not None and old.leases > 0:
+                self._leaving.append(old)
+        record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=model_id, reason=reason))
+        if entry.model is not None:
+            record(self.observer, lambda: ModelAttached(at_ms=now_ms(), model=entry.id))
+        self.lifecycle.unload_later(old)
+        return entry
+
+    def detach(self, model_id: str, reason: str | None = None) -> Entry:
         """Take a model out of routing now; it is unloaded once its in-flight
         requests are done (see :meth:`remove`)."""
         with self._names.lock:
@@ -128,23 +143,24 @@ class Registry:
             entry.detached = True
             if entry.model is not None and entry.leases > 0:
                 self._leaving.append(entry)
-        record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=model_id))
+        record(self.observer, lambda: ModelDetached(at_ms=now_ms(), model=model_id, reason=reason))
         return entry
 
-    def remove(self, model_id: str) -> Entry:
+    def remove(self, model_id: str, reason: str | None = None) -> Entry:
         """Detach, and unload in the background when idle (needs a loop). A
         group goes with its replicas; a replica alone is refused
-        (:class:`RegistryError`): it is removed with its group."""
+        (:class:`RegistryError`): it is removed with its group. ``reason``:
+        why, for the ``modelDetached`` event."""
         member = self._names.get(model_id)
         if member is not None and member.member_of is not None:
             raise RegistryError(
                 f"{model_id!r} is a replica of {member.member_of!r}; detach the group (replicas go with it)"
             )
-        entry = self.detach(model_id)
+        entry = self.detach(model_id, reason)
         gone = [entry]
         if entry.group is not None:
             entry.group.close()
-            gone += [self.detach(r.entry.id) for r in entry.group.replicas if r.entry.id in self._names]
+            gone += [self.detach(r.entry.id, reason) for r in entry.group.replicas if r.entry.id in self._names]
         for e in gone:
             self.lifecycle.unload_later(e)
         return entry
@@ -301,3 +317,29 @@ class Registry:
     async def close(self) -> None:
         self.watchdog.stop()
         await self.lifecycle.close(self.entries())
+
+
+def _loaded(model: Backend, spec: ModelSpec | None) -> Entry:
+    """The entry of a loaded model (not yet added)."""
+    kind: Kind = "chat" if model.capabilities.chat else "embedding"
+    entry = Entry(model.model_id, tuple(model.aliases), kind, spec=spec, model=model)
+    entry.info = info_of(model)
+    return entry
+
+
+def _configured(spec: ModelSpec) -> Entry:
+    """The entry of a model loaded on first use (not yet added)."""
+    entry = Entry(spec.id, spec.aliases, spec.kind, spec=spec)
+    entry.info = {
+        **spec.facts,
+        "id": spec.id,
+        "aliases": list(spec.aliases),
+        "path": spec.path,
+        "size_bytes": spec.facts.get("size_bytes") or file_size(spec.path),
+    }
+    # the context it will be served with, when its options fix one (a chat
+    # model's ``ctx``; 0: the model's own, known once it is loaded)
+    ctx = getattr(spec.options, "ctx", 0)
+    if spec.kind == "chat" and isinstance(ctx, int) and ctx > 0:
+        entry.info["context"] = ctx
+    return entry

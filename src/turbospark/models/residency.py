@@ -60,6 +60,14 @@ class Residency:
     def unreserve(self) -> None:
         self._reserved -= 1
 
+    def has_room(self) -> bool:
+        """A place under ``max_resident`` now, without evicting anything
+        (loads in progress count as resident)."""
+        if not self.max_resident:
+            return True
+        resident = [e for e in self._entries() if e.model is not None and e.model.capabilities.resident]
+        return len(resident) + self._reserved < self.max_resident
+
     def refusal(self, entry: Entry, waited: float) -> RoutingError:
         """The 503 of a load that :meth:`reserve` found no room for."""
         if self.stopping:

@@ -176,7 +176,8 @@ class ModelAttached(ServerEvent):
 @_event("modelDetached")
 class ModelDetached(ServerEvent):
     """A model left memory or routing; ``reason`` says why when it was not
-    asked for (an engine failure, an eviction, its keep-alive)."""
+    asked for (an engine failure, an eviction, its keep-alive) or came from
+    the config file (a section removed or changed by a reload)."""
 
     at_ms: int
     model: str

@@ -14,10 +14,10 @@ from .gguf import size_label
 from .hf import NeedsQuant
 from .puller import Pulled, Puller, PullUpdate, find_installed
 from .refs import BadReference, parse
-from .store import Store, StoreError, gib
+from .store import INDEX, Store, StoreError, gib
 
 
-class PullFailed(Exception):
+class PullFailed(ValueError):
     """A pull that did not happen (the message says why)."""
 
 
@@ -55,15 +55,19 @@ def pull(ref: str, dirs: list[str] | None, out: TextIO = sys.stderr) -> int:
 
 
 def models(dirs: list[str] | None, out: TextIO = sys.stdout) -> int:
-    """What the store holds, then what the catalog offers."""
-    try:
-        store = store_at(dirs)
-    except StoreError as exc:
-        print(f"turbospark: {exc}", file=sys.stderr)
-        return 1
-    rows = store.models()
-    none = f"pulled: none yet ({store.root}); get one with turbospark pull"
-    print(f"pulled ({store.root}):" if rows else none, file=out)
+    """What the store holds, then what the catalog offers (a listing creates nothing)."""
+    root = os.path.abspath(os.path.expanduser(dirs[0] if dirs else cache_dir(create=False)))
+    rows = []
+    if os.path.exists(os.path.join(root, INDEX)):
+        try:
+            store = Store(root)
+        except StoreError as exc:
+            print(f"turbospark: {exc}", file=sys.stderr)
+            return 1
+        rows = store.models()
+        store.close()
+    none = f"pulled: none yet ({root}); get one with turbospark pull"
+    print(f"pulled ({root}):" if rows else none, file=out)
     for m in rows:
         params = size_label(m.parameters) if m.parameters else "?"
         print(
@@ -76,7 +80,6 @@ def models(dirs: list[str] | None, out: TextIO = sys.stdout) -> int:
         state = "installed" if entry.installed() else f"turbospark pull {name}"
         default = " (default)" if name == DEFAULT_MODEL else ""
         print(f"  {name:<22} {state:<30} {entry.description}{default}", file=out)
-    store.close()
     return 0
 
 

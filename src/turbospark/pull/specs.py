@@ -40,7 +40,9 @@ def options(store: Store, model: Installed, defaults: dict[str, Any] | None = No
     opts = ModelOptions(path=store.path(model.files[0]), id=model.name, **base)
     preset = presets(model.params)
     if "ctx" in preset:
-        opts.ctx = preset["ctx"]
+        opts.ctx = preset.pop("ctx")
+    # the source's sampling presets (Ollama's params layer), under the server's own
+    opts.sampling = {**preset, **opts.sampling}
     if model.system and opts.default_system is None:
         opts.default_system = model.system
     return opts
@@ -51,7 +53,7 @@ def spec(
 ) -> ModelSpec:
     opts = options(store, model, defaults)
     opts.aliases = aliases
-    return dataclasses.replace(spec_for(opts), facts=facts(model))
+    return dataclasses.replace(spec_for(opts), facts={**facts(model), "sampling": dict(opts.sampling)})
 
 
 def on_demand(store: Store, defaults: dict[str, Any] | None = None) -> Callable[[str], ModelSpec | None]:

@@ -1,5 +1,6 @@
-"""Operator routes: what the engine holds (``/v1/slots``) and live model
-attach/detach (``/v1/admin/models``)."""
+"""Operator routes: what the engine holds (``/v1/slots``), live model
+attach/detach (``/v1/admin/models``) and the config file in force
+(``/v1/admin/config``, and its reload)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from ..models.loading import (
 )
 from ..models.registry import RegistryError
 from ..models.replicas import ROUTINGS
+from ..serving.state import ConfigControl
 from ..upstream.model import RemoteModel, RemoteOptions
 from .common import JSONResponse, endpoint, read_json, state_of
 from .events import viewer
@@ -317,7 +319,38 @@ async def detach_model(request: Request) -> Response:
     return JSONResponse({**entry_card(entry), "detached": True})
 
 
+def _config_file(request: Request) -> ConfigControl:
+    control = state_of(request).config
+    if control is None:
+        raise BadRequest(
+            "this server was started without --config: there is no config file to show or reload",
+            None,
+            status=404,
+            code="no_config_file",
+        )
+    return control
+
+
+@endpoint(openai_error)
+async def show_config(request: Request) -> Response:
+    """The config file in force: when it was loaded, the last reload, the
+    server settings and each model's preset (never a key)."""
+    return JSONResponse(_config_file(request).describe())
+
+
+@endpoint(openai_error)
+async def reload_config(request: Request) -> Response:
+    """Read the config file again and apply it: what was added, removed and
+    reloaded; an invalid file is a 400 naming its error, and nothing changes."""
+    result = await _config_file(request).reload("admin")
+    if result.error is not None:
+        raise BadRequest(result.error, None, status=400, code="invalid_config")
+    return JSONResponse(result.to_json())
+
+
 routes += [
+    Route("/v1/admin/config", show_config, methods=["GET"]),
+    Route("/v1/admin/config/reload", reload_config, methods=["POST"]),
     Route("/v1/admin/models", list_admin_models, methods=["GET"]),
     Route("/v1/admin/models", attach_model, methods=["POST"]),
     Route("/v1/admin/models/{model_id:path}", detach_model, methods=["DELETE"]),

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..models.presets import ReloadResult
 from ..models.registry import Registry
 from ..observe import Observer, RequestIds
 from .drain import Drain
@@ -14,6 +15,21 @@ from .drain import Drain
 if TYPE_CHECKING:
     from ..pull.puller import Puller
     from ..sinks.live import LiveEvents
+
+
+class ConfigControl(Protocol):
+    """The config file behind a server started with one
+    (``compose.ConfigReloader``): ``GET /v1/admin/config`` and
+    ``POST /v1/admin/config/reload``."""
+
+    def describe(self) -> dict[str, Any]:
+        """What is in force: the file, when it was loaded, the last reload,
+        the server settings and each model's preset (no secret)."""
+        ...
+
+    async def reload(self, trigger: str) -> ReloadResult:
+        """Read the file again and apply it (an invalid one: ``error``, nothing changed)."""
+        ...
 
 
 @dataclass
@@ -44,3 +60,5 @@ class ServerState:
     puller: Puller | None = None
     #: requests in flight, and whether new ones are taken (graceful shutdown)
     drain: Drain = field(default_factory=Drain)
+    #: the config file, when the server was started with one (None: without)
+    config: ConfigControl | None = None
