@@ -304,6 +304,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
     from .sinks.otel import otel_wanted
 
     display = _LoadDisplay()
+    responses = _response_store(args)
     try:
         return assemble(
             options,
@@ -319,6 +320,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
             normalize_client_stamps=args.normalize_client_stamps == "on",
             model_folders=args.models_dir or None,
             store_dir=(args.models_dir or [cache_dir()])[0],
+            responses=responses,
             remote_key_envs=args.remote_key_env,
             model_defaults=args.model_defaults,
             progress_for=display.progress_for,
@@ -332,6 +334,20 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
         raise _Refused(str(exc)) from None
     except (RegistryError, RuntimeError, ValueError, MemoryRefused, StoreError) as exc:
         raise _Refused(str(exc)) from None
+
+
+def _response_store(args: argparse.Namespace) -> Any:
+    """The response store (``--store on``, the default), opened now: a file
+    that cannot be used is a refusal naming it."""
+    from .state.db import StateError
+    from .state.responses import ResponseStore, default_dir
+
+    if args.store == "off":
+        return None
+    try:
+        return ResponseStore(args.state_dir or default_dir(), ttl=args.store_ttl)
+    except StateError as exc:
+        raise _Refused(f"{exc} (--state-dir, or --store off)") from None
 
 
 def _print_models(registry: Any) -> None:

@@ -40,6 +40,19 @@ def size(text: str) -> int:
     return n
 
 
+def duration(text: str) -> float:
+    """``30d``, ``12h``, ``15m``, ``90s`` or plain seconds (at least one second)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        n = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30d, 12h, 3600)") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least one second")
+    return n
+
+
 def _send_timeout() -> float:
     from .web.middleware import SEND_TIMEOUT  # (lazily: the command starts without the server's modules)
 
@@ -244,6 +257,26 @@ SERVE: tuple[Option, ...] = (
         fallback="on",
     ),
     _server("--event-log", "append every event to FILE as JSON lines", metavar="FILE"),
+    _server(
+        "--state-dir",
+        "where stored responses and conversations are kept (responses.sqlite3; default: the user's "
+        "state folder, ~/.local/state/turbospark)",
+        metavar="DIR",
+    ),
+    _server(
+        "--store",
+        "keep Responses API responses and conversations (previous_response_id, background, GET "
+        "/v1/responses/{id}); off keeps nothing (default on)",
+        choices=ON_OFF,
+        fallback="on",
+    ),
+    _server(
+        "--store-ttl",
+        "how long a stored response or conversation is kept, e.g. 30d, 12h or seconds (default 30d)",
+        type=duration,
+        metavar="DURATION",
+        fallback=30 * 86400.0,
+    ),
     _server(
         "--event-log-max-bytes",
         "rotate the event log past this size, e.g. 100M (one rotated file, FILE.1, is kept)",

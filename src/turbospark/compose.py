@@ -38,6 +38,7 @@ from .serving.drain import Drain
 from .serving.state import ServerState
 from .sinks.live import LiveEvents
 from .sinks.prometheus import PrometheusSink
+from .state.responses import ResponseStore
 from .web.app import build_app
 
 log = logging.getLogger("turbospark.server")
@@ -74,6 +75,9 @@ class Assembly:
         if self.puller is not None:
             self.puller.close()
             self.puller = None
+        if self.state.responses is not None:
+            self.state.responses.close()
+            self.state.responses = None
 
 
 def assemble(
@@ -96,25 +100,19 @@ def assemble(
     progress_for: Callable[[ModelSpec], Callable[[float], None] | None] | None = None,
     on_loaded: Callable[[Any], None] | None = None,
     store_dir: str | None = None,
+    responses: ResponseStore | None = None,
 ) -> Assembly:
     """Open the sinks, register (and load) the models, build the app.
     Raises what loading raises (a bad model, no memory, a name clash; an
     event log that cannot be opened: ``OSError``; tracing without its extra:
     ``ImportError``; a model store that cannot be opened: ``StoreError``)
-    after closing whatever it had opened. ``store_dir``: where pulled models
+    after closing whatever it had opened (``responses``, the response store
+    it is given and then owns, included). ``store_dir``: where pulled models
     live (None: this server pulls nothing)."""
-    sinks: list[Any] = []
     try:
-        if tracing:  # to ``otlp_endpoint``, else where the OTEL_* variables say
-            from .sinks.otel import OtelSink
-
-            sinks.append(OtelSink(endpoint=otlp_endpoint))
-        if event_log:
-            from .sinks.jsonl import JsonlSink
-
-            sinks.append(JsonlSink(event_log, max_bytes=event_log_max_bytes))
+        sinks = _open_sinks(tracing, otlp_endpoint, event_log, event_log_max_bytes)
     except BaseException:
-        _close_sinks(sinks)
+        _abandon(None, [], None, responses)
         raise
     metrics = PrometheusSink()  # /metrics: always on
     for sink in sinks:
@@ -130,10 +128,7 @@ def assemble(
             registry.on_demand = on_demand(puller.store, model_defaults)
         owned = populate(registry, models, model_defaults, progress_for, on_loaded)
     except BaseException:
-        _close_models(registry, set())
-        _close_sinks(sinks)
-        if puller is not None:
-            puller.close()
+        _abandon(registry, sinks, puller, responses)
         raise
     metrics.watch(registry)
     state = ServerState(
@@ -148,10 +143,44 @@ def assemble(
         remote_key_envs=tuple(remote_key_envs),
         model_defaults=dict(model_defaults or {}),
         puller=puller,
+        responses=responses,
     )
     state.drain.on_cut(registry.stop_waiting)  # loads waiting for room end at the deadline
     app = build_app(state, auth, policy)
     return Assembly(registry, observer, metrics, live, app, state.drain, state, sinks, owned, puller)
+
+
+def _open_sinks(
+    tracing: bool, otlp_endpoint: str | None, event_log: str | None, event_log_max_bytes: int | None
+) -> list[Any]:
+    """The sinks that need opening: OpenTelemetry, the event log."""
+    sinks: list[Any] = []
+    try:
+        if tracing:  # to ``otlp_endpoint``, else where the OTEL_* variables say
+            from .sinks.otel import OtelSink
+
+            sinks.append(OtelSink(endpoint=otlp_endpoint))
+        if event_log:
+            from .sinks.jsonl import JsonlSink
+
+            sinks.append(JsonlSink(event_log, max_bytes=event_log_max_bytes))
+    except BaseException:
+        _close_sinks(sinks)
+        raise
+    return sinks
+
+
+def _abandon(
+    registry: Registry | None, sinks: list[Any], puller: Puller | None, responses: ResponseStore | None
+) -> None:
+    """Close what an assembly that failed had opened (or was given to own)."""
+    if registry is not None:
+        _close_models(registry, set())
+    _close_sinks(sinks)
+    if puller is not None:
+        puller.close()
+    if responses is not None:
+        responses.close()
 
 
 def _close_models(registry: Registry, owned: set[int]) -> None:

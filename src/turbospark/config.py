@@ -152,6 +152,9 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "send_timeout": (int, float),
     "body_timeout": (int, float),
     "event_log_max_bytes": (int,),
+    "state_dir": (str,),
+    "store": (bool,),
+    "store_ttl": (int, float),
 }
 POSITIVE = {
     "ctx",
@@ -162,6 +165,7 @@ POSITIVE = {
     "stall_timeout",
     "send_timeout",
     "body_timeout",
+    "store_ttl",
 }
 NON_NEGATIVE = {
     "session_slots",
@@ -283,6 +287,8 @@ def load_config(path: str, pull: PullResolver | None = None) -> Config:
     here = os.path.dirname(os.path.abspath(path))
     if "api_key_file" in cfg.server:  # paths in the file are relative to it
         cfg.server["api_key_file"] = os.path.join(here, cfg.server["api_key_file"])
+    if "state_dir" in cfg.server:
+        cfg.server["state_dir"] = os.path.join(here, os.path.expanduser(cfg.server["state_dir"]))
     if "models_dirs" in cfg.server:
         cfg.server["models_dirs"] = [os.path.join(here, d) for d in cfg.server["models_dirs"]]
     cfg.defaults = _section(path, "defaults", data.get("defaults", {}), DEFAULT_KEYS)

@@ -31,13 +31,18 @@ from .models.registry import STALL_TIMEOUT, Registry
 from .observe import Observer
 from .serving.drain import CUT_GRACE_SECONDS, DEFAULT_DRAIN_SECONDS, Drain
 from .sinks.live import LiveEvents
+from .state.responses import ResponseStore
 from .web.middleware import BODY_TIMEOUT, SEND_TIMEOUT, ClientTimeouts
 
 log = logging.getLogger("turbospark.server")
 
 
 class Server:
-    """A server on a background thread, with the models loaded in-process."""
+    """A server on a background thread, with the models loaded in-process.
+    ``store_dir``: the model store ``/api/pull`` fills and pulled models load
+    from (None, the default: no store; ``turbospark serve`` always has one).
+    ``state_dir``: where stored responses are kept (None, the default: none,
+    as ``--store off``)."""
 
     def __init__(
         self,
@@ -66,6 +71,8 @@ class Server:
         send_timeout: float = SEND_TIMEOUT,
         body_timeout: float = BODY_TIMEOUT,
         store_dir: str | None = None,
+        state_dir: str | None = None,
+        store_ttl: float = 30 * 86400.0,
     ) -> None:
         self.send_timeout, self.body_timeout = send_timeout, body_timeout
         self.host = host
@@ -87,6 +94,7 @@ class Server:
             remote_key_envs=tuple(remote_key_envs),
             model_defaults=model_defaults,
             store_dir=store_dir,
+            responses=ResponseStore(state_dir, ttl=store_ttl) if state_dir is not None else None,
         )
         self.registry = self.assembly.registry
         self.observer = self.assembly.observer

@@ -63,6 +63,9 @@ class Kind:
     #: the answer to a request with nothing to generate (Ollama's load and
     #: unload): (the body, its translation, what routing served)
     idle: Callable[[Any, Translation, Served], dict[str, Any]] | None = None
+    #: its responses are kept by the server's response store (Responses'
+    #: ``store``, ``previous_response_id``, ``conversation``, ``background``)
+    stored: bool = False
 
 
 @dataclass(frozen=True)

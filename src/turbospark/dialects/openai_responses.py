@@ -12,9 +12,12 @@ output_item.done), one ``function_call`` item per call (added →
 function_call_arguments.delta* → .done → output_item.done) → completed |
 incomplete, or ``response.failed`` when the engine fails mid-stream.
 
-There is no response store: ``previous_response_id``, ``conversation``, a stored
-``prompt`` and ``item_reference`` inputs are refused with a clear 400 instead of
-silently answering without the earlier turns.
+The response store is the route's (``routes/stored.py``): it expands
+``previous_response_id`` and ``conversation`` into ``input`` before this
+translation, and tells the renderer (``extras["stored"]``) the response's id
+and what to echo. What reaches the translation still naming them (a server
+with ``--store off``), a stored ``prompt`` and ``item_reference`` inputs are
+refused with a clear 400 instead of silently answering without them.
 """
 
 from __future__ import annotations
@@ -439,9 +442,13 @@ class ResponsesRenderer:
         model_name: str,
         config: GenerationConfig,
         tools: list[dict[str, Any]],
+        stored: dict[str, Any] | None = None,
     ) -> None:
+        stored = stored or {}
         self.stream = bool(body.stream)
-        self.id = new_id("resp_")
+        self.id = stored.get("id") or new_id("resp_")
+        #: the last response object built (what the store keeps)
+        self.result: dict[str, Any] | None = None
         self.msg_id = new_id("msg_")
         self.reasoning_id = new_id("rs_")
         self.created = unix_time()
@@ -458,19 +465,20 @@ class ResponsesRenderer:
         reasoning = body.reasoning
         fmt = body.text.format if body.text and body.text.format else {"type": "text"}
         self._echo: dict[str, Any] = {
-            "background": False,
+            "background": bool(stored.get("background")),
+            "conversation": stored.get("conversation"),
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
             "metadata": body.metadata or {},
             "model": model_name,
             "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
-            "previous_response_id": None,
+            "previous_response_id": stored.get("previous_response_id"),
             "prompt_cache_key": body.prompt_cache_key,
             "reasoning": {
                 "effort": reasoning.effort if reasoning else None,
                 "summary": reasoning.summary if reasoning else None,
             },
-            "store": False,
+            "store": bool(stored.get("store")),
             "temperature": config.temperature,
             "text": {"format": fmt, "verbosity": (body.text.verbosity if body.text else None) or "medium"},
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
@@ -489,7 +497,7 @@ class ResponsesRenderer:
         error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-        return {
+        self.result = {
             "id": self.id,
             "object": "response",
             "created_at": self.created,
@@ -501,6 +509,11 @@ class ResponsesRenderer:
             "output": output,
             "usage": usage(final) if final is not None else None,
         }
+        return self.result
+
+    def snapshot(self, status: str = "in_progress") -> dict[str, Any]:
+        """The response before any output (what a store keeps while it runs)."""
+        return self._response(status, [])
 
     def _part(self, text: str, logprobs: Sequence[TokenProb] | None = None) -> dict[str, Any]:
         lp = [token_logprob(p) for p in logprobs] if logprobs else []
@@ -687,7 +700,8 @@ class ResponsesRenderer:
 
 
 def renderer(body: ResponsesRequest, tr: Translation, prepared: Prepared, served: Served) -> ResponsesRenderer:
-    return ResponsesRenderer(body, body.model or served.model, prepared.config, tr.extras["tools"])
+    model = body.model or served.model
+    return ResponsesRenderer(body, model, prepared.config, tr.extras["tools"], tr.extras.get("stored"))
 
 
 #: engine parameter names in admission errors -> this dialect's names
@@ -696,6 +710,57 @@ PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_form
 Dialect = base.Dialect(
     "openai-responses",
     openai_error,
-    {p: Kind(ResponsesRequest, translate, renderer, params=PARAMS) for p in ("/v1/responses", "/responses")},
+    {
+        p: Kind(ResponsesRequest, translate, renderer, params=PARAMS, stored=True)
+        for p in ("/v1/responses", "/responses")
+    },
     cors_header_prefixes=OPENAI_CORS_PREFIXES,
 )
+
+
+def _replay_item(item: dict[str, Any], index: int, event: Any) -> list[bytes]:
+    """One finished output item as the events that streamed it."""
+    where = {"item_id": item.get("id"), "output_index": index}
+    opened = {**item, "status": "in_progress"}
+    out = [event("response.output_item.added", {"output_index": index, "item": opened})]
+    kind = item.get("type")
+    if kind == "function_call":
+        args = item.get("arguments", "")
+        out.append(event("response.function_call_arguments.delta", {**where, "delta": args}))
+        out.append(event("response.function_call_arguments.done", {**where, "arguments": args}))
+    elif kind in ("message", "reasoning"):
+        for n, part in enumerate(item.get("content") or []):
+            text = part.get("text", "") if isinstance(part, dict) else ""
+            at = {**where, "content_index": n}
+            name = "output_text" if kind == "message" else "reasoning_text"
+            out.append(event("response.content_part.added", {**at, "part": {**part, "text": ""}}))
+            out.append(event(f"response.{name}.delta", {**at, "delta": text}))
+            out.append(event(f"response.{name}.done", {**at, "text": text}))
+            out.append(event("response.content_part.done", {**at, "part": part}))
+    out.append(event("response.output_item.done", {"output_index": index, "item": item}))
+    return out
+
+
+def replay(response: dict[str, Any]) -> list[bytes]:
+    """A stored response as the SSE events of its stream (``GET
+    /v1/responses/{id}?stream=true``): created, in progress, each output
+    item, then its terminal event (or, while it still runs, nothing more)."""
+    seq = [0]
+
+    def event(type_: str, payload: dict[str, Any]) -> bytes:
+        frame = sse_event(type_, {"type": type_, "sequence_number": seq[0], **payload})
+        seq[0] += 1
+        return frame
+
+    opening = {**response, "status": "in_progress", "output": [], "usage": None}
+    out = [event("response.created", {"response": opening}), event("response.in_progress", {"response": opening})]
+    for index, item in enumerate(response.get("output") or []):
+        if isinstance(item, dict):
+            out += _replay_item(item, index, event)
+    terminal = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
+    status = response.get("status")
+    if status in terminal:
+        out.append(event(terminal[str(status)], {"response": response}))
+    elif status == "cancelled":
+        out.append(event("response.cancelled", {"response": response}))
+    return out

@@ -102,6 +102,11 @@ class RequestRouted(ServerEvent):
     #: known client stamps taken out of the prompt (``--normalize-client-
     #: stamps``); omitted when none
     normalized_stamps: int = 0
+    #: a stored response's id, and the one it continues (Responses API
+    #: chains); omitted when none
+    response_id: str | None = None
+    previous_response_id: str | None = None
+    _optional: ClassVar[frozenset[str]] = frozenset({"response_id", "previous_response_id"})
 
     def to_dict(self) -> dict[str, Any]:
         out = ServerEvent.to_dict(self)

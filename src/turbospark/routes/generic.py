@@ -19,6 +19,7 @@ from ..dialects.base import Dialect, Kind, Served
 from ..engine.types import AdmissionError
 from .common import JSONResponse, bind_request, dispatch, read_body, request_id, warning_headers
 from .respond import Responder
+from .stored import open_turn
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -59,7 +60,12 @@ def handler(dialect: Dialect, kind: Kind) -> Handler:
     async def generate(request: Request) -> Response:
         started = time.perf_counter_ns()
         body = await read_body(request, kind.schema)
+        turn = None
+        if kind.stored:  # (Responses: a chain's items first; the turn kept)
+            body, turn = await open_turn(body, request)
         tr = kind.translate(body)
+        if turn is not None:
+            turn.annotate(tr)
         requested = kind.requested(body)
         req = bind_request(tr.request, request) if tr.request is not None else None
         way = dispatch(request)
@@ -80,6 +86,8 @@ def handler(dialect: Dialect, kind: Kind) -> Handler:
         model, route, prepared = await way.admit(model, req, requested, tr.stream, route, prepare_fn)
         renderer = kind.renderer(body, tr, prepared, Served(route.served, model.max_context, load_ns, started))
         headers = response_headers(dialect, request, tr.warnings + prepared.warnings)
-        return await Responder(way, request.receive).respond(model, prepared, renderer, headers)
+        if turn is not None:
+            await turn.begin(renderer)  # (a 503 now, before any byte, if it cannot be kept)
+        return await Responder(way, request.receive, turn).respond(model, prepared, renderer, headers)
 
     return generate

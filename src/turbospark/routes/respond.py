@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
@@ -21,6 +21,15 @@ from ..serving.dispatch import Dispatch
 from .common import JSONResponse, failed, streaming_response
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class Keeper(Protocol):
+    """What keeps an answer before it is sent (``routes.stored.Turn``): the
+    answer's body, or the renderer's last one (a stream's)."""
+
+    async def write(self, body: dict[str, Any] | None) -> None: ...
+
+    async def keep(self, renderer: Renderer) -> None: ...
 
 
 class DisconnectWatch:
@@ -56,9 +65,11 @@ class Responder:
     error note), the client's ``receive`` (disconnects) and the cancel flag
     its engine work obeys."""
 
-    def __init__(self, dispatch: Dispatch, receive: Receive) -> None:
+    def __init__(self, dispatch: Dispatch, receive: Receive, turn: Keeper | None = None) -> None:
         self.dispatch = dispatch
         self.receive = receive
+        #: keeps the answer (a stored response) before it is sent
+        self.turn = turn
         self.cancel = CancelFlag()
         dispatch.ctx.cancel = self.cancel  # a too-slow client cancels it
 
@@ -74,7 +85,10 @@ class Responder:
             finals = await self.whole(model, prepared)
             if len(finals) > 1:  # only dialects with ``n`` ask for more than one
                 return JSONResponse(cast(ChoicesRenderer, renderer).complete_choices(finals), headers=headers)
-            return JSONResponse(renderer.complete(finals[0]), headers=headers)
+            answer = renderer.complete(finals[0])
+            if self.turn is not None:
+                await self.turn.write(answer)
+            return JSONResponse(answer, headers=headers)
         started = await self.first_item(model, prepared) if prepared.body is not None else None
         frames = self.frames(model, prepared, renderer, started)
         return streaming_response(frames, renderer.media_type, headers)
@@ -113,12 +127,24 @@ class Responder:
                         for frame in _frames(_render(renderer, first)):
                             yield frame
                     async for item in items:
-                        for frame in _frames(_render(renderer, item)):
+                        frames = _frames(_render(renderer, item))
+                        if isinstance(item, Final) and self.turn is not None:
+                            await self.turn.keep(renderer)  # kept before it is said
+                        for frame in frames:
                             yield frame
                 except Exception as exc:  # noqa: BLE001 - framed for the client
                     yield renderer.error(failed(self.dispatch.ctx, exc))  # requestFinished carries its message
+                    await self._keep_failed(renderer)
                 finally:
                     await items.aclose()
+
+    async def _keep_failed(self, renderer: Renderer) -> None:
+        """A stream that failed is kept failed (if it can be)."""
+        if self.turn is not None:
+            try:
+                await self.turn.keep(renderer)
+            except Exception:  # noqa: BLE001 - the client has its error frame already
+                pass
 
     async def first_item(self, model: Backend, prepared: Prepared) -> tuple[AsyncGenerator[Any, None], Any]:
         """Start a generation and wait for its first item, so that a remote

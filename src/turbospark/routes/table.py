@@ -24,6 +24,7 @@ from . import llamacpp as llamacpp_routes
 from . import metrics as metrics_routes
 from . import ollama as ollama_routes
 from . import openai as openai_routes
+from . import responses as responses_routes
 from .common import JSONResponse, endpoint, state_of
 from .generic import handler
 
@@ -67,7 +68,7 @@ def route_table() -> list[BaseRoute]:
         Route("/health", health, methods=["GET"]),
         *serve(openai_chat.Dialect, openai_routes.routes),
         *serve(openai_completions.Dialect),
-        *serve(responses.Dialect),
+        *serve(responses.Dialect, responses_routes.routes),
         *serve(openai_embeddings.Dialect, embeddings.openai_routes),
         *serve(anthropic.Dialect, anthropic_routes.routes),
         *serve(ollama.Dialect, [*ollama_routes.routes, *pulls.routes]),

@@ -47,6 +47,10 @@ class RequestContext:
     admin: bool = False
     #: the message of the error its client got, for ``requestFinished``
     error: str | None = None
+    #: a stored response's id and the one it continues (the Responses API's
+    #: state), named by its ``requestRouted`` event
+    response_id: str | None = None
+    previous_response_id: str | None = None
     #: a stream that never ends by itself (``/v1/events``): its client
     #: closing it is its normal end, not an error
     open_ended: bool = False

@@ -75,7 +75,13 @@ class Dispatch:
             record(
                 observer,
                 lambda: RequestRouted(
-                    id=rid, requested=requested, served=route.served, stream=stream, normalized_stamps=normalized
+                    id=rid,
+                    requested=requested,
+                    served=route.served,
+                    stream=stream,
+                    normalized_stamps=normalized,
+                    response_id=ctx.response_id,
+                    previous_response_id=ctx.previous_response_id,
                 ),
             )
         ctx.reporter = Reporter(observer, rid)

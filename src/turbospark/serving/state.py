@@ -15,6 +15,7 @@ from .drain import Drain
 if TYPE_CHECKING:
     from ..pull.puller import Puller
     from ..sinks.live import LiveEvents
+    from ..state.responses import ResponseStore
 
 
 class ConfigControl(Protocol):
@@ -58,6 +59,8 @@ class ServerState:
     model_defaults: dict[str, Any] = field(default_factory=dict)
     #: fills the model store (``/api/pull``, attach with ``pull``); None: no store
     puller: Puller | None = None
+    #: stored responses and conversations (``--state-dir``); None: ``--store off``
+    responses: ResponseStore | None = None
     #: requests in flight, and whether new ones are taken (graceful shutdown)
     drain: Drain = field(default_factory=Drain)
     #: the config file, when the server was started with one (None: without)

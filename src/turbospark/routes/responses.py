@@ -1,0 +1,112 @@
+"""The Responses API's routes besides generation (issue 37): a stored
+response read back (``?stream=true``: its events replayed), deleted, its
+input items listed, and a prompt's tokens counted without generating.
+Another tenant's response is not found, as an unknown one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..core.backend import Backend
+from ..dialects import openai_responses as oa
+from ..dialects.common import BadRequest
+from ..state.responses import ResponseStore, Stored
+from .common import JSONResponse, dispatch, normalize, off_loop, read_body, state_of, streaming_response
+from .stored import open_turn, tenant_of
+
+
+def store_of(request: Request) -> ResponseStore:
+    store = state_of(request).responses
+    if store is None:
+        raise BadRequest("this server keeps no responses (--store off)", None, status=404, code="not_found")
+    return store
+
+
+async def stored(request: Request) -> Stored:
+    rid = request.path_params["response_id"]
+    found = await store_of(request).get(rid, tenant_of(request))
+    if found is None:
+        raise BadRequest(f"Response with id '{rid}' not found.", None, status=404, code="not_found")
+    return found
+
+
+async def retrieve(request: Request) -> Response:
+    body = (await stored(request)).body
+    if request.query_params.get("stream", "").lower() in ("true", "1"):
+        frames = oa.replay(body)
+
+        async def replayed() -> Any:
+            for frame in frames:
+                yield frame
+
+        return streaming_response(replayed())
+    return JSONResponse(body)
+
+
+async def delete(request: Request) -> Response:
+    found = await stored(request)
+    await store_of(request).delete(found.id, found.tenant)
+    return JSONResponse({"id": found.id, "object": "response", "deleted": True})
+
+
+def _page(items: list[dict[str, Any]], request: Request) -> dict[str, Any]:
+    """OpenAI's list page: ``order`` (asc | desc, default desc), ``after``
+    (an item id), ``limit`` (1 to 100, default 20)."""
+    q = request.query_params
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest("'order' must be 'asc' or 'desc'", "order")
+    try:
+        limit = int(q.get("limit", "20"))
+    except ValueError:
+        raise BadRequest("'limit' must be an integer from 1 to 100", "limit") from None
+    if not 1 <= limit <= 100:
+        raise BadRequest("'limit' must be an integer from 1 to 100", "limit")
+    ordered = items if order == "asc" else list(reversed(items))
+    after = q.get("after")
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        if after not in ids:
+            raise BadRequest(f"no item with id '{after}' in this list", "after", status=404, code="not_found")
+        ordered = ordered[ids.index(after) + 1 :]
+    page = ordered[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0].get("id") if page else None,
+        "last_id": page[-1].get("id") if page else None,
+        "has_more": len(ordered) > limit,
+    }
+
+
+async def input_items(request: Request) -> Response:
+    return JSONResponse(_page((await stored(request)).input, request))
+
+
+async def input_tokens(request: Request) -> Response:
+    """The tokens ``input`` (a chain's included) would prefill, counted by
+    the model's own template and tokenizer; nothing is generated or kept."""
+    raw = await read_body(request, oa.ResponsesRequest)
+    body, _ = await open_turn(raw, request)
+    assert isinstance(body, oa.ResponsesRequest)
+    tr = oa.translate(body.model_copy(update={"stream": False, "store": False, "background": None}))
+    assert tr.request is not None
+    req = normalize(tr.request, request)
+
+    async def count(model: Backend) -> int:
+        return await off_loop(model.count_prompt, req)
+
+    n, _ = await dispatch(request).run(body.model, "chat", count, req.normalized)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
+
+
+routes = [
+    Route("/v1/responses/input_tokens", input_tokens, methods=["POST"]),
+    Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"]),
+]

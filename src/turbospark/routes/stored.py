@@ -1,0 +1,149 @@
+"""The Responses API's state around the generic handler (issue 37): a turn
+continuing ``previous_response_id`` gets the chain's items before its own
+input (``instructions`` are not carried over, as OpenAI documents); a turn
+with ``store`` (the default) is written when it starts and when it ends, and
+one that cannot be written is a 503, never answered as if stored. The
+chain's first response names the KV session every later turn continues."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+
+from ..dialects.common import BadRequest, new_id
+from ..dialects.openai_responses import ResponsesRenderer, ResponsesRequest
+from ..dialects.render import Renderer
+from ..dialects.translate import Translation
+from ..state.db import StateError
+from ..state.responses import ResponseStore, Stored
+from .common import context, state_of
+
+log = logging.getLogger("turbospark.responses")
+#: id prefixes of input items, by type
+_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+
+
+class NotStored(BadRequest):
+    """The store could not keep a response: 503, nothing answered as stored."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(
+            f"the response could not be stored ({exc}); retry, or send store: false",
+            None,
+            status=503,
+            code="store_unavailable",
+            type="server_error",
+        )
+
+
+def not_found(rid: str, param: str = "previous_response_id") -> BadRequest:
+    code = "previous_response_not_found" if param == "previous_response_id" else "not_found"
+    return BadRequest(f"Previous response with id '{rid}' not found.", param, status=404, code=code)
+
+
+def input_items(value: str | list[Any]) -> list[dict[str, Any]]:
+    """A request's ``input`` as the items the store keeps (each with an id)."""
+    if isinstance(value, str):
+        value = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": value}]}]
+    out = []
+    for raw in value:
+        item = dict(raw) if isinstance(raw, dict) else raw
+        if isinstance(item, dict):
+            kind = str(item.setdefault("type", "message"))
+            item.setdefault("id", new_id(_PREFIX.get(kind, "item_")))
+            if kind == "message" and isinstance(item.get("content"), str):  # as OpenAI lists it
+                part = "output_text" if item.get("role") == "assistant" else "input_text"
+                item["content"] = [{"type": part, "text": item["content"]}]
+        out.append(item)
+    return out
+
+
+def chain_items(chain: list[Stored]) -> list[dict[str, Any]]:
+    """What the model saw and said, turn by turn."""
+    out: list[dict[str, Any]] = []
+    for stored in chain:
+        out += stored.input
+        out += [item for item in stored.body.get("output") or [] if isinstance(item, dict)]
+    return out
+
+
+@dataclass
+class Turn:
+    """One ``/v1/responses`` request with the store behind it."""
+
+    store: ResponseStore
+    tenant: str
+    id: str
+    #: the client asked for it to be kept (``store``, true unless false)
+    kept: bool
+    previous_id: str | None
+    root_id: str
+    input: list[dict[str, Any]]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def annotate(self, tr: Translation) -> None:
+        """What the renderer echoes, and the KV session: the chain's own
+        (unless the client named one), so its next turn finds this one's KV."""
+        tr.extras["stored"] = {
+            "id": self.id,
+            "store": self.kept,
+            "previous_response_id": self.previous_id,
+            **self.extras,
+        }
+        if tr.request is not None and tr.request.config.session_key is None:
+            tr.request.config.session_key = f"response-chain:{self.root_id}"
+
+    def _row(self, body: dict[str, Any]) -> Stored:
+        status = str(body.get("status") or "in_progress")
+        return Stored(self.id, self.tenant, status, self.previous_id, self.root_id, None, body, self.input)
+
+    async def write(self, body: dict[str, Any] | None) -> None:
+        """Keep the response as it is now (raises :class:`NotStored`)."""
+        if not self.kept or body is None:
+            return
+        try:
+            await self.store.put(self._row(body))
+        except (StateError, OSError, Exception) as exc:  # noqa: BLE001 - any failure to keep it is a 503
+            log.error("response %s could not be stored: %s", self.id, exc)
+            raise NotStored(exc) from None
+
+    async def keep(self, renderer: Renderer) -> None:
+        """Keep the response the renderer last built (a stream's end)."""
+        if isinstance(renderer, ResponsesRenderer):
+            await self.write(renderer.result)
+
+    async def begin(self, renderer: Renderer) -> None:
+        """Keep it as running, before generation (a 503 before any byte)."""
+        if isinstance(renderer, ResponsesRenderer):
+            await self.write(renderer.snapshot())
+
+
+def tenant_of(request: Request) -> str:
+    tenant = context(request).tenant
+    return tenant if tenant is not None else ""
+
+
+async def open_turn(body: BaseModel, request: Request) -> tuple[BaseModel, Turn | None]:
+    """The body as the translation should see it (a chain's items before the
+    new input), and the turn (None: this server keeps no responses)."""
+    store = state_of(request).responses
+    if store is None or not isinstance(body, ResponsesRequest):
+        return body, None
+    tenant = tenant_of(request)
+    own = input_items(body.input)
+    items: list[dict[str, Any]] = []
+    root = rid = new_id("resp_")
+    if body.previous_response_id is not None:
+        chain = await store.chain(body.previous_response_id, tenant)
+        if chain is None:
+            raise not_found(body.previous_response_id)
+        items, root = chain_items(chain), chain[0].root_id
+    expanded = body.model_copy(update={"input": items + own if items else body.input, "previous_response_id": None})
+    turn = Turn(store, tenant, rid, body.store is not False, body.previous_response_id, root, own)
+    ctx = context(request)
+    ctx.response_id, ctx.previous_response_id = rid, body.previous_response_id
+    return expanded, turn

@@ -1,0 +1,239 @@
+"""Stateful Responses (issue 37) on the real bundled model through the
+official ``openai`` SDK: stored responses read back and deleted, chains by
+``previous_response_id`` (function calls across turns included) answered
+from warm KV, input items paged, input tokens counted, tenants kept apart,
+and a store that cannot write refusing with a 503."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+
+import httpx
+import openai
+import pytest
+
+from turbospark import ListObserver, Server
+
+KEYS = ("key-a", "key-b")
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    events = ListObserver()
+    srv = Server(
+        observer=events,
+        api_keys=KEYS,
+        state_dir=str(tmp_path_factory.mktemp("state")),
+        model_defaults={"ctx": 2048, "parallel": 4},
+    ).start()
+    yield srv, events
+    srv.stop()
+
+
+def client(srv: Server, key: str = KEYS[0]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def made(events: ListObserver, response_id: str) -> tuple:
+    """The ``requestRouted`` and ``generated`` events of the request that made ``response_id``."""
+    (routed,) = [e for e in events.events if e.kind == "requestRouted" and e.response_id == response_id]
+    (gen,) = [e for e in events.events if e.kind == "generated" and e.id == routed.id]
+    return routed, gen
+
+
+def test_store_retrieve_chain_and_warm_kv(served):
+    srv, events = served
+    oai = client(srv)
+    first = oai.responses.create(model="m", input="My name is Ada. Say hello to me.", max_output_tokens=12)
+    assert first.store is True and first.status in ("completed", "incomplete")
+    again = oai.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text and again.usage == first.usage
+
+    second = oai.responses.create(
+        model="m", input="What is my name?", previous_response_id=first.id, max_output_tokens=8
+    )
+    assert second.previous_response_id == first.id
+    # the chain's items came before the new input: the first turn's input and answer
+    assert second.usage.input_tokens >= first.usage.input_tokens + first.usage.output_tokens
+    routed, gen = made(events, second.id)
+    assert gen.reused_prefix_tokens > 0  # the first turn's KV, found with no session key from the client
+    assert routed.previous_response_id == first.id and routed.to_dict()["responseId"] == second.id
+
+    third = oai.responses.create(model="m", input="Thanks.", previous_response_id=second.id, max_output_tokens=4)
+    assert third.usage.input_tokens > second.usage.input_tokens
+    with pytest.raises(openai.NotFoundError) as err:
+        oai.responses.create(model="m", input="hi", previous_response_id="resp_nope", max_output_tokens=2)
+    assert err.value.code == "previous_response_not_found"
+
+
+def test_store_false_keeps_nothing_and_delete_forgets(served):
+    srv, _ = served
+    oai = client(srv)
+    loose = oai.responses.create(model="m", input="Hi", store=False, max_output_tokens=2)
+    assert loose.store is False
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(loose.id)
+    with pytest.raises(openai.NotFoundError) as err:
+        oai.responses.create(model="m", input="Hi", previous_response_id=loose.id, max_output_tokens=2)
+    assert err.value.code == "previous_response_not_found"
+    kept = oai.responses.create(model="m", input="Hi", max_output_tokens=2)
+    deleted = httpx.delete(f"{srv.url}/v1/responses/{kept.id}", headers={"Authorization": f"Bearer {KEYS[0]}"})
+    assert deleted.json() == {"id": kept.id, "object": "response", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(kept.id)
+    oai.responses.create(model="m", input="Hi", max_output_tokens=2)  # (the SDK's own delete too)
+    listed = oai.responses.create(model="m", input="Hi", max_output_tokens=2)
+    oai.responses.delete(listed.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(listed.id)
+
+
+def test_another_tenant_finds_nothing(served):
+    srv, _ = served
+    mine = client(srv, KEYS[0]).responses.create(model="m", input="Hi", max_output_tokens=2)
+    theirs = client(srv, KEYS[1])
+    for call in (
+        lambda: theirs.responses.retrieve(mine.id),
+        lambda: theirs.responses.input_items.list(mine.id),
+        lambda: theirs.responses.delete(mine.id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    with pytest.raises(openai.NotFoundError) as err:  # the same 404 as an id that never was
+        theirs.responses.create(model="m", input="Hi", previous_response_id=mine.id, max_output_tokens=2)
+    assert err.value.code == "previous_response_not_found"
+    assert client(srv, KEYS[0]).responses.retrieve(mine.id).id == mine.id  # still there for its owner
+
+
+def test_input_items_are_paged(served):
+    srv, _ = served
+    oai = client(srv)
+    said = [{"role": "user", "content": f"Line {n}."} for n in range(5)]
+    made = oai.responses.create(model="m", input=said, max_output_tokens=2)
+    page = oai.responses.input_items.list(made.id, order="asc", limit=2)
+    assert [i.content[0].text for i in page.data] == ["Line 0.", "Line 1."] and page.has_more
+    rest = oai.responses.input_items.list(made.id, order="asc", limit=10, after=page.data[-1].id)
+    assert [i.content[0].text for i in rest.data] == ["Line 2.", "Line 3.", "Line 4."] and not rest.has_more
+    newest = oai.responses.input_items.list(made.id)  # desc, as OpenAI's default
+    assert newest.data[0].content[0].text == "Line 4."
+    everything = [i.content[0].text for i in oai.responses.input_items.list(made.id, order="asc")]
+    assert everything == [f"Line {n}." for n in range(5)]  # (the SDK pages through)
+
+
+def test_input_tokens_count_without_generating(served):
+    srv, events = served
+    oai = client(srv)
+    before = sum(1 for e in events.events if e.kind == "generated")
+    alone = oai.responses.input_tokens.count(model="m", input="What is my name?")
+    first = oai.responses.create(model="m", input="My name is Ada.", max_output_tokens=4)
+    chained = oai.responses.input_tokens.count(model="m", input="What is my name?", previous_response_id=first.id)
+    assert 0 < alone.input_tokens < chained.input_tokens
+    after = oai.responses.create(
+        model="m", input="What is my name?", previous_response_id=first.id, max_output_tokens=2
+    )
+    assert after.usage.input_tokens == chained.input_tokens  # what it said the turn would prefill
+    assert sum(1 for e in events.events if e.kind == "generated") == before + 2  # counting generated nothing
+
+
+def test_function_calls_across_turns_and_a_streamed_turn_replayed(served):
+    srv, _ = served
+    oai = client(srv)
+    asked = oai.responses.create(
+        model="m",
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=40,
+    )
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    streamed = list(
+        oai.responses.create(
+            model="m",
+            previous_response_id=asked.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "clear", "c": 21}'}],
+            tools=[WEATHER],
+            max_output_tokens=16,
+            stream=True,
+        )
+    )
+    done = streamed[-1].response  # (completed, or incomplete at the cap)
+    assert done.previous_response_id == asked.id and done.status in ("completed", "incomplete")
+    assert done.usage.input_tokens > asked.usage.input_tokens
+    kept = oai.responses.retrieve(done.id)
+    assert kept.output_text == done.output_text and kept.status == done.status
+    replayed = list(oai.responses.retrieve(done.id, stream=True))
+    assert replayed[0].type == "response.created" and replayed[-1].type == f"response.{done.status}"
+    text = "".join(e.delta for e in replayed if e.type == "response.output_text.delta")
+    assert text == done.output_text
+    items = oai.responses.input_items.list(done.id).data
+    assert [i.type for i in items] == ["function_call_output"]
+
+
+def test_many_clients_lose_no_row(served):
+    srv, _ = served
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def one(n: int) -> None:
+        made = client(srv).responses.create(model="m", input=f"Say {n}.", max_output_tokens=1)
+        with lock:
+            ids.append(made.id)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(set(ids)) == 64
+    oai = client(srv)
+    assert all(oai.responses.retrieve(rid).id == rid for rid in ids)
+
+
+def test_a_store_that_cannot_write_is_a_503(served, monkeypatch):
+    srv, events = served
+    store = srv.assembly.state.responses
+
+    async def broken(stored):  # a disk full, a lost volume: what no real model run can be made to do
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(store, "put", broken)
+    oai = client(srv)
+    before = sum(1 for e in events.events if e.kind == "generated")
+    with pytest.raises(openai.InternalServerError) as err:
+        oai.responses.create(model="m", input="Hi", max_output_tokens=2)
+    assert err.value.status_code == 503 and "could not be stored" in err.value.message
+    with pytest.raises(openai.InternalServerError):  # a stream too, before its first byte
+        oai.responses.create(model="m", input="Hi", max_output_tokens=2, stream=True)
+    assert sum(1 for e in events.events if e.kind == "generated") == before  # no engine time spent
+    loose = oai.responses.create(model="m", input="Hi", store=False, max_output_tokens=2)
+    assert loose.status in ("completed", "incomplete")
+
+
+def test_a_state_file_that_cannot_be_used_is_refused_at_start(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "responses.sqlite3").write_bytes(b"this is no database" * 100)
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    with sqlite3.connect(newer / "responses.sqlite3") as db:
+        db.execute("CREATE TABLE t (x)")
+        db.execute("PRAGMA user_version=99")
+    for folder, said in ((blocker / "state", "cannot be created"), (corrupt, "cannot be used"), (newer, "newer")):
+        out = subprocess.run(
+            [sys.executable, "-m", "turbospark.cli", "serve", "--port", "0", "--state-dir", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 2 and str(folder) in out.stderr and said in out.stderr, out.stderr
