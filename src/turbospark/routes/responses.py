@@ -53,7 +53,7 @@ async def delete(request: Request) -> Response:
     return JSONResponse({"id": found.id, "object": "response", "deleted": True})
 
 
-def _page(items: list[dict[str, Any]], request: Request) -> dict[str, Any]:
+def list_page(items: list[dict[str, Any]], request: Request) -> dict[str, Any]:
     """OpenAI's list page: ``order`` (asc | desc, default desc), ``after``
     (an item id), ``limit`` (1 to 100, default 20)."""
     q = request.query_params
@@ -84,7 +84,7 @@ def _page(items: list[dict[str, Any]], request: Request) -> dict[str, Any]:
 
 
 async def input_items(request: Request) -> Response:
-    return JSONResponse(_page((await stored(request)).input, request))
+    return JSONResponse(list_page((await stored(request)).input, request))
 
 
 async def input_tokens(request: Request) -> Response:

@@ -23,6 +23,8 @@ from ..state.responses import ResponseStore, Stored
 from .common import context, state_of
 
 log = logging.getLogger("turbospark.responses")
+#: the statuses of a turn that ended with an answer: its items join its conversation
+ENDED = ("completed", "incomplete")
 #: id prefixes of input items, by type
 _PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
 
@@ -62,6 +64,38 @@ def input_items(value: str | list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def conversation_items(value: str | list[Any]) -> list[dict[str, Any]]:
+    """Items as a conversation keeps them: each with an id and a status."""
+    return [{**item, "status": item.get("status") or "completed"} for item in input_items(value)]
+
+
+def conversation_named(body: ResponsesRequest) -> str | None:
+    """The id ``conversation`` names (a string, or ``{"id": ...}``); 400
+    with ``previous_response_id`` too, as OpenAI."""
+    value = body.conversation
+    if value is None:
+        return None
+    if body.previous_response_id is not None:
+        raise BadRequest(
+            "Mutually exclusive parameters: Ensure you are only providing one of: "
+            "'previous_response_id' or 'conversation'.",
+            "conversation",
+            code="mutually_exclusive_parameters",
+        )
+    cid = value.get("id") if isinstance(value, dict) else value
+    if not isinstance(cid, str) or not cid:
+        raise BadRequest("'conversation' must be a conversation id or an object with its 'id'", "conversation")
+    return cid
+
+
+async def conversation_before(store: ResponseStore, cid: str, tenant: str) -> list[dict[str, Any]]:
+    """The conversation's items, to come before a turn's input (404: not this tenant's)."""
+    items = await store.conversations.items(cid, tenant)
+    if items is None:
+        raise BadRequest(f"Conversation with id '{cid}' not found.", "conversation", status=404, code="not_found")
+    return items
+
+
 def chain_items(chain: list[Stored]) -> list[dict[str, Any]]:
     """What the model saw and said, turn by turn."""
     out: list[dict[str, Any]] = []
@@ -84,6 +118,9 @@ class Turn:
     root_id: str
     input: list[dict[str, Any]]
     extras: dict[str, Any] = field(default_factory=dict)
+    #: the conversation its items join when it ends
+    conversation_id: str | None = None
+    joined: bool = False
 
     def annotate(self, tr: Translation) -> None:
         """What the renderer echoes, and the KV session: the chain's own
@@ -95,14 +132,39 @@ class Turn:
             **self.extras,
         }
         if tr.request is not None and tr.request.config.session_key is None:
-            tr.request.config.session_key = f"response-chain:{self.root_id}"
+            tr.request.config.session_key = self.session()
+
+    def session(self) -> str:
+        """The KV session: the conversation's, else the chain's."""
+        if self.conversation_id is not None:
+            return f"conversation:{self.conversation_id}"
+        return f"response-chain:{self.root_id}"
+
+    async def join(self, body: dict[str, Any] | None) -> None:
+        """Once the turn has ended (completed or incomplete), its input and
+        output items are appended to its conversation, stored or not (as
+        OpenAI does); raises :class:`NotStored` when they cannot be."""
+        if self.conversation_id is None or self.joined or body is None or body.get("status") not in ENDED:
+            return
+        self.joined = True
+        said = [item for item in body.get("output") or [] if isinstance(item, dict)]
+        try:
+            there = await self.store.conversations.append(self.conversation_id, self.tenant, self.input + said)
+        except Exception as exc:  # noqa: BLE001 - any failure to keep them is a 503
+            log.error("response %s could not join conversation %s: %s", self.id, self.conversation_id, exc)
+            raise NotStored(exc) from None
+        if not there:
+            log.warning("conversation %s was deleted before response %s ended", self.conversation_id, self.id)
 
     def _row(self, body: dict[str, Any]) -> Stored:
         status = str(body.get("status") or "in_progress")
-        return Stored(self.id, self.tenant, status, self.previous_id, self.root_id, None, body, self.input)
+        return Stored(
+            self.id, self.tenant, status, self.previous_id, self.root_id, self.conversation_id, body, self.input
+        )
 
     async def write(self, body: dict[str, Any] | None) -> None:
         """Keep the response as it is now (raises :class:`NotStored`)."""
+        await self.join(body)
         if not self.kept or body is None:
             return
         try:
@@ -134,7 +196,8 @@ async def open_turn(body: BaseModel, request: Request) -> tuple[BaseModel, Turn 
     if store is None or not isinstance(body, ResponsesRequest):
         return body, None
     tenant = tenant_of(request)
-    own = input_items(body.input)
+    cid = conversation_named(body)
+    own = conversation_items(body.input) if cid is not None else input_items(body.input)
     items: list[dict[str, Any]] = []
     root = rid = new_id("resp_")
     if body.previous_response_id is not None:
@@ -142,8 +205,13 @@ async def open_turn(body: BaseModel, request: Request) -> tuple[BaseModel, Turn 
         if chain is None:
             raise not_found(body.previous_response_id)
         items, root = chain_items(chain), chain[0].root_id
-    expanded = body.model_copy(update={"input": items + own if items else body.input, "previous_response_id": None})
+    elif cid is not None:
+        items = await conversation_before(store, cid, tenant)
+    update = {"input": items + own if items else body.input, "previous_response_id": None, "conversation": None}
+    expanded = body.model_copy(update=update)
     turn = Turn(store, tenant, rid, body.store is not False, body.previous_response_id, root, own)
+    if cid is not None:
+        turn.conversation_id, turn.extras["conversation"] = cid, {"id": cid}
     ctx = context(request)
     ctx.response_id, ctx.previous_response_id = rid, body.previous_response_id
     return expanded, turn

@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Route
 from ..dialects import anthropic, llamacpp, ollama, ollama_embed, openai_chat, openai_completions, openai_embeddings
 from ..dialects import openai_responses as responses
 from ..dialects.base import CorsHeaders, Dialect, ErrorShapes, cors_headers
-from . import admin, dashboard, embeddings, events, pulls
+from . import admin, conversations, dashboard, embeddings, events, pulls
 from . import anthropic as anthropic_routes
 from . import llamacpp as llamacpp_routes
 from . import metrics as metrics_routes
@@ -68,7 +68,7 @@ def route_table() -> list[BaseRoute]:
         Route("/health", health, methods=["GET"]),
         *serve(openai_chat.Dialect, openai_routes.routes),
         *serve(openai_completions.Dialect),
-        *serve(responses.Dialect, responses_routes.routes),
+        *serve(responses.Dialect, [*responses_routes.routes, *conversations.routes]),
         *serve(openai_embeddings.Dialect, embeddings.openai_routes),
         *serve(anthropic.Dialect, anthropic_routes.routes),
         *serve(ollama.Dialect, [*ollama_routes.routes, *pulls.routes]),

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .conversations import ConversationStore
 from .db import Database
 
 VERSION = 1
@@ -95,6 +96,8 @@ class ResponseStore:
         path = os.path.join(os.path.abspath(os.path.expanduser(folder)), FILE)
         self.ttl = ttl
         self.db = Database(path, SCHEMA, VERSION)
+        #: conversations, in the same file
+        self.conversations = ConversationStore(self.db, ttl)
         self._expired_at = 0.0
         self.db.run_now(self._recover)
 
