@@ -113,7 +113,7 @@ def test_raw_sse_framing(base_url):
 
 def test_stream_without_usage_has_no_usage_chunk(base_url):
     body = {"model": "x", "prompt": COUNTING, "max_tokens": 2, "stream": True}
-    with httpx.stream("POST", base_url + "/completions", json=body, timeout=120) as r:
+    with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=120) as r:
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     payloads = [json.loads(line[6:]) for line in lines[:-1]]

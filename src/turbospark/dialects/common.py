@@ -141,6 +141,31 @@ def check_json_schema(schema: Any, where: str, param: str | None = None) -> dict
     return schema
 
 
+def gbnf(grammar: str, param: str = "grammar") -> str:
+    """A GBNF grammar (llama.cpp's ``grammar`` field) in llguidance's Lark
+    syntax; one it cannot convert (a syntax error, an undefined rule) is a
+    400 naming the problem."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    try:
+        return str(gbnf_to_lark(grammar))
+    except Exception as exc:  # noqa: BLE001 - whatever the converter says of it
+        raise BadRequest(f"'{param}' is not a GBNF grammar this server can use: {exc}", param) from None
+
+
+def constrain(req: Any, grammar: str | None, json_schema: Any, schema_param: str = "json_schema") -> None:
+    """llama-server's constraint fields on a request: ``grammar`` (GBNF), or a
+    ``json_schema`` (``{}``: any object, as llama-server reads it). A grammar
+    with tools is refused, as llama-server refuses it (the tool-call grammar
+    is the server's own)."""
+    if grammar:  # (an empty one is none, as llama-server reads it)
+        if getattr(req, "tools", None):
+            raise BadRequest("a custom 'grammar' cannot be used together with tools", "grammar")
+        req.grammar = gbnf(grammar)
+    elif json_schema is not None:
+        req.json_schema = check_json_schema(json_schema or {"type": "object"}, schema_param)
+
+
 def check_tool_schemas(schemas: list[tuple[str, Any, Any]], choice: str, name: str | None) -> None:
     """When a call is forced (``choice`` "required" or "named"), the offered
     tools' parameter schemas become a grammar: check each one the grammar

@@ -36,7 +36,7 @@ from ..core.request import ChatRequest, FillIn, Final, Prepared
 from ..engine.types import GenerationConfig, StopReason, TokenProb
 from . import base
 from .base import Kind, Served
-from .common import BadRequest, sse_data
+from .common import BadRequest, constrain, sse_data
 from .errors import Failure, llamacpp_error
 from .openai_chat import timings
 from .render import SSE, Unsent
@@ -192,20 +192,7 @@ def _budget(body: CompletionBody, req: ChatRequest) -> None:
         req.max_tokens_explicit = True
     elif body.n_predict == UNLIMITED:
         req.default_max_tokens = 1 << 30  # until the context is full or the model stops
-    if body.grammar:  # (an empty one is none, as llama-server reads it)
-        req.grammar = _lark(body.grammar)
-    elif body.json_schema is not None:
-        req.json_schema = body.json_schema or {"type": "object"}  # ({}: an object, as llama-server reads it)
-
-
-def _lark(gbnf: str) -> str:
-    """A GBNF grammar (llama.cpp's) in llguidance's Lark syntax."""
-    from llguidance.gbnf_to_lark import gbnf_to_lark
-
-    try:
-        return str(gbnf_to_lark(gbnf))
-    except Exception as exc:  # noqa: BLE001 - whatever the converter says of it
-        raise BadRequest(f"'grammar' is not a GBNF grammar this server can use: {exc}", "grammar") from None
+    constrain(req, body.grammar, body.json_schema)
 
 
 def prompt_of(prompt: str | list[int | str]) -> tuple[str | None, list[int] | None]:
@@ -398,6 +385,8 @@ Dialect = base.Dialect(
     llamacpp_error,
     {
         "/completion": Kind(CompletionBody, translate_completion, renderer),
+        # (llama-server's alias; only /v1/completions is OpenAI's)
+        "/completions": Kind(CompletionBody, translate_completion, renderer),
         "/infill": Kind(InfillBody, translate_infill, renderer),
     },
 )

@@ -20,7 +20,16 @@ from ..engine.types import GenerationConfig, StopReason, TokenProb
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, Served
-from .common import BadRequest, check_json_schema, check_tool_schemas, new_id, sse_data, text_of, unix_time
+from .common import (
+    BadRequest,
+    check_json_schema,
+    check_tool_schemas,
+    constrain,
+    new_id,
+    sse_data,
+    text_of,
+    unix_time,
+)
 from .errors import Failure, openai_error
 from .render import SSE
 from .translate import (
@@ -74,6 +83,8 @@ class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
+    #: llama-server's shape: ``{"type": "json_object", "schema": {...}}``
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
 
 class ChatCompletionRequest(BaseModel):
@@ -111,6 +122,9 @@ class ChatCompletionRequest(BaseModel):
     timings: bool | None = None
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool | None = None
+    #: llama-server's constraints: a GBNF grammar, or a JSON schema
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -195,8 +209,7 @@ def translate(body: ChatCompletionRequest) -> Translation:
         req.tool_choice,
         req.tool_name,
     )
-    if body.response_format is not None:
-        structured_output(body.response_format, req)
+    constraints(body, req)
     if budget is not None:
         config.max_new_tokens = budget
     return Translation(req, warnings, bool(body.stream))
@@ -239,9 +252,27 @@ def tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
     )
 
 
+def constraints(body: Any, req: ChatRequest) -> None:
+    """``response_format``, or llama-server's ``grammar`` / ``json_schema``:
+    one of them (two are a 400, as llama-server refuses them)."""
+    fmt = body.response_format if body.response_format is not None and body.response_format.type != "text" else None
+    given = [
+        name
+        for name, v in (("response_format", fmt), ("grammar", body.grammar or None), ("json_schema", body.json_schema))
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise BadRequest(f"give one of {' and '.join(given)}, not both: each constrains the whole output", given[1])
+    if fmt is not None:
+        structured_output(fmt, req)
+    constrain(req, body.grammar, body.json_schema)
+
+
 def structured_output(fmt: ResponseFormat, req: ChatRequest) -> None:
-    if fmt.type == "json_object":
+    if fmt.type == "json_object" and fmt.schema_ is None:
         req.json_object = True
+    elif fmt.schema_ is not None:  # llama-server's response_format.schema
+        req.json_schema = check_json_schema(fmt.schema_, "response_format.schema")
     elif fmt.type == "json_schema":
         spec = fmt.json_schema
         schema = spec.get("schema") if isinstance(spec, dict) else None

@@ -31,7 +31,16 @@ from . import base
 from .base import Kind, Served
 from .common import BadRequest, new_id, sse_data, unix_time
 from .errors import Failure, openai_error
-from .openai_chat import OPENAI_CORS_PREFIXES, StreamOptions, choices, sampling, timings, usage
+from .openai_chat import (
+    OPENAI_CORS_PREFIXES,
+    ResponseFormat,
+    StreamOptions,
+    choices,
+    constraints,
+    sampling,
+    timings,
+    usage,
+)
 from .render import SSE, Unsent
 from .translate import Translation, logprob_value, logprobs_setting
 
@@ -70,6 +79,11 @@ class CompletionRequest(BaseModel):
     ignore_eos: bool | None = None
     #: llama.cpp server's opt-in per-response ``timings`` object
     timings: bool | None = None
+    #: llama-server's constraints: a GBNF grammar, a JSON schema, or a
+    #: response_format (``json_object`` / ``json_schema``, with a schema)
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("stop")
     @classmethod
@@ -123,6 +137,7 @@ def translate(body: CompletionRequest) -> Translation:
     )
     if body.max_tokens is not None:
         config.max_new_tokens = body.max_tokens
+    constraints(body, req)
     return Translation(req, [], bool(body.stream))
 
 
@@ -226,6 +241,6 @@ def renderer(body: CompletionRequest, tr: Translation, prepared: Prepared, serve
 Dialect = base.Dialect(
     "openai-completions",
     openai_error,
-    {p: Kind(CompletionRequest, translate, renderer) for p in ("/v1/completions", "/completions")},
+    {"/v1/completions": Kind(CompletionRequest, translate, renderer)},
     cors_header_prefixes=OPENAI_CORS_PREFIXES,
 )
