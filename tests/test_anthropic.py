@@ -218,20 +218,17 @@ def test_system_as_string_and_as_blocks(ant):
     assert custom != default  # the system prompt replaced the template's default one
 
 
-def test_image_block_is_a_warning_not_a_failure(ant, hub):
+def test_image_blocks_are_refused_by_a_model_without_vision(ant, hub):
     content = [
         {"type": "text", "text": "What is 2 + 2?"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
         {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}},
     ]
-    raw = ant.messages.with_raw_response.create(
-        model="m", max_tokens=8, messages=[{"role": "user", "content": content}], extra_body=GREEDY
-    )
-    assert raw.http_response.status_code == 200
-    assert "2 image block(s) ignored" in raw.headers["x-turbospark-warning"]
-    assert raw.parse().content[0].text
-    assert hub.wait_kind(raw.headers["x-request-id"], "generated").new_tokens == raw.parse().usage.output_tokens
-    # the image adds nothing to the prompt
+    with pytest.raises(anthropic.BadRequestError) as err:
+        ant.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": content}])
+    assert "takes no images" in err.value.message and "2 image(s)" in err.value.message
+    assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "invalid_request_error"
+    # counting tokens is not answering: an image adds nothing to the prompt
     with_image = ant.messages.count_tokens(model="m", messages=[{"role": "user", "content": content}])
     text_only = ant.messages.count_tokens(model="m", messages=[{"role": "user", "content": "What is 2 + 2?"}])
     assert with_image.input_tokens == text_only.input_tokens
@@ -601,7 +598,7 @@ def test_translation_of_tool_turns_and_dropped_blocks():
             ],
         }
     )
-    messages, warnings = msgs.to_messages(body)
+    messages, warnings, images = msgs.to_messages(body)
     fn = {"name": "get_weather", "arguments": {"city": "Paris"}}
     assert messages == [
         {"role": "system", "content": "A\nB"},
@@ -615,7 +612,7 @@ def test_translation_of_tool_turns_and_dropped_blocks():
         # consecutive user turns are one turn
         {"role": "user", "content": "try again\n\nplease"},
     ]
-    assert warnings == ["1 image block(s) ignored: this model has no vision support"]
+    assert warnings == [] and images == 1  # (a model without vision refuses it: core.generation.prepare)
 
 
 def test_text_documents_are_read_and_others_dropped():
@@ -633,7 +630,7 @@ def test_text_documents_are_read_and_others_dropped():
             ]
         }
     )
-    messages, warnings = msgs.to_messages(body)
+    messages, warnings, _ = msgs.to_messages(body)
     assert messages == [{"role": "user", "content": "DOC\nsummarise"}]
     assert warnings == ["1 non-text document block(s) ignored: this model reads text only"]
 

@@ -510,7 +510,7 @@ OLLAMA_TOOLS = {
     "think": False,
     "keep_alive": "5m",
     "messages": [
-        {"role": "user", "content": "Weather in Paris?", "images": ["aGVsbG8="]},
+        {"role": "user", "content": "Weather in Paris?"},
         {
             "role": "assistant",
             "content": "",
@@ -568,7 +568,6 @@ MUTATION_BASES = [
         {
             **OL_GENERATE,
             "system": "Be brief.",
-            "images": ["aGVsbG8="],
             "context": [1, 2],
             "template": "{{ .Prompt }}",
             "format": "json",

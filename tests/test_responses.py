@@ -193,7 +193,7 @@ def test_accepted_fields_are_echoed(oai):
     assert r.top_p == pytest.approx(0.9) and r.tool_choice == "none" and r.prompt_cache_key == "conv-1"
 
 
-def test_image_parts_dropped_with_warning(base_url):
+def test_image_parts_are_refused_by_a_model_without_vision(base_url):
     r = httpx.post(
         base_url + URL,
         timeout=60,
@@ -211,9 +211,8 @@ def test_image_parts_dropped_with_warning(base_url):
             ],
         },
     )
-    assert r.status_code == 200, r.text
-    assert "image" in r.headers["x-turbospark-warning"]
-    assert r.json()["output"][0]["content"][0]["type"] == "output_text"
+    assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "input" and r.json()["error"]["code"] == "images_not_supported"
 
 
 def test_hosted_tools_dropped_with_warning(base_url):

@@ -72,6 +72,14 @@ def prepare(backend: Backend, req: ChatRequest) -> Prepared:
             )
     if req.tool_choice in ("required", "named") and not tool_names(req.tools):
         raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
+    if req.images and not backend.capabilities.vision:
+        refused = AdmissionError(
+            f"model {backend.model_id!r} takes no images (it has no vision support); "
+            f"this request has {req.images} image(s): send text only, or use a model with vision",
+            req.images_field,
+        )
+        refused.code = "images_not_supported"
+        raise refused
     return backend.prepare(req)
 
 

@@ -77,6 +77,10 @@ class ChatRequest:
     n: int = 1
     #: client stamps taken out of the prompt (``dialects/stamps.py``)
     normalized: int = 0
+    #: images in the prompt, and the field they came in (a model without
+    #: vision refuses them: never answered as if it had seen them)
+    images: int = 0
+    images_field: str = "messages"
 
     def is_raw(self) -> bool:
         """A prompt given as text or ids, not as messages (no chat template)."""

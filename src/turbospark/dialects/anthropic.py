@@ -138,8 +138,6 @@ class _Translation:
 
     def warnings(self) -> list[str]:
         out = []
-        if self.images:
-            out.append(f"{self.images} image block(s) ignored: this model has no vision support")
         if self.documents:
             out.append(f"{self.documents} non-text document block(s) ignored: this model reads text only")
         return out
@@ -315,8 +313,9 @@ def _turn(m: InputMessage, i: int, tr: _Translation) -> None:
         tr.append(msg)
 
 
-def to_messages(body: CountTokensRequest) -> tuple[list[dict[str, Any]], list[str]]:
-    """The conversation as internal messages, plus warnings for the client."""
+def to_messages(body: CountTokensRequest) -> tuple[list[dict[str, Any]], list[str], int]:
+    """The conversation as internal messages, warnings for the client, and
+    how many image blocks it has (a model without vision refuses them)."""
     tr = _Translation()
     system = _system_text(body.system, tr)
     if system:
@@ -328,7 +327,7 @@ def to_messages(body: CountTokensRequest) -> tuple[list[dict[str, Any]], list[st
             "this model does not support assistant prefill: the last message must have the 'user' role",
             f"messages[{len(body.messages) - 1}].role",
         )
-    return tr.messages, tr.warnings()
+    return tr.messages, tr.warnings(), tr.images
 
 
 def to_tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]] | None, list[str]]:
@@ -405,7 +404,7 @@ def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]
     """The prompt half (count_tokens renders exactly what a real request
     would): messages, tools, tool choice, thinking switch, output schema."""
     choice, name, parallel = tool_choice(body.tool_choice)
-    messages, warnings = to_messages(body)
+    messages, warnings, images = to_messages(body)
     tools, tool_warnings = to_tools(body.tools)
     check_tool_schemas(
         [
@@ -424,6 +423,7 @@ def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]
         parallel_tool_calls=parallel,
         reasoning=reasoning_effort(body),
         json_schema=output_schema(body),
+        images=images,
     )
     return req, warnings + tool_warnings
 

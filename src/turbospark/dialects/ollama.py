@@ -337,9 +337,8 @@ def translate_chat(body: ChatBody) -> Translation:
         if m.tool_name:
             msg["name"] = m.tool_name
         messages.append(msg)
-    if images:
-        warnings.append(f"{images} image(s) ignored: this model has no vision support")
     req = _request(body, warnings, messages=messages, tools=check_tools(body.tools))
+    req.images = images
     return Translation(req, warnings, stream, keep_alive=keep_alive_seconds(body.keep_alive))
 
 
@@ -356,8 +355,7 @@ def translate_generate(body: GenerateBody) -> Translation:
         return _nothing(stream, warnings, keep_alive_seconds(body.keep_alive))
     if body.template:
         warnings.append("'template' ignored: the model's own chat template is used")
-    if _images(body.images, "images"):
-        warnings.append(f"{len(body.images or ())} image(s) ignored: this model has no vision support")
+    images = len(_images(body.images, "images"))
     if body.context:
         warnings.append("'context' ignored: send the conversation with /api/chat instead")
     if body.raw:
@@ -369,6 +367,7 @@ def translate_generate(body: GenerateBody) -> Translation:
         if body.prompt:
             messages.append({"role": "user", "content": body.prompt})
         req = _request(body, warnings, messages=messages)
+    req.images, req.images_field = images, "images"
     return Translation(req, warnings, stream, keep_alive=keep_alive_seconds(body.keep_alive))
 
 

@@ -184,8 +184,6 @@ def translate(body: ChatCompletionRequest) -> Translation:
         )
     images: list[Any] = []
     messages = to_messages(body.messages, images)
-    if images:
-        warnings.append(f"{len(images)} image part(s) ignored: this model has no vision support")
     config = GenerationConfig()
     sampling(body, config)
     config.logprobs = logprobs_setting(body.logprobs, body.top_logprobs)
@@ -199,6 +197,7 @@ def translate(body: ChatCompletionRequest) -> Translation:
         reasoning=body.reasoning_effort,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         n=choices(body.n),
+        images=len(images),
     )
     req.tool_choice, req.tool_name, _ = tool_choice(body.tool_choice)
     check_tool_schemas(

@@ -361,8 +361,6 @@ def translate(body: ResponsesRequest) -> Translation:
     warnings: list[str] = []
     images: list[Any] = []
     messages = to_messages(body, images)
-    if images:
-        warnings.append(f"{len(images)} image part(s) ignored: this model has no vision support")
     tools, echo_tools = to_tools(body.tools, warnings)
     check_tool_schemas(
         [
@@ -389,6 +387,8 @@ def translate(body: ResponsesRequest) -> Translation:
         tool_name=name,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         reasoning=body.reasoning.effort if body.reasoning else None,
+        images=len(images),
+        images_field="input",
     )
     structured_output(body.text.format if body.text else None, req)
     return Translation(req, warnings, bool(body.stream), {"tools": echo_tools})

@@ -62,7 +62,9 @@ async def props(request: Request) -> Response:
     model, route = await dispatch(request).route(request.query_params.get("model"), "chat", False)
     info = route.entry.info or {}
     template = str(info.get("chat_template") or "")
-    return JSONResponse(ll.props(info, int(info.get("parallel") or 1), template))
+    props = ll.props(info, int(info.get("parallel") or 1), template)
+    props["modalities"]["vision"] = model.capabilities.vision  # (images are refused without it)
+    return JSONResponse(props)
 
 
 async def embedding(request: Request) -> Response:

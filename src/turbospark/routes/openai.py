@@ -30,7 +30,8 @@ def facts(entry: Any) -> dict[str, Any]:
     if ctx:
         out["context_length"] = out["max_model_len"] = ctx
     chat = entry.capable("chat")
-    out["capabilities"] = {"chat": chat, "tools": chat, "embeddings": entry.capable("embeddings")}
+    vision = entry.model is not None and entry.model.capabilities.vision
+    out["capabilities"] = {"chat": chat, "tools": chat, "embeddings": entry.capable("embeddings"), "vision": vision}
     if entry.info.get("sampling"):  # its preset's sampling defaults (config file)
         out["sampling"] = dict(entry.info["sampling"])
     if entry.group is not None:  # a replica group: its replicas and their state now
