@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import openai
@@ -237,3 +238,78 @@ def test_a_state_file_that_cannot_be_used_is_refused_at_start(tmp_path):
             timeout=120,
         )
         assert out.returncode == 2 and str(folder) in out.stderr and said in out.stderr, out.stderr
+
+
+def _poll(oai: openai.OpenAI, rid: str, until: tuple[str, ...], seconds: float = 120):
+    deadline = time.monotonic() + seconds
+    while True:
+        got = oai.responses.retrieve(rid)
+        if got.status in until or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_background_answers_queued_runs_on_and_is_polled(served):
+    srv, events = served
+    oai = client(srv)
+    queued = oai.responses.create(model="m", input="Say hello.", background=True, max_output_tokens=8)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    done = _poll(oai, queued.id, ("completed", "incomplete", "failed", "cancelled"))
+    assert done.status in ("completed", "incomplete") and done.output_text and done.usage.output_tokens > 0
+    assert done.background is True and done.created_at == queued.created_at
+    # the run is a request of its own: started, routed (naming the response), generated, finished
+    (routed,) = [e for e in events.events if e.kind == "requestRouted" and e.response_id == queued.id]
+    own = [e.kind for e in _settled(events, routed.id)]
+    assert own[0] == "requestStarted" and own[-1] == "requestFinished" and "generated" in own
+    (began,) = [e for e in events.events if e.kind == "requestStarted" and e.id == routed.id]
+    assert began.method == "POST" and began.path == "/v1/responses (background)"
+    (ended,) = [e for e in events.events if e.kind == "requestFinished" and e.id == routed.id]
+    assert ended.status == 200 and ended.error is None
+    chained = oai.responses.create(model="m", input="Again.", previous_response_id=queued.id, max_output_tokens=2)
+    assert chained.usage.input_tokens > done.usage.input_tokens  # a background response continues a chain
+
+
+def _settled(events: ListObserver, rid: int, seconds: float = 30) -> list:
+    deadline = time.monotonic() + seconds
+    while not any(e.kind == "requestFinished" for e in events.of(rid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return events.of(rid)
+
+
+def test_background_cancel_stops_the_engine_run(served):
+    srv, events = served
+    oai = client(srv)
+    long = oai.responses.create(
+        model="m", input="Count from one to one thousand, in words.", background=True, max_output_tokens=400
+    )
+    running = _poll(oai, long.id, ("in_progress", "completed", "incomplete", "failed"))
+    assert running.status == "in_progress"
+    cancelled = oai.responses.cancel(long.id)
+    assert cancelled.id == long.id and cancelled.status == "cancelled"
+    assert oai.responses.retrieve(long.id).status == "cancelled"
+    assert oai.responses.cancel(long.id).status == "cancelled"  # again: the same answer (idempotent)
+    (routed,) = [e for e in events.events if e.kind == "requestRouted" and e.response_id == long.id]
+    (gen,) = [e for e in _settled(events, routed.id) if e.kind == "generated"]
+    assert gen.stop_reason == "cancelled" and gen.new_tokens < 400  # the engine run stopped
+
+    ended = oai.responses.create(model="m", input="Hi", background=True, max_output_tokens=2)
+    _poll(oai, ended.id, ("completed", "incomplete"))
+    with pytest.raises(openai.BadRequestError):  # already ended
+        oai.responses.cancel(ended.id)
+    foreground = oai.responses.create(model="m", input="Hi", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as err:  # not a background one
+        oai.responses.cancel(foreground.id)
+    assert "background" in err.value.message
+    with pytest.raises(openai.NotFoundError):  # another tenant's
+        client(srv, KEYS[1]).responses.cancel(long.id)
+
+
+def test_background_needs_store_and_is_not_streamed(served):
+    srv, _ = served
+    oai = client(srv)
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(model="m", input="Hi", background=True, store=False)
+    assert err.value.param == "store"
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(model="m", input="Hi", background=True, stream=True)
+    assert err.value.param == "stream"
