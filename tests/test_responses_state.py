@@ -6,6 +6,7 @@ and a store that cannot write refusing with a 503."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -313,3 +314,46 @@ def test_background_needs_store_and_is_not_streamed(served):
     with pytest.raises(openai.BadRequestError) as err:
         oai.responses.create(model="m", input="Hi", background=True, stream=True)
     assert err.value.param == "stream"
+
+
+def test_the_openai_agents_sdk_chains_its_turns(served):
+    """The real OpenAI Agents SDK (its Responses model) with one function
+    tool: the first turn calls it (required; the run stops on its output:
+    the tiny model's own next move is not the test), the second continues by
+    ``previous_response_id`` and answers."""
+    agents = pytest.importorskip("agents")
+    srv, events = served
+    agents.set_tracing_disabled(True)
+    asked: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        return f"Sunny and 21 C in {city}."
+
+    async def two_turns() -> tuple:
+        oai = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=KEYS[0], max_retries=0, timeout=120)
+        agent = agents.Agent(
+            name="weather",
+            instructions="Answer with the weather tool.",
+            model=agents.OpenAIResponsesModel(model="m", openai_client=oai),
+            tools=[get_weather],
+            model_settings=agents.ModelSettings(tool_choice="required", max_tokens=200, temperature=0),
+            tool_use_behavior="stop_on_first_tool",
+        )
+        first = await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+        talk = agent.clone(model_settings=agents.ModelSettings(tool_choice="none", max_tokens=200, temperature=0))
+        second = await agents.Runner.run(
+            talk, "Thanks! Anything else?", previous_response_id=first.last_response_id, max_turns=3
+        )
+        await oai.close()
+        return first, second
+
+    first, second = asyncio.run(two_turns())
+    assert len(asked) == 1 and first.final_output == f"Sunny and 21 C in {asked[0]}."
+    assert isinstance(second.final_output, str) and second.final_output
+    (routed,) = [e for e in events.events if e.kind == "requestRouted" and e.response_id == second.last_response_id]
+    assert routed.previous_response_id == first.last_response_id  # the second turn went by the chain
+    kept = client(srv).responses.retrieve(second.last_response_id)
+    assert kept.status == "completed" and kept.previous_response_id == first.last_response_id
