@@ -7,6 +7,7 @@ and a store that cannot write refusing with a 503."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import subprocess
 import sys
@@ -357,3 +358,25 @@ def test_the_openai_agents_sdk_chains_its_turns(served):
     assert routed.previous_response_id == first.last_response_id  # the second turn went by the chain
     kept = client(srv).responses.retrieve(second.last_response_id)
     assert kept.status == "completed" and kept.previous_response_id == first.last_response_id
+
+
+def test_a_drain_waits_for_a_background_run_then_cuts_it(tmp_path):
+    """A background run is a request in flight for the graceful drain: it
+    gets the drain timeout, then is cut like any other and kept ``failed``
+    (never left ``in_progress``), its own ``requestFinished`` naming why."""
+    events = ListObserver()
+    srv = Server(observer=events, state_dir=str(tmp_path), drain_timeout=0.5, model_defaults={"ctx": 2048}).start()
+    try:
+        oai = client(srv)
+        long = oai.responses.create(
+            model="m", input="Count from one to one thousand, in words.", background=True, max_output_tokens=400
+        )
+        assert _poll(oai, long.id, ("in_progress", "completed", "incomplete", "failed")).status == "in_progress"
+    finally:
+        srv.stop()
+    with sqlite3.connect(tmp_path / "responses.sqlite3") as db:  # (as kept: no restart's recovery in between)
+        status, body = db.execute("SELECT status, body FROM responses WHERE id = ?", (long.id,)).fetchone()
+    assert status == "failed" and "shutting down" in json.loads(body)["error"]["message"]
+    (routed,) = [e for e in events.events if e.kind == "requestRouted" and e.response_id == long.id]
+    (ended,) = [e for e in events.of(routed.id) if e.kind == "requestFinished"]
+    assert "shutting down" in (ended.error or "")
