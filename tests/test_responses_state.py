@@ -21,6 +21,8 @@ import pytest
 from turbospark import ListObserver, Server
 
 KEYS = ("key-a", "key-b")
+#: an answer that goes on past 400 tokens at temperature 0 (a count ends within a few)
+LONG = "Write a long story about a dragon who learns to bake bread, in many chapters."
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -281,9 +283,7 @@ def _settled(events: ListObserver, rid: int, seconds: float = 30) -> list:
 def test_background_cancel_stops_the_engine_run(served):
     srv, events = served
     oai = client(srv)
-    long = oai.responses.create(
-        model="m", input="Count from one to one thousand, in words.", background=True, max_output_tokens=400
-    )
+    long = oai.responses.create(model="m", input=LONG, temperature=0, background=True, max_output_tokens=400)
     running = _poll(oai, long.id, ("in_progress", "completed", "incomplete", "failed"))
     assert running.status == "in_progress"
     cancelled = oai.responses.cancel(long.id)
@@ -368,9 +368,7 @@ def test_a_drain_waits_for_a_background_run_then_cuts_it(tmp_path):
     srv = Server(observer=events, state_dir=str(tmp_path), drain_timeout=0.5, model_defaults={"ctx": 2048}).start()
     try:
         oai = client(srv)
-        long = oai.responses.create(
-            model="m", input="Count from one to one thousand, in words.", background=True, max_output_tokens=400
-        )
+        long = oai.responses.create(model="m", input=LONG, temperature=0, background=True, max_output_tokens=400)
         assert _poll(oai, long.id, ("in_progress", "completed", "incomplete", "failed")).status == "in_progress"
     finally:
         srv.stop()
