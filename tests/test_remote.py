@@ -1733,3 +1733,45 @@ def test_an_https_upstream_is_reached_over_http2_one_connection_for_many_request
         assert not up.thread.is_alive()
     finally:
         up.stop()
+
+
+def test_a_chain_over_a_remote_model_keeps_its_state_at_the_front(upstreams, tmp_path, monkeypatch) -> None:
+    """Stored responses over a remote model (issue 37): the front keeps the
+    chain, the upstream gets each turn as one whole, stateless chat request
+    (no response id, no previous one)."""
+    a, _ = upstreams
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    remote = RemoteOptions(id="far", base_url=a.url + "/v1", model="smollm2-135m", api_key_env=KEY_ENV, ctx=2048)
+    obs = ListObserver()
+    srv = Server([remote], observer=obs, state_dir=str(tmp_path / "state")).start()
+    try:
+        before = len(_upstream_events(a))
+        c = oai(srv)
+        first = c.responses.create(model="far", input="My name is Ada.", max_output_tokens=8, temperature=0)
+        second = c.responses.create(
+            model="far", input="What is my name?", previous_response_id=first.id, max_output_tokens=8, temperature=0
+        )
+        assert second.previous_response_id == first.id and second.output_text
+        assert second.usage.input_tokens >= first.usage.input_tokens + first.usage.output_tokens
+        assert c.responses.retrieve(second.id).output_text == second.output_text
+        (routed,) = [e for e in obs.events if e.kind == "requestRouted" and e.response_id == second.id]
+        assert routed.previous_response_id == first.id
+    finally:
+        srv.stop()
+    a.settled()
+    theirs = _upstream_events(a)[before:]
+    paths = [e["path"] for e in theirs if e["kind"] == "requestStarted"]
+    assert paths.count("/v1/chat/completions") == 2 and not any("responses" in p for p in paths), paths
+    upstream_routed = [e for e in theirs if e["kind"] == "requestRouted"]
+    assert len(upstream_routed) == 2
+    assert not any("responseId" in e or "previousResponseId" in e for e in upstream_routed)
+    prompts = [e["promptTokens"] for e in theirs if e["kind"] == "generated"]
+    assert (
+        prompts == [first.usage.input_tokens, second.usage.input_tokens] and prompts[1] > prompts[0]
+    )  # the chain, sent whole
+
+
+def _upstream_events(upstream: Upstream) -> list[dict[str, Any]]:
+    assert upstream.event_log is not None
+    with open(upstream.event_log, "rb") as f:
+        return [json.loads(line) for line in f]

@@ -6,10 +6,13 @@ and a store that cannot write refusing with a 503."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import openai
@@ -18,6 +21,8 @@ import pytest
 from turbospark import ListObserver, Server
 
 KEYS = ("key-a", "key-b")
+#: an answer that goes on past 400 tokens at temperature 0 (a count ends within a few)
+LONG = "Write a long story about a dragon who learns to bake bread, in many chapters."
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -237,3 +242,139 @@ def test_a_state_file_that_cannot_be_used_is_refused_at_start(tmp_path):
             timeout=120,
         )
         assert out.returncode == 2 and str(folder) in out.stderr and said in out.stderr, out.stderr
+
+
+def _poll(oai: openai.OpenAI, rid: str, until: tuple[str, ...], seconds: float = 120):
+    deadline = time.monotonic() + seconds
+    while True:
+        got = oai.responses.retrieve(rid)
+        if got.status in until or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_background_answers_queued_runs_on_and_is_polled(served):
+    srv, events = served
+    oai = client(srv)
+    queued = oai.responses.create(model="m", input="Say hello.", background=True, max_output_tokens=8)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    done = _poll(oai, queued.id, ("completed", "incomplete", "failed", "cancelled"))
+    assert done.status in ("completed", "incomplete") and done.output_text and done.usage.output_tokens > 0
+    assert done.background is True and done.created_at == queued.created_at
+    # the run is a request of its own: started, routed (naming the response), generated, finished
+    (routed,) = [e for e in events.events if e.kind == "requestRouted" and e.response_id == queued.id]
+    own = [e.kind for e in _settled(events, routed.id)]
+    assert own[0] == "requestStarted" and own[-1] == "requestFinished" and "generated" in own
+    (began,) = [e for e in events.events if e.kind == "requestStarted" and e.id == routed.id]
+    assert began.method == "POST" and began.path == "/v1/responses (background)"
+    (ended,) = [e for e in events.events if e.kind == "requestFinished" and e.id == routed.id]
+    assert ended.status == 200 and ended.error is None
+    chained = oai.responses.create(model="m", input="Again.", previous_response_id=queued.id, max_output_tokens=2)
+    assert chained.usage.input_tokens > done.usage.input_tokens  # a background response continues a chain
+
+
+def _settled(events: ListObserver, rid: int, seconds: float = 30) -> list:
+    deadline = time.monotonic() + seconds
+    while not any(e.kind == "requestFinished" for e in events.of(rid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return events.of(rid)
+
+
+def test_background_cancel_stops_the_engine_run(served):
+    srv, events = served
+    oai = client(srv)
+    long = oai.responses.create(model="m", input=LONG, temperature=0, background=True, max_output_tokens=400)
+    running = _poll(oai, long.id, ("in_progress", "completed", "incomplete", "failed"))
+    assert running.status == "in_progress"
+    cancelled = oai.responses.cancel(long.id)
+    assert cancelled.id == long.id and cancelled.status == "cancelled"
+    assert oai.responses.retrieve(long.id).status == "cancelled"
+    assert oai.responses.cancel(long.id).status == "cancelled"  # again: the same answer (idempotent)
+    (routed,) = [e for e in events.events if e.kind == "requestRouted" and e.response_id == long.id]
+    (gen,) = [e for e in _settled(events, routed.id) if e.kind == "generated"]
+    assert gen.stop_reason == "cancelled" and gen.new_tokens < 400  # the engine run stopped
+
+    ended = oai.responses.create(model="m", input="Hi", background=True, max_output_tokens=2)
+    _poll(oai, ended.id, ("completed", "incomplete"))
+    with pytest.raises(openai.BadRequestError):  # already ended
+        oai.responses.cancel(ended.id)
+    foreground = oai.responses.create(model="m", input="Hi", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as err:  # not a background one
+        oai.responses.cancel(foreground.id)
+    assert "background" in err.value.message
+    with pytest.raises(openai.NotFoundError):  # another tenant's
+        client(srv, KEYS[1]).responses.cancel(long.id)
+
+
+def test_background_needs_store_and_is_not_streamed(served):
+    srv, _ = served
+    oai = client(srv)
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(model="m", input="Hi", background=True, store=False)
+    assert err.value.param == "store"
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(model="m", input="Hi", background=True, stream=True)
+    assert err.value.param == "stream"
+
+
+def test_the_openai_agents_sdk_chains_its_turns(served):
+    """The real OpenAI Agents SDK (its Responses model) with one function
+    tool: the first turn calls it (required; the run stops on its output:
+    the tiny model's own next move is not the test), the second continues by
+    ``previous_response_id`` and answers."""
+    agents = pytest.importorskip("agents")
+    srv, events = served
+    agents.set_tracing_disabled(True)
+    asked: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        return f"Sunny and 21 C in {city}."
+
+    async def two_turns() -> tuple:
+        oai = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=KEYS[0], max_retries=0, timeout=120)
+        agent = agents.Agent(
+            name="weather",
+            instructions="Answer with the weather tool.",
+            model=agents.OpenAIResponsesModel(model="m", openai_client=oai),
+            tools=[get_weather],
+            model_settings=agents.ModelSettings(tool_choice="required", max_tokens=200, temperature=0),
+            tool_use_behavior="stop_on_first_tool",
+        )
+        first = await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+        talk = agent.clone(model_settings=agents.ModelSettings(tool_choice="none", max_tokens=200, temperature=0))
+        second = await agents.Runner.run(
+            talk, "Thanks! Anything else?", previous_response_id=first.last_response_id, max_turns=3
+        )
+        await oai.close()
+        return first, second
+
+    first, second = asyncio.run(two_turns())
+    assert len(asked) == 1 and first.final_output == f"Sunny and 21 C in {asked[0]}."
+    assert isinstance(second.final_output, str) and second.final_output
+    (routed,) = [e for e in events.events if e.kind == "requestRouted" and e.response_id == second.last_response_id]
+    assert routed.previous_response_id == first.last_response_id  # the second turn went by the chain
+    kept = client(srv).responses.retrieve(second.last_response_id)
+    assert kept.status == "completed" and kept.previous_response_id == first.last_response_id
+
+
+def test_a_drain_waits_for_a_background_run_then_cuts_it(tmp_path):
+    """A background run is a request in flight for the graceful drain: it
+    gets the drain timeout, then is cut like any other and kept ``failed``
+    (never left ``in_progress``), its own ``requestFinished`` naming why."""
+    events = ListObserver()
+    srv = Server(observer=events, state_dir=str(tmp_path), drain_timeout=0.5, model_defaults={"ctx": 2048}).start()
+    try:
+        oai = client(srv)
+        long = oai.responses.create(model="m", input=LONG, temperature=0, background=True, max_output_tokens=400)
+        assert _poll(oai, long.id, ("in_progress", "completed", "incomplete", "failed")).status == "in_progress"
+    finally:
+        srv.stop()
+    with sqlite3.connect(tmp_path / "responses.sqlite3") as db:  # (as kept: no restart's recovery in between)
+        status, body = db.execute("SELECT status, body FROM responses WHERE id = ?", (long.id,)).fetchone()
+    assert status == "failed" and "shutting down" in json.loads(body)["error"]["message"]
+    (routed,) = [e for e in events.events if e.kind == "requestRouted" and e.response_id == long.id]
+    (ended,) = [e for e in events.of(routed.id) if e.kind == "requestFinished"]
+    assert "shutting down" in (ended.error or "")

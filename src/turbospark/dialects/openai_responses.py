@@ -344,7 +344,9 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
             "prompt",
         )
     if body.background:
-        raise BadRequest("background responses are not supported", "background")
+        raise BadRequest(
+            "background responses are not supported: this server keeps no response store (--store off)", "background"
+        )
     effort = body.reasoning.effort if body.reasoning else None
     if effort is not None and effort not in REASONING_EFFORTS:
         raise BadRequest(

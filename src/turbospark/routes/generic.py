@@ -17,6 +17,7 @@ from ..core.generation import prepare
 from ..core.request import ChatRequest, Prepared
 from ..dialects.base import Dialect, Kind, Served
 from ..engine.types import AdmissionError
+from . import background
 from .common import JSONResponse, bind_request, dispatch, read_body, request_id, warning_headers
 from .respond import Responder
 from .stored import open_turn
@@ -68,6 +69,8 @@ def handler(dialect: Dialect, kind: Kind) -> Handler:
             turn.annotate(tr)
         requested = kind.requested(body)
         req = bind_request(tr.request, request) if tr.request is not None else None
+        if turn is not None and turn.background and req is not None:  # run by the server, answered queued
+            return await background.start(request, kind, body, tr, req, turn, prepare_fn)
         way = dispatch(request)
         if req is not None:
             model, route = await way.route_chat(req, requested, tr.stream)

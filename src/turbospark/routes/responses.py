@@ -14,7 +14,7 @@ from starlette.routing import Route
 from ..core.backend import Backend
 from ..dialects import openai_responses as oa
 from ..dialects.common import BadRequest
-from ..state.responses import ResponseStore, Stored
+from ..state.responses import OPEN, ResponseStore, Stored
 from .common import JSONResponse, dispatch, normalize, off_loop, read_body, state_of, streaming_response
 from .stored import open_turn, tenant_of
 
@@ -104,9 +104,33 @@ async def input_tokens(request: Request) -> Response:
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
 
+async def cancel(request: Request) -> Response:
+    """Stop a background run and answer its response, ``cancelled``. Only a
+    background response can be cancelled; one that already ended is a 400,
+    except one already cancelled (answered again, as OpenAI does)."""
+    found = await stored(request)
+    if not found.body.get("background"):
+        raise BadRequest("Only responses created with background=true can be cancelled.", None)
+    if found.status == "cancelled":
+        return JSONResponse(found.body)
+    if found.status not in OPEN:
+        raise BadRequest(f"Cannot cancel a response with status '{found.status}'.", None)
+    store = store_of(request)
+    if not await state_of(request).background.cancel(found.id):  # not running here (any more)
+        again = await store.get(found.id, found.tenant)
+        if again is not None and again.status not in OPEN:
+            return JSONResponse(again.body)
+        found.body["status"] = found.status = "cancelled"
+        await store.put(found)
+        return JSONResponse(found.body)
+    again = await store.get(found.id, found.tenant)
+    return JSONResponse((again or found).body)
+
+
 routes = [
     Route("/v1/responses/input_tokens", input_tokens, methods=["POST"]),
     Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
     Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
     Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"]),
+    Route("/v1/responses/{response_id}/cancel", cancel, methods=["POST"]),
 ]

@@ -122,6 +122,11 @@ class Turn:
     conversation_id: str | None = None
     joined: bool = False
 
+    @property
+    def background(self) -> bool:
+        """Run by the server, not the client's connection (``background: true``)."""
+        return bool(self.extras.get("background"))
+
     def annotate(self, tr: Translation) -> None:
         """What the renderer echoes, and the KV session: the chain's own
         (unless the client named one), so its next turn finds this one's KV."""
@@ -184,6 +189,21 @@ class Turn:
             await self.write(renderer.snapshot())
 
 
+def _check_background(body: ResponsesRequest) -> None:
+    """A background response is kept (OpenAI: it needs ``store``) and
+    answered at once, never streamed here."""
+    if not body.background:
+        return
+    if body.store is False:
+        raise BadRequest("background responses require store: true (a background run is polled by its id)", "store")
+    if body.stream:
+        raise BadRequest(
+            "background responses are not streamed by this server: create it without stream, then poll "
+            "GET /v1/responses/{id} (or stream its events once it ended with GET ...?stream=true)",
+            "stream",
+        )
+
+
 def tenant_of(request: Request) -> str:
     tenant = context(request).tenant
     return tenant if tenant is not None else ""
@@ -195,6 +215,7 @@ async def open_turn(body: BaseModel, request: Request) -> tuple[BaseModel, Turn 
     store = state_of(request).responses
     if store is None or not isinstance(body, ResponsesRequest):
         return body, None
+    _check_background(body)
     tenant = tenant_of(request)
     cid = conversation_named(body)
     own = conversation_items(body.input) if cid is not None else input_items(body.input)
@@ -207,11 +228,18 @@ async def open_turn(body: BaseModel, request: Request) -> tuple[BaseModel, Turn 
         items, root = chain_items(chain), chain[0].root_id
     elif cid is not None:
         items = await conversation_before(store, cid, tenant)
-    update = {"input": items + own if items else body.input, "previous_response_id": None, "conversation": None}
+    update = {
+        "input": items + own if items else body.input,
+        "previous_response_id": None,
+        "conversation": None,
+        "background": None,
+    }
     expanded = body.model_copy(update=update)
     turn = Turn(store, tenant, rid, body.store is not False, body.previous_response_id, root, own)
     if cid is not None:
         turn.conversation_id, turn.extras["conversation"] = cid, {"id": cid}
+    if body.background:
+        turn.extras["background"] = True
     ctx = context(request)
     ctx.response_id, ctx.previous_response_id = rid, body.previous_response_id
     return expanded, turn

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..models.presets import ReloadResult
 from ..models.registry import Registry
 from ..observe import Observer, RequestIds
+from .background import BackgroundRuns
 from .drain import Drain
 
 if TYPE_CHECKING:
@@ -63,5 +64,7 @@ class ServerState:
     responses: ResponseStore | None = None
     #: requests in flight, and whether new ones are taken (graceful shutdown)
     drain: Drain = field(default_factory=Drain)
+    #: background responses running, by response id (``background: true``)
+    background: BackgroundRuns = field(default_factory=BackgroundRuns)
     #: the config file, when the server was started with one (None: without)
     config: ConfigControl | None = None

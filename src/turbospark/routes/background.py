@@ -1,0 +1,144 @@
+"""Background responses (``background: true``, issue 37): the POST answers
+at once with the response ``queued`` (kept so); the run goes on in a task
+the server owns (``serving.background``), not the client's connection, and
+moves the stored response to ``in_progress``, then to its end (completed,
+incomplete, failed, or ``cancelled`` by ``POST /v1/responses/{id}/cancel``).
+
+The run is a request of its own in the events: a new request id with its
+``requestStarted`` (``POST /v1/responses (background)``), its
+``requestRouted`` naming the response, its ``generated``, and its
+``requestFinished`` when the run ends; the POST that started it ends when it
+answers. A graceful drain waits for it as for any request in flight, then
+cuts it (kept ``failed``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..core.backend import Backend
+from ..core.request import ChatRequest, Prepared
+from ..dialects.base import Kind, Served
+from ..dialects.openai_responses import ResponsesRenderer
+from ..dialects.render import Renderer
+from ..dialects.translate import Translation
+from ..observe import RequestFinished, RequestStarted, now_ms, record, request_tenant
+from ..serving.background import CANCELLED
+from ..serving.context import RequestContext
+from ..serving.dispatch import Dispatch
+from ..serving.state import ServerState
+from .common import JSONResponse, context, failed, state_of
+from .respond import Responder
+from .stored import Turn
+
+#: the path a background run's own ``requestStarted`` names
+PATH = "/v1/responses (background)"
+#: how long a run's end waits for its ``generated`` events to be reported
+SETTLE_SECONDS = 30.0
+
+
+async def _never() -> MutableMapping[str, Any]:
+    """The receive of a run no client holds: no disconnect ever comes."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class Job:
+    """One background run: what the POST validated, and where it is kept."""
+
+    state: ServerState
+    ctx: RequestContext
+    kind: Kind
+    body: Any
+    tr: Translation
+    req: ChatRequest
+    turn: Turn
+    prepare: Callable[[Backend, ChatRequest], Prepared]
+    #: the response as the POST answered it (queued): its id and creation time
+    queued: ResponsesRenderer
+
+    async def run(self, responder: Responder) -> None:
+        """The run, from its ``requestStarted`` to its ``requestFinished``."""
+        state, ctx = self.state, self.ctx
+        assert ctx.id is not None
+        rid, began = ctx.id, time.perf_counter()
+        record(state.observer, lambda: RequestStarted(id=rid, at_ms=now_ms(), method="POST", path=PATH))
+        if ctx.tenant is not None:
+            request_tenant(state.observer, rid, ctx.tenant)
+        status = 200
+        renderer: Renderer = self.queued
+        try:
+            with state.drain.entered():
+                renderer = await self._generate(responder)
+        except Exception as exc:  # noqa: BLE001 - kept as the response's failure
+            failure = failed(ctx, exc)
+            status = failure.status
+            renderer.error(failure)  # (its result: the failed response)
+            with contextlib.suppress(Exception):  # (logged by the turn; nobody to answer)
+                await self.turn.keep(renderer)
+        finally:
+            ctx.release_all()
+            if ctx.reporter is not None:
+                await ctx.reporter.settled(SETTLE_SECONDS)
+            ms, error = int((time.perf_counter() - began) * 1000), ctx.error
+            record(state.observer, lambda: RequestFinished(id=rid, status=status, duration_ms=ms, error=error))
+
+    async def _generate(self, responder: Responder) -> Renderer:
+        started = time.perf_counter_ns()
+        way, req, requested = responder.dispatch, self.req, self.kind.requested(self.body)
+        if responder.cancel.cancelled:  # cancelled while queued: it never runs
+            return await self._cancelled(self.queued)
+        model, route = await way.route_chat(req, requested, False)
+        if self.kind.check is not None:
+            self.kind.check(req, model, requested)
+        model, route, prepared = await way.admit(model, req, requested, False, route, self.prepare)
+        load_ns = int(route.load_seconds * 1e9)
+        renderer = self.kind.renderer(
+            self.body, self.tr, prepared, Served(route.served, model.max_context, load_ns, started)
+        )
+        if isinstance(renderer, ResponsesRenderer):
+            renderer.created = self.queued.created
+        if responder.cancel.cancelled:
+            return await self._cancelled(renderer)
+        await self.turn.begin(renderer)  # in_progress
+        finals = await responder.whole(model, prepared)
+        answer = renderer.complete(finals[0])
+        if responder.cancel.reason == CANCELLED and answer.get("status") != "completed":
+            answer["status"], answer["incomplete_details"] = "cancelled", None
+        await self.turn.write(answer)
+        return renderer
+
+    async def _cancelled(self, renderer: ResponsesRenderer | Renderer) -> Renderer:
+        if isinstance(renderer, ResponsesRenderer):
+            await self.turn.write(renderer.snapshot("cancelled"))
+        return renderer
+
+
+async def start(
+    request: Request,
+    kind: Kind,
+    body: Any,
+    tr: Translation,
+    req: ChatRequest,
+    turn: Turn,
+    prepare: Callable[[Backend, ChatRequest], Prepared],
+) -> Response:
+    """Keep the response ``queued``, start its run, answer it."""
+    state, own = state_of(request), context(request)
+    queued = ResponsesRenderer(body, body.model or "", req.config, tr.extras["tools"], tr.extras.get("stored"))
+    answer = queued.snapshot("queued")
+    await turn.write(answer)  # (a 503 now if it cannot be kept: nothing runs)
+    ctx = RequestContext(id=state.ids.next(), tenant=own.tenant, admin=own.admin)
+    ctx.response_id, ctx.previous_response_id = own.response_id, own.previous_response_id
+    responder = Responder(Dispatch(state, ctx), _never, turn)
+    job = Job(state, ctx, kind, body, tr, req, turn, prepare, queued)
+    state.background.start(turn.id, responder.cancel, job.run(responder))
+    return JSONResponse(answer)

@@ -1,0 +1,64 @@
+"""Background runs (the Responses API's ``background: true``): generations
+the server owns rather than a client connection. Each is an asyncio task on
+the server's loop, kept here by its response id with the cancel flag its
+engine run obeys, so ``POST /v1/responses/{id}/cancel`` can stop it and a
+graceful drain counts it as a request in flight (``Drain.entered``: the
+drain waits for it, then cuts it as any other). No HTTP types."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.types import CancelFlag
+
+log = logging.getLogger("turbospark.responses")
+
+#: the cancel flag's reason when a client cancels a background run
+CANCELLED = "cancelled by the client (POST /v1/responses/{id}/cancel)"
+
+
+@dataclass
+class Run:
+    task: asyncio.Task[None]
+    cancel: CancelFlag
+
+
+class BackgroundRuns:
+    """The background runs going on, by response id."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, Run] = {}
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def start(self, rid: str, cancel: CancelFlag, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` on the running loop, owned by the server (a client
+        leaving cancels nothing); it is forgotten when it ends."""
+        task = asyncio.get_running_loop().create_task(work, name=f"background {rid}")
+        self._runs[rid] = Run(task, cancel)
+        task.add_done_callback(lambda t: self._ended(rid, t))
+
+    def _ended(self, rid: str, task: asyncio.Task[None]) -> None:
+        self._runs.pop(rid, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background run %s failed", rid, exc_info=task.exception())
+
+    def running(self, rid: str) -> bool:
+        return rid in self._runs
+
+    async def cancel(self, rid: str, wait: float = 30.0) -> bool:
+        """Stop run ``rid`` (its engine run ends at its next step) and wait
+        up to ``wait`` seconds for it to keep its end; False: no such run."""
+        run = self._runs.get(rid)
+        if run is None:
+            return False
+        run.cancel.cancel(CANCELLED)
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(run.task), wait)
+        return True
