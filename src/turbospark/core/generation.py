@@ -38,6 +38,7 @@ from ..engine.types import (
     AdmissionError,
     CancelFlag,
     Progress,
+    PromptProgress,
     RawDecodeResult,
     StopReason,
 )
@@ -103,7 +104,7 @@ async def complete_choices(
 
 async def _run(
     backend: Backend, prepared: Prepared, cancel: CancelFlag, reporter: Reporter, run: Run | None = None
-) -> AsyncIterator[Progress | RawDecodeResult]:
+) -> AsyncIterator[Progress | PromptProgress | RawDecodeResult]:
     """One engine run (``run``, else one started here): its progress, then
     its result, which ``reporter`` records as ``generated`` the moment the
     run ends. Closing the iterator early sets the cancel flag and leaves the
@@ -134,7 +135,8 @@ async def _run(
             cancel.cancel("the client went away")
 
 
-Item = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta | Final
+#: (``PromptProgress`` only when the request asked for it: ``return_progress``)
+Item = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta | Final | PromptProgress
 
 
 async def stream(
@@ -216,7 +218,8 @@ async def _choice(
     """One choice: its run's deltas, its tool calls (with a guardrail
     re-ask when needed), its :class:`Final`."""
     async for item in _one_choice(backend, prepared, cancel, reporter.for_choice(index), run, live):
-        item.choice = index
+        if not isinstance(item, PromptProgress):  # (the prompt's: no choice's own)
+            item.choice = index
         yield item
 
 
@@ -273,6 +276,9 @@ class _Turn:
         """The first run's items, as they come."""
         router, early = self.router, False  # (whether a re-ask was asked for before the run ended)
         async for item in _run(self.backend, self.prepared, self.own, reporter, run):
+            if isinstance(item, PromptProgress):
+                yield item  # (the prompt's prefill, before any token)
+                continue
             if not isinstance(item, Progress):
                 self.result = item
                 continue

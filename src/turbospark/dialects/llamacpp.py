@@ -33,13 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.answer import Delta
 from ..core.request import ChatRequest, FillIn, Final, Prepared
-from ..engine.types import GenerationConfig, StopReason, TokenProb
+from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, constrain, sse_data
 from .errors import Failure, llamacpp_error
-from .openai_chat import timings
-from .render import SSE, Unsent
+from .openai_chat import refuse_unhonoured, timings
+from .render import SSE, Unsent, prompt_progress
 from .translate import (
     SAMPLING,
     Translation,
@@ -100,6 +100,11 @@ class CompletionBody(BaseModel):
     #: constrained output: a GBNF grammar, or a JSON schema
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    #: stream ``prompt_progress`` chunks while the prompt is prefilled
+    return_progress: bool | None = None
+    #: not done here: refused rather than ignored
+    post_sampling_probs: bool | None = None
+    timings_per_token: bool | None = None
 
 
 class ExtraFile(BaseModel):
@@ -157,6 +162,8 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     config.ignore_eos = bool(body.ignore_eos)
     config.n_indent = body.n_indent or 0
     config.max_predict_seconds = max(0.0, (body.t_max_predict_ms or 0) / 1000.0)
+    config.return_progress = bool(body.return_progress and body.stream)
+    refuse_unhonoured(body)
     if body.cache_prompt is False:
         warnings.append("cache_prompt false is ignored: a reused prefix gives the same output")
     if body.samplers is not None:
@@ -291,6 +298,10 @@ class CompletionRenderer(Unsent):
 
     def final(self, final: Final) -> bytes:
         return sse_data(pick({"content": "", "tokens": [], **self._last(final)}, self.fields))
+
+    def prompt_progress(self, progress: PromptProgress) -> bytes:
+        chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1}
+        return sse_data({**chunk, "prompt_progress": prompt_progress(progress)})
 
     def error(self, failure: Failure) -> bytes:
         return sse_data(failure.body(llamacpp_error))

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.request import ChatRequest, Final, Prepared
-from ..engine.types import GenerationConfig, StopReason, TokenProb
+from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, Served
@@ -31,7 +31,7 @@ from .common import (
     unix_time,
 )
 from .errors import Failure, openai_error
-from .render import SSE
+from .render import SSE, prompt_progress
 from .translate import (
     ToolChoice,
     Translation,
@@ -125,6 +125,11 @@ class ChatCompletionRequest(BaseModel):
     #: llama-server's constraints: a GBNF grammar, or a JSON schema
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    #: llama-server's: stream ``prompt_progress`` chunks while the prompt is prefilled
+    return_progress: bool | None = None
+    #: llama-server's, not done here: refused rather than ignored
+    post_sampling_probs: bool | None = None
+    timings_per_token: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -188,6 +193,8 @@ def translate(body: ChatCompletionRequest) -> Translation:
     sampling(body, config)
     config.logprobs = logprobs_setting(body.logprobs, body.top_logprobs)
     config.session_key = body.prompt_cache_key or body.user
+    config.return_progress = bool(body.return_progress and body.stream)
+    refuse_unhonoured(body)
     budget = body.max_completion_tokens or body.max_tokens
     req = ChatRequest(
         messages=messages,
@@ -249,6 +256,16 @@ def tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
         'tool_choice must be \'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": ...}}',
         "tool_choice",
     )
+
+
+def refuse_unhonoured(body: Any) -> None:
+    """llama-server's fields this server does not do: a 400, never ignored."""
+    for name, why in (
+        ("post_sampling_probs", "logprobs are each token's log-probability before sampling"),
+        ("timings_per_token", "'timings': true puts the answer's timings on its last chunk"),
+    ):
+        if getattr(body, name, None):
+            raise BadRequest(f"{name} is not supported: {why}", name)
 
 
 def constraints(body: Any, req: ChatRequest) -> None:
@@ -407,6 +424,11 @@ class ChatRenderer:
         if self.want_timings:
             out["timings"] = timings(finals[0])
         return out
+
+    def prompt_progress(self, progress: PromptProgress) -> bytes:
+        """llama-server's progress chunk: no choices, the prompt's prefill so far."""
+        chunk = {**self._chunk({}), "choices": [], "prompt_progress": prompt_progress(progress)}
+        return sse_data(chunk)
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0) -> dict[str, Any]:
         chunk = {

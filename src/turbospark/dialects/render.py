@@ -11,10 +11,11 @@ begun. Nothing else about a dialect's wire format lives outside its module.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.request import Final
+from ..engine.types import PromptProgress
 from .errors import Failure
 
 #: what a renderer returns for one stream item: one frame, several, or none
@@ -64,6 +65,24 @@ class Renderer(Protocol):
     def error(self, failure: Failure) -> bytes:
         """A failure once the stream has begun; nothing follows it."""
         ...
+
+
+@runtime_checkable
+class ReportsProgress(Protocol):
+    """A renderer that sends a prompt's prefill progress (llama-server's
+    ``return_progress``: its ``prompt_progress`` chunks)."""
+
+    def prompt_progress(self, progress: PromptProgress) -> FrameOut: ...
+
+
+def prompt_progress(progress: PromptProgress) -> dict[str, Any]:
+    """llama-server's ``prompt_progress`` object."""
+    return {
+        "total": progress.total,
+        "cache": progress.cache,
+        "processed": progress.processed,
+        "time_ms": round(progress.seconds * 1000, 3),
+    }
 
 
 class ChoicesRenderer(Renderer, Protocol):

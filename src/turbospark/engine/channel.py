@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .types import Progress, RawDecodeResult
+from .types import Progress, PromptProgress, RawDecodeResult
 
 
 def _terminal(item: Any) -> bool:
@@ -124,13 +124,13 @@ class Run:
     def __aiter__(self) -> Run:
         return self
 
-    async def __anext__(self) -> Progress | RawDecodeResult:
+    async def __anext__(self) -> Progress | PromptProgress | RawDecodeResult:
         if not self._buffer:
             if self._ended:
                 raise StopAsyncIteration
             self._buffer.extend(await self.channel.get())
-        item: Progress | RawDecodeResult | BaseException = self._buffer.popleft()
-        if isinstance(item, Progress):  # the hot path: one check a token
+        item: Progress | PromptProgress | RawDecodeResult | BaseException = self._buffer.popleft()
+        if isinstance(item, Progress | PromptProgress):  # the hot path: one check a token
             return item
         self._ended = True  # the terminal item: the result, or the error
         self._buffer.clear()

@@ -26,7 +26,7 @@ from .sampling import SamplerChain
 from .sequences import Running, Seq, hand_out
 from .slots import Slot, SlotStore
 from .speculative import TIMING_LOCK, Calibration, StepCosts
-from .types import AdmissionError, EngineError, StopReason, TokenProb
+from .types import AdmissionError, EngineError, PromptProgress, StopReason, TokenProb
 
 
 @dataclass(slots=True)
@@ -189,6 +189,9 @@ class Stepper:
             seq.slot.tokens.extend(seq.pending[seq.fed : seq.fed + k])
             seq.fed += k
             seq.n_past += k
+            if seq.job.config.return_progress:
+                took = time.perf_counter() - seq.admitted_at
+                seq.job.sink.put(PromptProgress(len(seq.job.prompt), seq.reused, seq.n_past, took))
             if idx >= 0:
                 if seq.job.siblings:
                     self._fork(seq, idx)

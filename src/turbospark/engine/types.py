@@ -81,6 +81,9 @@ class GenerationConfig:
     #: llama.cpp's ``t_max_predict_ms`` in seconds: once a line has ended,
     #: stop when decoding has taken this long (an editor's latency cap). 0: off.
     max_predict_seconds: float = 0.0
+    #: llama.cpp's ``return_progress``: report the prompt's prefill as it
+    #: goes (:class:`PromptProgress` on the run), before the first token
+    return_progress: bool = False
     #: A place on the wait list held since admission (``Scheduler.reserve``):
     #: the submit that takes it is never refused as overloaded.
     reservation: Any = field(default=None, repr=False, compare=False)
@@ -138,6 +141,18 @@ class Progress:
     #: open a call) or :data:`OPENING_HELD` (it holds the output: the text
     #: that matched its trigger arrives with this report or later)
     opening: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PromptProgress:
+    """How far a prompt's prefill is (``GenerationConfig.return_progress``):
+    llama-server's ``prompt_progress``. ``processed`` counts the prompt
+    tokens in the KV now, the ``cache`` ones reused included."""
+
+    total: int
+    cache: int
+    processed: int
+    seconds: float
 
 
 @dataclass(slots=True)

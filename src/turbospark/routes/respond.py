@@ -15,8 +15,8 @@ from starlette.responses import Response
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.backend import Backend
 from ..core.request import Final, Prepared
-from ..dialects.render import ChoicesRenderer, FrameOut, Renderer
-from ..engine.types import CancelFlag
+from ..dialects.render import ChoicesRenderer, FrameOut, Renderer, ReportsProgress
+from ..engine.types import CancelFlag, PromptProgress
 from ..serving.dispatch import Dispatch
 from .common import JSONResponse, failed, streaming_response
 
@@ -163,6 +163,8 @@ class Responder:
 
 
 def _render(renderer: Renderer, item: Any) -> FrameOut:
+    if isinstance(item, PromptProgress):  # (asked for: return_progress)
+        return renderer.prompt_progress(item) if isinstance(renderer, ReportsProgress) else None
     if isinstance(item, Delta):
         return renderer.text(item)
     if isinstance(item, ReasoningDelta):
