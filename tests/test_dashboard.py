@@ -186,3 +186,44 @@ def test_dashboard_shows_pulls_with_a_bar(tmp_path):
             # (30 s by default) the ended pulls go, and the pane with them
             page.js("SHOW_ENDED_MS = 0; render();")
             page.wait("document.getElementById('pulls').hidden")
+
+
+def test_dashboard_follows_a_responses_chain(server, tmp_path):
+    """Real turns on a store-backed server: each row names its turn, the
+    details its response and chain; a background run is a row of its own
+    (its path says so) and a turn of the chain."""
+    import openai
+
+    with fresh_server(server, state_dir=str(tmp_path)) as srv:
+        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        first = oai.responses.create(model="smollm2-135m", input="My name is Ada.", max_output_tokens=4)
+        second = oai.responses.create(
+            model="smollm2-135m", input="What is my name?", previous_response_id=first.id, max_output_tokens=4
+        )
+        third = oai.responses.create(
+            model="smollm2-135m", input="Say it again.", previous_response_id=second.id, background=True,
+            max_output_tokens=4,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while oai.responses.retrieve(third.id).status in ("queued", "in_progress") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with LivePage(f"{srv.url}/dashboard") as page:
+            rows = page.wait(
+                "(() => { const rows = [...document.querySelectorAll('#rows tr')].map((tr) => ({ id: tr.dataset.id,"
+                " status: tr.children[1].textContent, method: tr.children[2].textContent,"
+                " path: tr.children[3].textContent, turn: tr.lastChild.textContent, title: tr.title }))"
+                " .filter((r) => r.method === 'POST');"  # (not the GETs that polled the background run)
+                " return rows.length === 4 && rows.every((r) => r.status === '200') ? rows.reverse() : null; })()"
+            )
+            assert [(r["path"], r["turn"]) for r in rows] == [
+                ("/v1/responses", "1"),
+                ("/v1/responses", "2"),
+                ("/v1/responses", "–"),  # the background POST: it answered queued
+                ("/v1/responses (background)", "3"),  # the run, a request of its own
+            ], rows
+            assert rows[1]["title"] == f"turn 2 of chain {first.id}"
+            assert rows[3]["title"] == f"turn 3 of chain {first.id}"
+            page.js(f"document.querySelector('#rows tr[data-id=\"{rows[1]['id']}\"]').click()")
+            details = page.js("document.getElementById('details').textContent")
+            assert details.startswith(f"{second.id}: turn 2 of chain {first.id}\n"), details
+            assert f'"previousResponseId": "{first.id}"' in details

@@ -21,9 +21,10 @@ from turbospark.observe import (
     RequestStarted,
 )
 from turbospark.sinks.live import LiveEvents
+from turbospark.views.console.app import COLUMNS, details_text, row_cells
 from turbospark.views.console.charts import pull_bar, rate_chart, size_text, sparkline, time_chart
 from turbospark.views.console.client import SSEParser
-from turbospark.views.fold import PULLS_KEPT, Fold, percentile
+from turbospark.views.fold import PULLS_KEPT, Chains, Fold, RequestRecord, percentile
 
 
 def gen(rid, new=10, prompt=20, prefill=0.1, decode=0.5, reused=0, evicted=False, model="m", **kw):
@@ -45,8 +46,10 @@ def started(rid, path="/v1/chat/completions", at=1000):
     return RequestStarted(id=rid, at_ms=at, method="POST", path=path).to_dict()
 
 
-def routed(rid, stream=False, requested="gpt-4o", served="m"):
-    return RequestRouted(id=rid, requested=requested, served=served, stream=stream).to_dict()
+def routed(rid, stream=False, requested="gpt-4o", served="m", response=None, previous=None):
+    return RequestRouted(
+        id=rid, requested=requested, served=served, stream=stream, response_id=response, previous_response_id=previous
+    ).to_dict()
 
 
 def finished(rid, status=200, ms=1000, error=None):
@@ -144,6 +147,82 @@ def test_fold_bounds_records_counts_gaps_and_joins_mid_stream():
     late.feed(gen(98))
     s = late.summary()
     assert s["requests"] == 0 and s["errors"] == 0 and s["newTokens"] == 10
+
+
+def turn(rid, response, previous=None, path="/v1/responses"):
+    return [started(rid, path=path), routed(rid, response=response, previous=previous), gen(rid), finished(rid)]
+
+
+def place(f: Fold, rid: int) -> tuple:
+    rec = f.record(rid)
+    return rec.chain, rec.turn, rec.chain_start_seen
+
+
+def test_fold_follows_responses_chains():
+    f = Fold()
+    f.feed_all([*turn(1, "resp_a"), *turn(2, "resp_b", "resp_a"), *turn(3, "resp_x")])
+    # a chat request makes no response: no chain
+    f.feed_all([started(4), routed(4), gen(4), finished(4)])
+    # a background run is a request of its own (the POST answered queued, and
+    # never routed); it is running until the run ends
+    f.feed_all([started(5, path="/v1/responses"), finished(5)])
+    f.feed_all([started(6, path="/v1/responses (background)"), routed(6, response="resp_c", previous="resp_b")])
+    assert f.record(6).state == "running"
+    assert place(f, 1) == ("resp_a", 1, True) and place(f, 2) == ("resp_a", 2, True)
+    assert place(f, 3) == ("resp_x", 1, True) and place(f, 4) == (None, None, None)
+    assert place(f, 6) == ("resp_a", 3, True)
+    f.feed_all([gen(6), finished(6)])
+    assert f.record(6).state == "done" and place(f, 6) == ("resp_a", 3, True)
+    # a fork: another turn continuing the first
+    f.feed_all(turn(7, "resp_d", "resp_a"))
+    assert place(f, 7) == ("resp_a", 2, True)
+    # the server restarted (ids start again): a stored chain goes on
+    f.feed_all(turn(1, "resp_e", "resp_c"))
+    assert f.runs == 2 and place(f, 1) == ("resp_a", 4, True)
+    recs = f.summary()["records"]
+    last = recs[-1]
+    assert (last["responseId"], last["previousResponseId"]) == ("resp_e", "resp_c")
+    assert (last["chain"], last["turn"], last["chainStartSeen"]) == ("resp_a", 4, True)
+    assert last["chainText"] == "turn 4 of chain resp_a"
+    assert f.record(1).chain_text == "turn 4 of chain resp_a"
+    # an offline fold keeps the earlier run's records, and their places
+    report = Fold(max_requests=None).feed_all([*turn(1, "resp_a"), *turn(1, "resp_b", "resp_a")])
+    assert [(r["id"], r["chain"], r["turn"]) for r in report.summary()["records"]] == [
+        (1, "resp_a", 1),
+        (1, "resp_a", 2),
+    ]
+
+
+def test_fold_chains_whose_start_it_never_saw_start_at_the_earliest_seen():
+    f = Fold()
+    f.feed_all([*turn(1, "resp_y", "resp_unseen"), *turn(2, "resp_z", "resp_y")])
+    assert place(f, 1) == ("resp_y", 1, False) and place(f, 2) == ("resp_y", 2, False)
+    assert f.record(2).chain_text == "turn 2 of chain resp_y (earlier turns not seen)"
+    # a live fold remembers the newest places only
+    chains = Chains(kept=2)
+    recs = [RequestRecord(id=i, response_id=f"r{i}", previous_response_id=f"r{i - 1}" if i else None) for i in range(4)]
+    for rec in recs:
+        chains.place(rec)
+    assert [(r.chain, r.turn, r.chain_start_seen) for r in recs] == [("r0", i + 1, True) for i in range(4)]
+    late = RequestRecord(id=9, response_id="r9", previous_response_id="r1")  # r1's place was let go
+    chains.place(late)
+    assert (late.chain, late.turn, late.chain_start_seen) == ("r9", 1, False)
+    # a response id that is not text is not an event as the server writes it
+    bad = Fold()
+    bad.feed_all([started(1), {**routed(1), "responseId": 7}])
+    assert bad.malformed == 1 and bad.record(1).response_id is None
+
+
+def test_console_shows_a_requests_turn_and_chain():
+    f = Fold().feed_all([*turn(1, "resp_a"), *turn(2, "resp_b", "resp_a"), *turn(3, "resp_q", "resp_p")])
+    col = [key for _, key in COLUMNS].index("turn")
+    assert [row_cells(f.record(i))[col] for i in (1, 2, 3)] == ["1", "2", "1+"]
+    f.feed_all([started(4), finished(4)])
+    assert row_cells(f.record(4))[col] == "–"
+    details = details_text(f.record(2)).plain
+    assert "resp_b: turn 2 of chain resp_a" in details and "previousResponseId" in details
+    assert "(earlier turns not seen)" in details_text(f.record(3)).plain
+    assert "chain" not in details_text(f.record(4)).plain
 
 
 def test_fold_keeps_the_models_that_are_down_and_a_tenants_fold_starts_with_them():

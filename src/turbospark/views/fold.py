@@ -65,7 +65,14 @@ _FIELDS: dict[str, dict[str, Any]] = {
     "modelDetached": {"model": _text},
     "modelHealth": {"model": _text},
     "requestStarted": {"id": _int, "atMs": _number, "method": _text, "path": _text},
-    "requestRouted": {"id": _int, "requested": _text, "served": _text, "stream": lambda v: isinstance(v, bool)},
+    "requestRouted": {
+        "id": _int,
+        "requested": _text,
+        "served": _text,
+        "stream": lambda v: isinstance(v, bool),
+        "responseId": _text,
+        "previousResponseId": _text,
+    },
     "generated": {
         "id": _int,
         "model": _text,
@@ -121,6 +128,25 @@ class RequestRecord:
     model: str | None = None  # the model that generated (from ``generated``)
     usage: Usage = field(default_factory=Usage)
     stop_reason: str | None = None
+    #: a Responses API request's response id and the one it continues (from
+    #: ``requestRouted``), and where that puts it (:meth:`Chains.place`): its
+    #: chain's first response id, its turn in it (1 = the chain's first), and
+    #: whether the fold saw the chain from its start (else both count from
+    #: the earliest turn it saw)
+    response_id: str | None = None
+    previous_response_id: str | None = None
+    chain: str | None = None
+    turn: int | None = None
+    chain_start_seen: bool | None = None
+
+    @property
+    def chain_text(self) -> str | None:
+        """Where the request sits in its chain, for the views: ``turn 2 of
+        chain resp_…`` (None for a request that made no response)."""
+        if self.chain is None:
+            return None
+        unseen = "" if self.chain_start_seen else " (earlier turns not seen)"
+        return f"turn {self.turn} of chain {self.chain}{unseen}"
 
     @property
     def state(self) -> str:
@@ -169,6 +195,12 @@ class RequestRecord:
             "acceptedTokens": u.accepted_tokens,
             "generations": u.generations,
             "stopReason": self.stop_reason,
+            "responseId": self.response_id,
+            "previousResponseId": self.previous_response_id,
+            "chain": self.chain,
+            "turn": self.turn,
+            "chainStartSeen": self.chain_start_seen,
+            "chainText": self.chain_text,
         }
 
 
@@ -273,6 +305,43 @@ class Pulls:
         return [*self.active.values(), *self.ended]
 
 
+#: response ids whose place in a chain a live fold remembers (the newest)
+RESPONSES_KEPT = 10_000
+
+
+@dataclass
+class Chains:
+    """Responses API chains as the fold saw them: each response id's chain
+    (the first response id) and turn, found by following previous ids
+    through the requests seen. A chain whose start was never seen (the view
+    joined late, or the response it continues is older than what is kept)
+    starts at the earliest turn seen. Bounded to the newest ``kept`` ids
+    (None = unbounded); server runs do not reset it (stored responses
+    outlive a restart)."""
+
+    kept: int | None = RESPONSES_KEPT
+    #: response id -> (chain's first id, turn, chain start seen)
+    _places: OrderedDict[str, tuple[str, int, bool]] = field(default_factory=OrderedDict)
+
+    def place(self, rec: RequestRecord) -> None:
+        """Set ``rec``'s chain and turn from its response ids, and remember it."""
+        rid, prev = rec.response_id, rec.previous_response_id
+        if rid is None:
+            return
+        if prev is None:
+            place = (rid, 1, True)
+        elif prev in self._places:
+            chain, turn, whole = self._places[prev]
+            place = (chain, turn + 1, whole)
+        else:
+            place = (rid, 1, False)
+        rec.chain, rec.turn, rec.chain_start_seen = place
+        self._places[rid] = place
+        self._places.move_to_end(rid)
+        if self.kept is not None and len(self._places) > self.kept:
+            self._places.popitem(last=False)
+
+
 @dataclass
 class Fold:
     """Consumes event dicts in order; :meth:`summary` is JSON-able.
@@ -305,6 +374,7 @@ class Fold:
     unwell: dict[str, tuple[str, str]] = field(default_factory=dict)
     per_model: dict[str, ModelTotals] = field(default_factory=dict)
     pulls: Pulls = field(default_factory=Pulls)
+    chains: Chains = field(default_factory=Chains)
     _records: OrderedDict[int, RequestRecord] = field(default_factory=OrderedDict)
     _open: set[int] = field(default_factory=set)
     #: earlier server runs' records (kept only without ``max_requests``)
@@ -318,6 +388,8 @@ class Fold:
         self._prefill_ms = deque(maxlen=self.samples)
         self._queue_ms = deque(maxlen=self.samples)
         self._overhead_ms = deque(maxlen=self.samples)
+        if self.max_requests is None:  # (an offline fold keeps every chain too)
+            self.chains.kept = None
 
     def fresh(self) -> Fold:
         """An empty fold that knows the models this one knows, and their
@@ -384,6 +456,8 @@ class Fold:
         elif kind == "requestRouted":
             rec = self._record(rid)
             rec.requested, rec.served, rec.stream = event.get("requested"), event.get("served"), event.get("stream")
+            rec.response_id, rec.previous_response_id = event.get("responseId"), event.get("previousResponseId")
+            self.chains.place(rec)
             self._model(rec.served).requests += 1
         elif kind == "generated":
             self._generated(self._record(rid), event)

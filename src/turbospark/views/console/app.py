@@ -42,6 +42,7 @@ COLUMNS = (
     ("reused", "reused"),
     ("miss at", "miss"),
     ("evicted", "evicted"),
+    ("turn", "turn"),
 )
 MAX_ROWS = 1000
 
@@ -94,18 +95,29 @@ def row_cells(rec: RequestRecord) -> list[Any]:
         str(rec.usage.reused_tokens) if gen else "–",
         str(rec.usage.prefix_miss_at) if gen and rec.usage.prefix_miss_at is not None else "–",
         ("yes" if rec.usage.evictions else "no") if gen else "–",
+        _turn(rec),
     ]
+
+
+def _turn(rec: RequestRecord) -> str:
+    """A Responses API request's turn in its chain (``+``: counted from the
+    earliest turn seen)."""
+    if rec.turn is None:
+        return "–"
+    return f"{rec.turn}" + ("" if rec.chain_start_seen else "+")
 
 
 def details_text(rec: RequestRecord) -> Text:
     out = Text()
     out.append(f"request {rec.id}\n", style="bold")
+    if rec.chain_text is not None:  # (a response id is the server's, never a client's)
+        out.append(f"{printable(rec.response_id)}: {printable(rec.chain_text)}\n", style="bold cyan")
     for key, value in rec.to_dict().items():
-        if key == "id" or value is None:
+        if key in ("id", "chainText") or value is None:
             continue
         if isinstance(value, float):
             value = f"{value:.2f}"
-        out.append(f"{key:<16}", style="dim")
+        out.append(f"{key:<16} ", style="dim")
         out.append(f"{printable(value)}\n", style="red" if key == "error" else "")
     out.rstrip()
     return out
