@@ -135,6 +135,9 @@ class ScriptedModel:
     def load(self) -> dict[str, Any]:
         return {"running": 0, "waiting": 0, "slots": []}
 
+    def slot_control(self) -> None:
+        return None  # no KV, no slots
+
     def reserve(self, config: GenerationConfig) -> Any:
         return lambda: None  # no wait list: every run starts at once
 

@@ -321,6 +321,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
             model_folders=args.models_dir or None,
             store_dir=(args.models_dir or [cache_dir()])[0],
             responses=responses,
+            slot_save_path=args.slot_save_path,
             remote_key_envs=args.remote_key_env,
             model_defaults=args.model_defaults,
             progress_for=display.progress_for,

@@ -194,6 +194,11 @@ SERVE: tuple[Option, ...] = (
         type=int,
         fallback=0,
     ),
+    _server(
+        "--slot-save-path",
+        "folder where POST /slots/{id}?action=save|restore keeps slot files (llama-server's; default: refused)",
+        metavar="DIR",
+    ),
     _server("--api-key", "require this API key (repeatable; or TURBOSPARK_API_KEY)", "api_keys", action="append"),
     _server(
         "--admin-key", "a separate key for /v1/admin routes (or TURBOSPARK_ADMIN_KEY)", "admin_keys", action="append"

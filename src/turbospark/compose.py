@@ -101,6 +101,7 @@ def assemble(
     on_loaded: Callable[[Any], None] | None = None,
     store_dir: str | None = None,
     responses: ResponseStore | None = None,
+    slot_save_path: str | None = None,
 ) -> Assembly:
     """Open the sinks, register (and load) the models, build the app.
     Raises what loading raises (a bad model, no memory, a name clash; an
@@ -144,6 +145,7 @@ def assemble(
         model_defaults=dict(model_defaults or {}),
         puller=puller,
         responses=responses,
+        slot_save_path=os.path.abspath(os.path.expanduser(slot_save_path)) if slot_save_path else None,
     )
     state.drain.on_cut(registry.stop_waiting)  # loads waiting for room end at the deadline
     app = build_app(state, auth, policy)

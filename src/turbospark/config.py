@@ -153,6 +153,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "body_timeout": (int, float),
     "event_log_max_bytes": (int,),
     "state_dir": (str,),
+    "slot_save_path": (str,),
     "store": (bool,),
     "store_ttl": (int, float),
 }
@@ -287,8 +288,9 @@ def load_config(path: str, pull: PullResolver | None = None) -> Config:
     here = os.path.dirname(os.path.abspath(path))
     if "api_key_file" in cfg.server:  # paths in the file are relative to it
         cfg.server["api_key_file"] = os.path.join(here, cfg.server["api_key_file"])
-    if "state_dir" in cfg.server:
-        cfg.server["state_dir"] = os.path.join(here, os.path.expanduser(cfg.server["state_dir"]))
+    for key in ("state_dir", "slot_save_path"):
+        if key in cfg.server:
+            cfg.server[key] = os.path.join(here, os.path.expanduser(cfg.server[key]))
     if "models_dirs" in cfg.server:
         cfg.server["models_dirs"] = [os.path.join(here, d) for d in cfg.server["models_dirs"]]
     cfg.defaults = _section(path, "defaults", data.get("defaults", {}), DEFAULT_KEYS)

@@ -42,7 +42,8 @@ class Server:
     ``store_dir``: the model store ``/api/pull`` fills and pulled models load
     from (None, the default: no store; ``turbospark serve`` always has one).
     ``state_dir``: where stored responses are kept (None, the default: none,
-    as ``--store off``)."""
+    as ``--store off``). ``slot_save_path``: the folder of llama-server's
+    slot files (``POST /slots/{id}?action=save|restore``; None: refused)."""
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class Server:
         store_dir: str | None = None,
         state_dir: str | None = None,
         store_ttl: float = 30 * 86400.0,
+        slot_save_path: str | None = None,
     ) -> None:
         self.send_timeout, self.body_timeout = send_timeout, body_timeout
         self.host = host
@@ -95,6 +97,7 @@ class Server:
             model_defaults=model_defaults,
             store_dir=store_dir,
             responses=ResponseStore(state_dir, ttl=store_ttl) if state_dir is not None else None,
+            slot_save_path=slot_save_path,
         )
         self.registry = self.assembly.registry
         self.observer = self.assembly.observer

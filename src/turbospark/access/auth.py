@@ -50,11 +50,22 @@ VIEW_ROUTES = {
     (method, path) for method in ("GET", "HEAD") for path in ("/v1/events", "/v1/stats", "/v1/slots", "/metrics")
 }
 MISSING_KEY = "invalid or missing API key"
+#: llama-server's slot routes: an admin key sees and acts on every tenant's
+#: slots there (an inference key, only its own tenant's)
+SLOT_PATH = "/slots"
 NOT_ADMIN = "this route needs an admin key (--admin-key); an inference key never administers"
 
 
 #: admin routes outside ``/v1/admin/``: Ollama's model management (the store)
 ADMIN_PATHS = frozenset({"/api/pull", "/api/delete", "/api/copy"})
+
+
+def admin_opens(method: str, path: str) -> bool:
+    """The routes besides the admin ones an admin key opens: the views, and
+    llama-server's slot routes."""
+    if (method, path) in VIEW_ROUTES:
+        return True
+    return (method in ("GET", "HEAD") and path == SLOT_PATH) or (method == "POST" and path.startswith(SLOT_PATH + "/"))
 
 
 def is_admin_route(path: str) -> bool:
@@ -116,13 +127,13 @@ class Auth:
         if not admin_route and not self._digests:
             # only admin keys configured: the rest stays open (an admin key
             # still reads every tenant's views)
-            if admin_tenant and (method, path) in VIEW_ROUTES:
+            if admin_tenant and admin_opens(method, path):
                 return Decision(True, admin_tenant, admin=True)
             return Decision(True)
         if key is None:
             return Decision(False, reason=MISSING_KEY)
         tenant = self._match(given, self._digests)
-        if admin_tenant and (admin_route or (method, path) in VIEW_ROUTES):
+        if admin_tenant and (admin_route or admin_opens(method, path)):
             return Decision(True, admin_tenant, admin=True)
         if admin_route:
             if tenant:

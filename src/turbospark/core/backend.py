@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..engine.channel import Run
+from ..engine.slotcontrol import SlotControl
 from ..engine.types import AdmissionError, CancelFlag, Embeddings, GenerationConfig
 from .request import ChatRequest, Prepared
 
@@ -98,6 +99,12 @@ class Backend(Protocol):
 
     def info(self) -> dict[str, Any]: ...
     def load(self) -> dict[str, Any]: ...
+    def slot_control(self) -> SlotControl | None:
+        """Its session slots for llama-server's ``/slots`` routes (view,
+        save, restore, erase); None where there are none here (a remote
+        engine's are its own)."""
+        ...
+
     def health(self) -> Health: ...
     async def probe(self) -> str | None:
         """A health check (replica groups): why it cannot serve now, or None."""

@@ -14,6 +14,8 @@ and pure translations, so editors and tools written for llama-server
   saying so.
 - ``/tokenize``, ``/detokenize``, ``/apply-template``, ``/props``,
   ``/embedding``: the model's tokenizer, template and embeddings.
+- ``GET /slots``, ``POST /slots/{id}?action=save|restore|erase``: the
+  session slots, and slot files (``routes/llamacpp.py``).
 
 Errors: ``{"error": {"code", "message", "type"}}``, as llama-server.
 Sampling follows llama-server's field names (``n_predict``,
@@ -33,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.answer import Delta
 from ..core.request import ChatRequest, FillIn, Final, Prepared
+from ..engine.slotcontrol import SlotAction, SlotState
 from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb
 from . import base
 from .base import Kind, Served
@@ -330,7 +333,17 @@ def generation_settings(body: CompletionBody, n_ctx: int, config: GenerationConf
     """The settings an answer ran with (llama-server's ``generation_settings``)."""
     return {
         "n_ctx": n_ctx,
+        **sampling_params(config),
         "n_predict": body.n_predict if body.n_predict is not None else UNLIMITED,
+        "n_probs": body.n_probs or 0,
+        "stream": bool(body.stream),
+    }
+
+
+def sampling_params(config: GenerationConfig) -> dict[str, Any]:
+    """A job's settings under llama-server's names (its ``params``)."""
+    return {
+        "n_predict": config.max_new_tokens,
         "temperature": config.temperature,
         "top_k": config.top_k,
         "top_p": config.top_p,
@@ -342,11 +355,65 @@ def generation_settings(body: CompletionBody, n_ctx: int, config: GenerationConf
         "frequency_penalty": config.frequency_penalty,
         "stop": list(config.stop),
         "ignore_eos": config.ignore_eos,
-        "n_probs": body.n_probs or 0,
+        "n_probs": config.logprobs or 0,
         "n_indent": config.n_indent,
         "t_max_predict_ms": round(config.max_predict_seconds * 1000),
-        "stream": bool(body.stream),
     }
+
+
+def slot(state: SlotState, n_ctx: int, speculative: bool, show_task: bool) -> dict[str, Any]:
+    """One slot of ``GET /slots`` (llama-server's metrics-only form: never
+    the prompt's text); ``show_task``: its job's settings and progress
+    (only to whom the slot belongs)."""
+    out: dict[str, Any] = {
+        "id": state.id,
+        "n_ctx": n_ctx,
+        "speculative": speculative,
+        "is_processing": state.processing,
+    }
+    task = state.task
+    if task is None or not show_task:
+        return out
+    out["id_task"] = task.id
+    out["n_prompt_tokens"] = task.n_prompt
+    out["params"] = sampling_params(task.config)
+    out["next_token"] = [
+        {
+            "has_next_token": task.has_next_token,
+            "has_new_line": task.has_new_line,
+            "n_remain": task.n_remain,
+            "n_decoded": task.n_decoded,
+            "stopping_word": task.stopping_word,
+        }
+    ]
+    return out
+
+
+def slot_saved(action: SlotAction, filename: str) -> dict[str, Any]:
+    """``POST /slots/{id}?action=save``."""
+    return {
+        "id_slot": action.slot,
+        "filename": filename,
+        "n_saved": action.tokens,
+        "n_written": action.bytes,
+        "timings": {"save_ms": action.ms},
+    }
+
+
+def slot_restored(action: SlotAction, filename: str) -> dict[str, Any]:
+    """``POST /slots/{id}?action=restore``."""
+    return {
+        "id_slot": action.slot,
+        "filename": filename,
+        "n_restored": action.tokens,
+        "n_read": action.bytes,
+        "timings": {"restore_ms": action.ms},
+    }
+
+
+def slot_erased(action: SlotAction) -> dict[str, Any]:
+    """``POST /slots/{id}?action=erase``."""
+    return {"id_slot": action.slot, "n_erased": action.tokens}
 
 
 def _probability(prob: TokenProb) -> dict[str, Any]:

@@ -177,7 +177,7 @@ class HostCache:
         for i, entry in enumerate(self.records()):
             name = f"{i:06d}{FILE_SUFFIX}"
             try:
-                _write_record(folder, name, entry)
+                write_record(os.path.join(folder, name), entry)
             except OSError as e:
                 log.warning("KV cache folder %s: %s", folder, e)
                 break
@@ -201,7 +201,7 @@ class HostCache:
         loaded: list[SavedState] = []
         room = self.budget
         for name in names:
-            entry = _read_record(os.path.join(folder, name))
+            entry = read_record(os.path.join(folder, name))
             if entry is None or entry.size > room:
                 continue
             loaded.append(entry)
@@ -318,7 +318,11 @@ def cache_folder(root: str, model_path: str, cache_type: str) -> str:
     return os.path.join(os.path.expanduser(root), f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}")
 
 
-def _write_record(folder: str, name: str, entry: SavedState) -> None:
+def write_record(path: str, entry: SavedState) -> int:
+    """Write ``entry`` to ``path`` as one verified record (atomically: a
+    temporary file in the same folder, then renamed; mode 0600); returns
+    the bytes written. Raises ``OSError``."""
+    folder = os.path.dirname(path) or "."
     tokens = array.array("i", entry.tokens).tobytes()
     head: dict[str, object] = {"owner": entry.owner, "prompt_len": entry.prompt_len, "tokens": len(entry.tokens)}
     head["sha256"] = _digest(head, tokens, entry.state)
@@ -329,13 +333,15 @@ def _write_record(folder: str, name: str, entry: SavedState) -> None:
             f.write(json.dumps(head).encode() + b"\n")
             f.write(tokens)
             f.write(entry.state)
-        os.replace(tmp, os.path.join(folder, name))
+            written = f.tell()
+        os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+    return written
 
 
 def _digest(head: dict[str, object], tokens: bytes, state: bytes) -> str:
@@ -347,7 +353,7 @@ def _digest(head: dict[str, object], tokens: bytes, state: bytes) -> str:
     return digest.hexdigest()
 
 
-def _read_record(path: str) -> SavedState | None:
+def read_record(path: str) -> SavedState | None:
     """The record in ``path``, or None for anything that is not one this
     module wrote whole: never a reason to fail the model's load."""
     try:

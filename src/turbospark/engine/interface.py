@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .channel import Run
+from .slotcontrol import SlotControl
 from .types import CancelFlag, Embeddings, GenerationConfig
 
 
@@ -68,6 +69,11 @@ class ChatModel(Protocol):
         ...
 
     def info(self) -> dict[str, Any]: ...
+    def slot_control(self) -> SlotControl | None:
+        """Its session slots for llama-server's ``/slots`` routes (None: it
+        has none to show or act on)."""
+        ...
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
     def detokenize(self, tokens: list[int]) -> str: ...
     def chat_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str: ...

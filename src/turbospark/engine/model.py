@@ -24,6 +24,7 @@ from .llama import CACHE_TYPES, FLASH_ATTN, ContextOptions, LlamaContext, LlamaM
 from .memory import KvPlan, plan_kv
 from .sampling import lazy_grammar
 from .scheduler import Scheduler
+from .slotcontrol import SlotControl
 from .template import TURN_END_MARKERS, ChatTemplate
 from .types import (
     AdmissionError,
@@ -244,6 +245,10 @@ class LlamaChatModel:
             "chat_template": self.template.source,
             "sampling": dict(self.default_sampling),
         }
+
+    def slot_control(self) -> SlotControl | None:
+        """Its session slots (``/slots``); None for an embedding model."""
+        return SlotControl(self.scheduler, self.seq_ctx) if self.scheduler is not None else None
 
     def _end_turn_tokens(self) -> frozenset[int]:
         out = set()

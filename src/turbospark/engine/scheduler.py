@@ -23,20 +23,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
 
 from .admission import Reservation, WaitList
 from .hostcache import HostCache
 from .jobs import Job, end_job
 from .llama import LlamaContext, LlamaModelFile
-from .sequences import Running
-from .slots import COPY_MIN_SHARE, COPY_MIN_TOKENS, Slot, SlotStore
+from .sequences import Running, task_view
+from .slots import COPY_MIN_SHARE, COPY_MIN_TOKENS, Slot, SlotStore, TaskView
 from .speculative import Calibration, StepCosts
 from .steps import Stepper
 from .types import EngineError
 
 log = logging.getLogger("turbospark.engine")
+T = TypeVar("T")
 
 
 class Scheduler:
@@ -103,6 +107,8 @@ class Scheduler:
         self._fault: Exception | None = None
         self._pause = 0.0
         self._on_step = on_step
+        #: control operations to run on this thread between steps (:meth:`call`)
+        self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._thread = threading.Thread(target=self._run, name=f"turbospark-{name}", daemon=True)
         self._thread.start()
 
@@ -183,6 +189,40 @@ class Scheduler:
     def slot_view(self) -> list[dict[str, Any]]:
         return self._slots.view()
 
+    @property
+    def store(self) -> SlotStore:
+        """The slots and their records (touch their KV only through :meth:`call`)."""
+        return self._slots
+
+    def tasks(self) -> list[TaskView | None]:
+        """Per slot, the job it runs now (live), else the last one it ran,
+        else None (read from any thread: a view, not a lock-step copy)."""
+        running = {seq.slot.seq_id: seq for seq in list(self._active)}
+        out: list[TaskView | None] = []
+        for slot in self._slots.slots:
+            seq = running.get(slot.seq_id)
+            out.append(task_view(seq) if seq is not None else slot.task)
+        return out
+
+    def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """Run ``fn`` on the engine thread between two steps (it may touch the
+        KV and the slots' records) and return what it returns, or raise what
+        it raises; :class:`EngineError` when the model stops first or the
+        thread does not get to it within ``timeout`` seconds (it then never
+        runs)."""
+        future: Future[T] = Future()
+        with self._cond:
+            if self._wait_list.stopping:
+                raise EngineError("the model is unloading")
+            self._calls.append((fn, future))
+            self._cond.notify()
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            if future.cancel():
+                raise EngineError(f"the engine did not get to it within {timeout:g}s") from None
+            return future.result()
+
     def stalled_for(self) -> float:
         """Seconds since the loop last began a step while work is waiting or
         running (0 when there is none): a scheduler stuck inside the engine
@@ -222,14 +262,20 @@ class Scheduler:
                 slots.load_host(slots.cache_dir)
             while True:
                 with self._cond:
-                    while not wait_list.stopping and not wait_list.jobs and not self._active and not self._calibration:
+                    while not (
+                        wait_list.stopping or wait_list.jobs or self._active or self._calibration or self._calls
+                    ):
                         self._cond.wait()
                     if wait_list.stopping:
                         break
                     self._progress_at = time.monotonic()
+                    calls = list(self._calls)
+                    self._calls.clear()
                     wait_list.drop_cancelled_locked()
                     running.drop_cancelled()
                     admitted = wait_list.admit_locked(len(self._active))
+                for fn, future in calls:
+                    _answer(fn, future)
                 if not admitted and not self._active and self._calibration:
                     self._steps.calibrate(self._calibration)
                     continue
@@ -253,7 +299,12 @@ class Scheduler:
         with self._cond:
             self._wait_list.stopping = True
             waiting = self._wait_list.take_all_locked()
+            calls = list(self._calls)
+            self._calls.clear()
         failure = self._wait_list.failure
+        for _, future in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(EngineError("the model was unloaded before this ran"))
         for job in waiting:
             end_job(
                 job,
@@ -280,3 +331,14 @@ class Scheduler:
             time.sleep(pause)
         if fault is not None:
             raise fault
+
+
+def _answer(fn: Callable[[], T], future: Future[T]) -> None:
+    """Run a :meth:`Scheduler.call` (unless its caller gave up) and hand back
+    its result or its exception."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn())
+    except Exception as exc:  # noqa: BLE001 - the caller's to handle
+        future.set_exception(exc)

@@ -19,6 +19,7 @@ the wait list's lock).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -27,7 +28,7 @@ from .detok import IndentStop, StopMatcher, Utf8Stream
 from .jobs import Job, cancelled_result, end_job
 from .llama import LlamaModelFile
 from .sampling import SamplerChain
-from .slots import Slot, SlotStore
+from .slots import Slot, SlotStore, TaskView
 from .speculative import NgramDrafter
 from .types import AdmissionError, EngineError, Progress, RawDecodeResult, StopReason, TokenProb
 
@@ -67,6 +68,7 @@ class Seq:
         "probs_out",
         "miss_at",
         "indent",
+        "task_id",
     )
 
     def __init__(
@@ -105,6 +107,23 @@ class Seq:
         self.probs: list[TokenProb] = []
         self.probs_out: list[TokenProb] = []
         self.miss_at: int | None = None
+        #: its task id (llama-server's ``id_task`` in ``/slots``)
+        self.task_id = 0
+
+
+def task_view(seq: Seq) -> TaskView:
+    """Where ``seq`` stands, as ``/slots`` shows it (read off the engine
+    thread too: each field is one read of a value the engine replaces)."""
+    return TaskView(
+        id=seq.task_id,
+        config=seq.job.config,
+        n_prompt=len(seq.job.prompt),
+        n_decoded=seq.new_tokens,
+        n_remain=max(0, seq.max_new - seq.new_tokens),
+        has_next_token=not seq.finished,
+        has_new_line=any("\n" in t for t in list(seq.text)),
+        stopping_word=seq.stops.matched or "",
+    )
 
 
 def hand_out(seq: Seq, tokens: int) -> None:
@@ -182,6 +201,7 @@ class Running:
         self.active: list[Seq] = []
         self._slots = slots
         self._wait_list = wait_list
+        self._task_ids = itertools.count(1)
 
     # -------------------------------------------------------------- starts
     def start(self, job: Job, slot: Slot, extension: bool) -> None:
@@ -216,6 +236,7 @@ class Running:
         ``reused`` prompt tokens), drafting when speculative, now running."""
         seq = Seq(job, slot, chain, reused, evicted, reused_from)
         seq.miss_at = miss_at
+        seq.task_id = next(self._task_ids)
         if self.speculative and job.config.speculative:
             seq.drafter = NgramDrafter(job.prompt, k_max=self.draft_max)
         self.active.append(seq)
@@ -236,6 +257,7 @@ class Running:
         seq.chain.close()
         seq.slot.busy = False
         seq.slot.last_used = time.time()
+        seq.slot.task = task_view(seq)
         if seq in self.active:
             self.active.remove(seq)
 

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .hostcache import FolderLock, HostCache, common_prefix, folder_problem
+from .hostcache import FolderLock, HostCache, SavedState, common_prefix, folder_problem
 from .jobs import Job
 from .llama import LlamaContext
+from .types import GenerationConfig, SlotActionError
 
 log = logging.getLogger("turbospark.engine")
 
@@ -55,6 +57,21 @@ COPY_MIN_SHARE = 0.5
 HOST_MIN_TOKENS = 64
 
 
+@dataclass(frozen=True)
+class TaskView:
+    """The job a slot runs, or ran last (llama-server's ``/slots``): its
+    task id, its settings, its prompt's length and how far it has got."""
+
+    id: int
+    config: GenerationConfig
+    n_prompt: int
+    n_decoded: int
+    n_remain: int
+    has_next_token: bool
+    has_new_line: bool
+    stopping_word: str
+
+
 @dataclass(eq=False)
 class Slot:
     """One llama.cpp sequence id and the record of what its KV holds."""
@@ -68,6 +85,8 @@ class Slot:
     #: how many of ``tokens`` are the previous job's prompt (the rest is what
     #: it generated): the part a next turn of the same conversation repeats
     prompt_len: int = 0
+    #: the last job that ran here, as it ended (None: none yet)
+    task: TaskView | None = None
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -278,6 +297,60 @@ class SlotStore:
             return n
         ctx.seq_rm(dst.seq_id)
         return 0
+
+    # ---------------------------------------------------------- slot actions
+    def _target(self, slot_id: int, owner: str | None) -> Slot:
+        """The slot a save, restore or erase acts on: it exists, runs no job
+        and (unless ``owner`` is None: an admin) is the owner's or empty."""
+        if not 0 <= slot_id < len(self.slots):
+            raise SlotActionError(f"there is no slot {slot_id} (slots 0-{len(self.slots) - 1})", "not_found")
+        slot = self.slots[slot_id]
+        if slot.busy:
+            raise SlotActionError(f"slot {slot_id} is processing a request; try again when it is idle", "busy")
+        if owner is not None and slot.tokens and slot.owner != owner:
+            raise SlotActionError(f"slot {slot_id} holds another tenant's conversation", "forbidden")
+        return slot
+
+    def save_slot(self, slot_id: int, owner: str | None) -> SavedState:
+        """What ``slot_id`` holds (its record and its sequence's state), to
+        be written to a file (the engine thread)."""
+        slot = self._target(slot_id, owner)
+        if not slot.tokens:
+            raise SlotActionError(f"slot {slot_id} holds nothing to save")
+        return SavedState(slot.owner, list(slot.tokens), self.ctx.seq_state(slot.seq_id), slot.prompt_len)
+
+    def restore_slot(self, slot_id: int, entry: SavedState, owner: str | None) -> int:
+        """Load a saved record into ``slot_id`` (what it held moves to the
+        host tier, as an eviction does); its record becomes the saved one,
+        so a next prompt that extends those tokens reuses them. The state
+        must restore and end where its tokens say (as ``restore_from_host``
+        checks), else the slot is left empty. Returns the tokens restored."""
+        slot = self._target(slot_id, owner)
+        if owner is not None and entry.owner != owner:
+            raise SlotActionError("this record was saved by another tenant", "forbidden")
+        self.evict(slot, False)
+        ctx = self.ctx
+        ctx.seq_rm(slot.seq_id)
+        self._clear(slot)
+        if not (ctx.set_seq_state(slot.seq_id, entry.state) and ctx.seq_pos_max(slot.seq_id) == len(entry.tokens) - 1):
+            ctx.seq_rm(slot.seq_id)
+            raise SlotActionError("the saved slot would not restore into this model's context")
+        slot.tokens, slot.owner, slot.prompt_len = list(entry.tokens), entry.owner, entry.prompt_len
+        slot.last_used = time.time()
+        return len(entry.tokens)
+
+    def erase_slot(self, slot_id: int, owner: str | None) -> int:
+        """Remove ``slot_id``'s KV and empty its record; returns the tokens
+        it held."""
+        slot = self._target(slot_id, owner)
+        n = len(slot.tokens)
+        self.ctx.seq_rm(slot.seq_id)
+        self._clear(slot)
+        return n
+
+    @staticmethod
+    def _clear(slot: Slot) -> None:
+        slot.tokens, slot.owner, slot.session_key, slot.prompt_len = [], "", None, 0
 
     # ------------------------------------------------------------ host tier
     def save_to_host(self, slot: Slot) -> None:

@@ -338,3 +338,14 @@ class Overloaded(RuntimeError):
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class SlotActionError(ValueError):
+    """A slot action (save, restore, erase) refused: ``reason`` is
+    "invalid" (a bad request: no such file, a record that will not
+    restore), "not_found" (no such slot), "busy" (the slot runs a job) or
+    "forbidden" (another tenant's slot or record)."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -13,6 +13,7 @@ from ..core.backend import Capabilities, Health, Upstream, Vocabulary
 from ..core.request import ChatRequest, Prepared
 from ..engine.channel import Run
 from ..engine.interface import ChatModel
+from ..engine.slotcontrol import SlotControl
 from ..engine.types import CancelFlag, Embeddings, GenerationConfig
 from ..tools.prompting import template_thinks
 from .prompt import prepare_local, render
@@ -54,6 +55,9 @@ class LocalBackend:
 
     def load(self) -> dict[str, Any]:
         return self.engine.load()
+
+    def slot_control(self) -> SlotControl | None:
+        return self.engine.slot_control()
 
     def health(self) -> Health:
         return Health(self.engine.failure, self.engine.stalled_for())

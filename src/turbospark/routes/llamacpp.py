@@ -1,9 +1,23 @@
 """llama.cpp server's native routes besides its generating ones
 (``/completion`` and ``/infill``: the generic handler, ``dialects/llamacpp.py``):
-``/tokenize``, ``/detokenize``, ``/apply-template``, ``/props``, ``/embedding``."""
+``/tokenize``, ``/detokenize``, ``/apply-template``, ``/props``, ``/embedding``,
+and the session slots: ``GET /slots``, ``POST /slots/{id}?action=save|restore|erase``.
+
+Who may see and act on slots (llama-server has no tenants): without keys,
+everyone, on every slot. With ``--api-key``, an inference key sees its own
+tenant's slots and the empty ones (another tenant's only as a bare
+id and whether it is processing), saves, restores into and erases only its
+tenant's slots or empty ones, and restores only the files its tenant saved
+(a record keeps its owner); an admin key sees and acts on every slot. No
+route needs an admin key: a tenant can only ever touch its own KV.
+``--slot-save-path DIR`` is where save and restore keep their files (without
+it they are refused, 501, as llama-server refuses them); the file a caller
+names is a plain name inside that folder (no path, not hidden), anything
+else a 400."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from starlette.requests import Request
@@ -13,13 +27,18 @@ from starlette.routing import Route
 from ..core.backend import Backend, Vocabulary, needs_local
 from ..dialects import llamacpp as ll
 from ..dialects.common import BadRequest
+from ..engine.slotcontrol import SlotControl
+from ..engine.types import SlotActionError
 from .common import (
     JSONResponse,
     dispatch,
     off_loop,
     read_body,
+    read_json,
+    state_of,
 )
 from .embeddings import embed
+from .events import viewer
 
 
 def _vocabulary(model: Backend, what: str) -> Vocabulary:
@@ -78,10 +97,105 @@ async def embedding(request: Request) -> Response:
     return JSONResponse(out)
 
 
+def _slot_control(model: Backend) -> SlotControl:
+    control = model.slot_control()
+    if control is None:
+        where = f" (its slots are {model.upstream.base_url}'s)" if model.upstream is not None else ""
+        raise BadRequest(
+            f"model {model.model_id!r} has no session slots here{where}", "model", 501, type="not_supported_error"
+        )
+    return control
+
+
+async def slots(request: Request) -> Response:
+    """``GET /slots``: the routed model's session slots (``?model=``, else
+    the default chat model); ``?fail_on_no_slot=1``: 503 when no job could
+    start now (every slot that may run one, ``parallel`` of them, does)."""
+    model, _ = await dispatch(request).route(request.query_params.get("model"), "chat", False)
+    control = _slot_control(model)
+    states = control.states()
+    if _flag(request.query_params.get("fail_on_no_slot")) and not control.idle():
+        raise BadRequest("no slot available", None, 503, type="unavailable_error")
+    tenant = viewer(request)
+    out = []
+    for state in states:
+        own = tenant is None or state.owner == tenant
+        if own or not state.tokens_cached:
+            out.append(ll.slot(state, control.n_ctx, control.speculative, own))
+    return JSONResponse(out)
+
+
+def _flag(value: str | None) -> bool:
+    return value is not None and value.lower() in ("1", "true", "yes", "on")
+
+
+ACTIONS = ("save", "restore", "erase")
+
+
+async def slot_action(request: Request) -> Response:
+    """``POST /slots/{id}?action=save|restore|erase`` (see the module
+    docstring for who may act on which slot and file)."""
+    try:
+        slot_id = int(request.path_params["id_slot"])
+    except ValueError:
+        raise BadRequest("Invalid slot ID", "id_slot") from None
+    action = request.query_params.get("action", "")
+    if action not in ACTIONS:
+        raise BadRequest(f"Invalid action {action!r} (one of: {', '.join(ACTIONS)})", "action")
+    body = await read_json(request) if action != "erase" or await request.body() else {}
+    requested = body.get("model") if isinstance(body.get("model"), str) else request.query_params.get("model")
+    folder = state_of(request).slot_save_path
+    if action != "erase" and folder is None:
+        raise BadRequest(
+            "This server does not support slots action. Start it with `--slot-save-path`",
+            None,
+            501,
+            type="not_supported_error",
+        )
+    model, _ = await dispatch(request).route(requested, "chat", False)
+    control = _slot_control(model)
+    owner = viewer(request)
+    try:
+        if action == "erase":
+            return JSONResponse(ll.slot_erased(await off_loop(control.erase, slot_id, owner)))
+        assert folder is not None
+        name = body.get("filename")
+        path = slot_file(folder, name)
+        if action == "save":
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            return JSONResponse(ll.slot_saved(await off_loop(control.save, slot_id, path, owner), str(name)))
+        return JSONResponse(ll.slot_restored(await off_loop(control.restore, slot_id, path, owner), str(name)))
+    except SlotActionError as exc:
+        raise BadRequest(str(exc), None, _STATUS.get(exc.reason, 400)) from None
+
+
+_STATUS = {"invalid": 400, "not_found": 404, "busy": 409, "forbidden": 403}
+
+
+def slot_file(folder: str, name: Any) -> str:
+    """The file ``name`` in ``folder``: a plain, visible file name whose
+    resolved path (links followed) stays inside the folder; else a 400."""
+    if not isinstance(name, str) or not name:
+        raise BadRequest("'filename' (a file name) is required", "filename")
+    bad = (
+        len(name) > 255
+        or name.startswith(".")
+        or any(c in name for c in ("/", "\\", "\0"))
+        or any(ord(c) < 32 for c in name)
+    )
+    root = os.path.realpath(folder)
+    path = os.path.join(root, name)
+    if bad or os.path.dirname(os.path.realpath(path)) != root:
+        raise BadRequest("Invalid filename: a plain file name inside the slot save folder is required", "filename")
+    return path
+
+
 routes = [
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/apply-template", apply_template, methods=["POST"]),
     Route("/props", props, methods=["GET"]),
     Route("/embedding", embedding, methods=["POST"]),
+    Route("/slots", slots, methods=["GET"]),
+    Route("/slots/{id_slot}", slot_action, methods=["POST"]),
 ]

@@ -62,6 +62,9 @@ class ServerState:
     puller: Puller | None = None
     #: stored responses and conversations (``--state-dir``); None: ``--store off``
     responses: ResponseStore | None = None
+    #: where llama-server's slot save/restore keeps its files
+    #: (``--slot-save-path``); None: those actions are refused
+    slot_save_path: str | None = None
     #: requests in flight, and whether new ones are taken (graceful shutdown)
     drain: Drain = field(default_factory=Drain)
     #: background responses running, by response id (``background: true``)

@@ -24,6 +24,7 @@ from typing import Any
 from ..core.backend import Capabilities, Health, Upstream, needs_local
 from ..core.request import ChatRequest, Prepared
 from ..engine.channel import Channel, Run
+from ..engine.slotcontrol import SlotControl
 from ..engine.types import (
     AdmissionError,
     CancelFlag,
@@ -137,6 +138,10 @@ class RemoteModel:
 
     def load(self) -> dict[str, Any]:
         return {"running": self.in_flight, "waiting": 0, "slots": []}
+
+    def slot_control(self) -> SlotControl | None:
+        """A remote engine's slots are its own (not shown or acted on here)."""
+        return None
 
     def reserve(self, config: GenerationConfig) -> Callable[[], None]:
         """No wait list here: the upstream admits (its refusals are relayed)."""
