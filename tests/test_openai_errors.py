@@ -109,7 +109,7 @@ def test_server_survives_bad_input(base_url, oai):
     assert oai.chat.completions.create(model="m", messages=OK_MSG, max_tokens=3).choices[0].message.content is not None
 
 
-def test_image_parts_are_dropped_with_a_warning(base_url):
+def test_image_parts_are_refused_by_a_model_without_vision(base_url):
     r = post(
         base_url,
         {
@@ -126,5 +126,8 @@ def test_image_parts_are_dropped_with_a_warning(base_url):
             ],
         },
     )
-    assert r.status_code == 200
-    assert "image" in r.headers["x-turbospark-warning"]
+    assert r.status_code == 400, r.text  # never answered as if the image was seen
+    error = r.json()["error"]
+    assert (
+        error["code"] == "images_not_supported" and error["param"] == "messages" and "smollm2-135m" in error["message"]
+    )
