@@ -1,14 +1,15 @@
-"""llama-server's ``return_progress`` (issue 38): while a long prompt is
-prefilled, ``prompt_progress`` chunks (``total``, ``cache``, ``processed``,
-``time_ms``) arrive before the first token, on /completion and on
-/v1/chat/completions; fields this server does not do are refused."""
+"""llama-server's ``return_progress`` and ``timings_per_token`` (issue 38):
+while a long prompt is prefilled, ``prompt_progress`` chunks (``total``,
+``cache``, ``processed``, ``time_ms``) arrive before the first token, and
+with ``timings_per_token`` every text chunk carries the engine's timings so
+far, on /completion and on /v1/chat/completions; ``post_sampling_probs``,
+not done here, is refused."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
-import pytest
 
 from .support import assert_openai_error
 
@@ -61,11 +62,33 @@ def test_chat_streams_prompt_progress(base_url):
     assert all(c["choices"] == [] for c in chunks if "prompt_progress" in c)
 
 
-@pytest.mark.parametrize("field", ["post_sampling_probs", "timings_per_token"])
-def test_fields_not_done_are_refused(base_url, field):
-    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, field: True}
-    assert_openai_error(
-        httpx.post(base_url + "/v1/chat/completions", json=chat, timeout=60), 400, field, "not supported"
+def test_text_chunks_carry_the_timings_so_far(base_url):
+    completion = frames(
+        base_url + "/completion",
+        {"prompt": "Count: 1, 2, 3,", "n_predict": 12, "stream": True, "timings_per_token": True, "ignore_eos": True},
     )
+    chat = frames(
+        base_url + "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 12,
+         "stream": True, "timings_per_token": True},
+    )  # fmt: skip
+    for chunks, has_text in (
+        (completion, lambda c: c.get("content")),
+        (chat, lambda c: c.get("choices") and c["choices"][0]["delta"].get("content")),
+    ):
+        texts = [c for c in chunks if has_text(c)]
+        assert texts and all("timings" in c for c in texts), chunks
+        predicted = [c["timings"]["predicted_n"] for c in texts]
+        assert predicted == sorted(predicted) and 1 <= predicted[0] and predicted[-1] <= 12
+        assert len({c["timings"]["prompt_n"] for c in texts}) == 1 and texts[0]["timings"]["prompt_ms"] > 0
+    plain = frames(base_url + "/completion", {"prompt": "Hi", "n_predict": 3, "stream": True})
+    assert not any("timings" in c for c in plain if not c.get("stop"))
+
+
+def test_post_sampling_probs_is_refused(base_url):
+    field = "post_sampling_probs"
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, field: True}
+    r = httpx.post(base_url + "/v1/chat/completions", json=chat, timeout=60)
+    assert_openai_error(r, 400, field, "not supported")
     r = httpx.post(base_url + "/completion", json={"prompt": "Hi", "n_predict": 2, field: True}, timeout=60)
     assert r.status_code == 400 and field in r.text

@@ -41,6 +41,7 @@ from ..engine.types import (
     PromptProgress,
     RawDecodeResult,
     StopReason,
+    TokenTimings,
 )
 from ..observe import NO_REPORTER, Reporter
 from ..tools import calls as toolcalls
@@ -104,7 +105,7 @@ async def complete_choices(
 
 async def _run(
     backend: Backend, prepared: Prepared, cancel: CancelFlag, reporter: Reporter, run: Run | None = None
-) -> AsyncIterator[Progress | PromptProgress | RawDecodeResult]:
+) -> AsyncIterator[Progress | PromptProgress | TokenTimings | RawDecodeResult]:
     """One engine run (``run``, else one started here): its progress, then
     its result, which ``reporter`` records as ``generated`` the moment the
     run ends. Closing the iterator early sets the cancel flag and leaves the
@@ -135,8 +136,11 @@ async def _run(
             cancel.cancel("the client went away")
 
 
-#: (``PromptProgress`` only when the request asked for it: ``return_progress``)
-Item = Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta | Final | PromptProgress
+#: (``PromptProgress`` and ``TokenTimings`` only when the request asked for
+#: them: ``return_progress``, ``timings_per_token``)
+Item = (
+    Delta | ReasoningDelta | ToolCallBegin | ToolArgumentsDelta | ToolCallDelta | Final | PromptProgress | TokenTimings
+)
 
 
 async def stream(
@@ -218,7 +222,7 @@ async def _choice(
     """One choice: its run's deltas, its tool calls (with a guardrail
     re-ask when needed), its :class:`Final`."""
     async for item in _one_choice(backend, prepared, cancel, reporter.for_choice(index), run, live):
-        if not isinstance(item, PromptProgress):  # (the prompt's: no choice's own)
+        if not isinstance(item, PromptProgress | TokenTimings):  # (the run's: no choice's own)
             item.choice = index
         yield item
 
@@ -276,8 +280,8 @@ class _Turn:
         """The first run's items, as they come."""
         router, early = self.router, False  # (whether a re-ask was asked for before the run ended)
         async for item in _run(self.backend, self.prepared, self.own, reporter, run):
-            if isinstance(item, PromptProgress):
-                yield item  # (the prompt's prefill, before any token)
+            if isinstance(item, PromptProgress | TokenTimings):
+                yield item  # (the prompt's prefill, before any token; the timings before their text)
                 continue
             if not isinstance(item, Progress):
                 self.result = item

@@ -36,13 +36,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.answer import Delta
 from ..core.request import ChatRequest, FillIn, Final, Prepared
 from ..engine.slotcontrol import SlotAction, SlotState
-from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb
+from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb, TokenTimings
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, constrain, sse_data
 from .errors import Failure, llamacpp_error
 from .openai_chat import refuse_unhonoured, timings
-from .render import SSE, Unsent, prompt_progress
+from .render import SSE, Unsent, prompt_progress, token_timings
 from .translate import (
     SAMPLING,
     Translation,
@@ -105,9 +105,10 @@ class CompletionBody(BaseModel):
     json_schema: dict[str, Any] | None = None
     #: stream ``prompt_progress`` chunks while the prompt is prefilled
     return_progress: bool | None = None
+    #: the engine's timings so far on every streamed text chunk
+    timings_per_token: bool | None = None
     #: not done here: refused rather than ignored
     post_sampling_probs: bool | None = None
-    timings_per_token: bool | None = None
 
 
 class ExtraFile(BaseModel):
@@ -166,6 +167,7 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     config.n_indent = body.n_indent or 0
     config.max_predict_seconds = max(0.0, (body.t_max_predict_ms or 0) / 1000.0)
     config.return_progress = bool(body.return_progress and body.stream)
+    config.timings_per_token = bool(body.timings_per_token and body.stream)
     refuse_unhonoured(body)
     if body.cache_prompt is False:
         warnings.append("cache_prompt false is ignored: a reused prefix gives the same output")
@@ -264,6 +266,8 @@ class CompletionRenderer(Unsent):
         #: ``generation_settings`` (llama.vscode reads its ``n_ctx`` after every answer)
         self.settings = settings or {}
         self.fields = fields
+        #: the engine's timings so far (``timings_per_token``), put on text chunks
+        self._timings: dict[str, Any] | None = None
 
     def _last(self, final: Final) -> dict[str, Any]:
         reason = final.result.reason
@@ -297,7 +301,12 @@ class CompletionRenderer(Unsent):
         chunk = {"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": -1}
         if delta.logprobs:
             chunk["completion_probabilities"] = probabilities(delta.logprobs)
+        if self._timings is not None:
+            chunk["timings"] = self._timings
         return sse_data(chunk)
+
+    def token_timings(self, timings: TokenTimings) -> None:
+        self._timings = token_timings(timings)
 
     def final(self, final: Final) -> bytes:
         return sse_data(pick({"content": "", "tokens": [], **self._last(final)}, self.fields))

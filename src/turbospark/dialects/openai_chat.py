@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.request import ChatRequest, Final, Prepared
-from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb
+from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb, TokenTimings
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, Served
@@ -31,7 +31,7 @@ from .common import (
     unix_time,
 )
 from .errors import Failure, openai_error
-from .render import SSE, prompt_progress
+from .render import SSE, prompt_progress, token_timings
 from .translate import (
     ToolChoice,
     Translation,
@@ -127,9 +127,10 @@ class ChatCompletionRequest(BaseModel):
     json_schema: dict[str, Any] | None = None
     #: llama-server's: stream ``prompt_progress`` chunks while the prompt is prefilled
     return_progress: bool | None = None
+    #: llama-server's: the engine's timings so far on every streamed text chunk
+    timings_per_token: bool | None = None
     #: llama-server's, not done here: refused rather than ignored
     post_sampling_probs: bool | None = None
-    timings_per_token: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -194,6 +195,7 @@ def translate(body: ChatCompletionRequest) -> Translation:
     config.logprobs = logprobs_setting(body.logprobs, body.top_logprobs)
     config.session_key = body.prompt_cache_key or body.user
     config.return_progress = bool(body.return_progress and body.stream)
+    config.timings_per_token = bool(body.timings_per_token and body.stream)
     refuse_unhonoured(body)
     budget = body.max_completion_tokens or body.max_tokens
     req = ChatRequest(
@@ -260,12 +262,11 @@ def tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
 
 def refuse_unhonoured(body: Any) -> None:
     """llama-server's fields this server does not do: a 400, never ignored."""
-    for name, why in (
-        ("post_sampling_probs", "logprobs are each token's log-probability before sampling"),
-        ("timings_per_token", "'timings': true puts the answer's timings on its last chunk"),
-    ):
-        if getattr(body, name, None):
-            raise BadRequest(f"{name} is not supported: {why}", name)
+    if body.post_sampling_probs:
+        raise BadRequest(
+            "post_sampling_probs is not supported: log-probabilities are each token's before sampling",
+            "post_sampling_probs",
+        )
 
 
 def constraints(body: Any, req: ChatRequest) -> None:
@@ -399,6 +400,8 @@ class ChatRenderer:
         self._finals: list[Final] = []
         #: a text chunk's frame before and after its text (serialized once)
         self._text_parts: tuple[bytes, bytes] | None = None
+        #: the engine's timings so far (``timings_per_token``), put on text chunks
+        self._timings: dict[str, Any] | None = None
 
     def complete(self, final: Final) -> dict[str, Any]:
         return self.complete_choices([final])
@@ -425,6 +428,9 @@ class ChatRenderer:
             out["timings"] = timings(finals[0])
         return out
 
+    def token_timings(self, timings: TokenTimings) -> None:
+        self._timings = token_timings(timings)
+
     def prompt_progress(self, progress: PromptProgress) -> bytes:
         """llama-server's progress chunk: no choices, the prompt's prefill so far."""
         chunk = {**self._chunk({}), "choices": [], "prompt_progress": prompt_progress(progress)}
@@ -448,10 +454,12 @@ class ChatRenderer:
         return b"".join(sse_data(self._chunk({"role": "assistant", "content": None}, index=i)) for i in range(self.n))
 
     def text(self, delta: Delta) -> bytes:
-        if delta.logprobs or delta.choice:
+        if delta.logprobs or delta.choice or self._timings is not None:
             chunk = self._chunk({"content": delta.text}, index=delta.choice)
             if delta.logprobs:
                 chunk["choices"][0]["logprobs"] = content_logprobs(delta.logprobs)
+            if self._timings is not None:
+                chunk["timings"] = self._timings
             return sse_data(chunk)
         # the hot path (one frame per token): the chunk around the text is
         # the same every time, so it is serialized once

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.request import Final
-from ..engine.types import PromptProgress
+from ..engine.types import PromptProgress, TokenTimings
 from .errors import Failure
 
 #: what a renderer returns for one stream item: one frame, several, or none
@@ -73,6 +73,30 @@ class ReportsProgress(Protocol):
     ``return_progress``: its ``prompt_progress`` chunks)."""
 
     def prompt_progress(self, progress: PromptProgress) -> FrameOut: ...
+
+
+@runtime_checkable
+class ReportsTimings(Protocol):
+    """A renderer that puts the engine's timings so far on its text chunks
+    (llama-server's ``timings_per_token``): it keeps the latest."""
+
+    def token_timings(self, timings: TokenTimings) -> FrameOut: ...
+
+
+def token_timings(t: TokenTimings) -> dict[str, Any]:
+    """llama-server's ``timings`` object, from the engine's numbers so far."""
+    prompt_ms, predicted_ms = t.prompt_seconds * 1000.0, t.predicted_seconds * 1000.0
+    return {
+        "cache_n": t.cache_n,
+        "prompt_n": t.prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / t.prompt_n if t.prompt_n else 0.0,
+        "prompt_per_second": t.prompt_n / t.prompt_seconds if t.prompt_seconds else 0.0,
+        "predicted_n": t.predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / t.predicted_n if t.predicted_n else 0.0,
+        "predicted_per_second": t.predicted_n / t.predicted_seconds if t.predicted_seconds else 0.0,
+    }
 
 
 def prompt_progress(progress: PromptProgress) -> dict[str, Any]:

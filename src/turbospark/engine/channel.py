@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .types import Progress, PromptProgress, RawDecodeResult
+from .types import Progress, PromptProgress, RawDecodeResult, TokenTimings
 
 
 def _terminal(item: Any) -> bool:
@@ -124,13 +124,13 @@ class Run:
     def __aiter__(self) -> Run:
         return self
 
-    async def __anext__(self) -> Progress | PromptProgress | RawDecodeResult:
+    async def __anext__(self) -> Progress | PromptProgress | TokenTimings | RawDecodeResult:
         if not self._buffer:
             if self._ended:
                 raise StopAsyncIteration
             self._buffer.extend(await self.channel.get())
-        item: Progress | PromptProgress | RawDecodeResult | BaseException = self._buffer.popleft()
-        if isinstance(item, Progress | PromptProgress):  # the hot path: one check a token
+        item: Progress | PromptProgress | TokenTimings | RawDecodeResult | BaseException = self._buffer.popleft()
+        if isinstance(item, Progress | PromptProgress | TokenTimings):  # the hot path: one check a token
             return item
         self._ended = True  # the terminal item: the result, or the error
         self._buffer.clear()

@@ -30,7 +30,7 @@ from .llama import LlamaModelFile
 from .sampling import SamplerChain
 from .slots import Slot, SlotStore, TaskView
 from .speculative import NgramDrafter
-from .types import AdmissionError, EngineError, Progress, RawDecodeResult, StopReason, TokenProb
+from .types import AdmissionError, EngineError, Progress, RawDecodeResult, StopReason, TokenProb, TokenTimings
 
 log = logging.getLogger("turbospark.engine")
 
@@ -127,8 +127,20 @@ def task_view(seq: Seq) -> TaskView:
 
 
 def hand_out(seq: Seq, tokens: int) -> None:
-    """The text and log-probabilities produced since the last Progress."""
+    """The text and log-probabilities produced since the last Progress
+    (after the timings so far, when asked for)."""
     opening = seq.chain.opening_state
+    if seq.job.config.timings_per_token:
+        first = seq.first_token_at or seq.last_token_at or seq.admitted_at
+        seq.job.sink.put(
+            TokenTimings(
+                seq.reused,
+                len(seq.job.prompt) - seq.reused,
+                max(0.0, first - seq.admitted_at),
+                seq.new_tokens,
+                max(0.0, (seq.last_token_at or first) - first),
+            )
+        )
     if seq.probs_out:
         seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out, opening=opening))
         seq.probs_out = []

@@ -84,6 +84,9 @@ class GenerationConfig:
     #: llama.cpp's ``return_progress``: report the prompt's prefill as it
     #: goes (:class:`PromptProgress` on the run), before the first token
     return_progress: bool = False
+    #: llama.cpp's ``timings_per_token``: the engine's own timings so far
+    #: (:class:`TokenTimings`) with every piece of text
+    timings_per_token: bool = False
     #: A place on the wait list held since admission (``Scheduler.reserve``):
     #: the submit that takes it is never refused as overloaded.
     reservation: Any = field(default=None, repr=False, compare=False)
@@ -153,6 +156,20 @@ class PromptProgress:
     cache: int
     processed: int
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTimings:
+    """The engine's timings so far (``GenerationConfig.timings_per_token``),
+    sent just before the text they cover: llama-server's per-token
+    ``timings``. ``prompt_n`` counts the prefilled tokens (``cache_n`` were
+    reused); ``predicted_seconds`` runs from the first token to the last."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_seconds: float
+    predicted_n: int
+    predicted_seconds: float
 
 
 @dataclass(slots=True)

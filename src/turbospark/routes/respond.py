@@ -15,8 +15,8 @@ from starlette.responses import Response
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.backend import Backend
 from ..core.request import Final, Prepared
-from ..dialects.render import ChoicesRenderer, FrameOut, Renderer, ReportsProgress
-from ..engine.types import CancelFlag, PromptProgress
+from ..dialects.render import ChoicesRenderer, FrameOut, Renderer, ReportsProgress, ReportsTimings
+from ..engine.types import CancelFlag, PromptProgress, TokenTimings
 from ..serving.dispatch import Dispatch
 from .common import JSONResponse, failed, streaming_response
 
@@ -165,6 +165,8 @@ class Responder:
 def _render(renderer: Renderer, item: Any) -> FrameOut:
     if isinstance(item, PromptProgress):  # (asked for: return_progress)
         return renderer.prompt_progress(item) if isinstance(renderer, ReportsProgress) else None
+    if isinstance(item, TokenTimings):  # (asked for: timings_per_token)
+        return renderer.token_timings(item) if isinstance(renderer, ReportsTimings) else None
     if isinstance(item, Delta):
         return renderer.text(item)
     if isinstance(item, ReasoningDelta):
