@@ -2,16 +2,14 @@
 while a long prompt is prefilled, ``prompt_progress`` chunks (``total``,
 ``cache``, ``processed``, ``time_ms``) arrive before the first token, and
 with ``timings_per_token`` every text chunk carries the engine's timings so
-far, on /completion and on /v1/chat/completions; ``post_sampling_probs``,
-not done here, is refused."""
+far, on /completion and on /v1/chat/completions; ``post_sampling_probs``
+gives the selection's probabilities."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
-
-from .support import assert_openai_error
 
 #: about 2k tokens of prompt: several prefill chunks
 LONG = "The quick brown fox jumps over the lazy dog. " * 200
@@ -85,10 +83,30 @@ def test_text_chunks_carry_the_timings_so_far(base_url):
     assert not any("timings" in c for c in plain if not c.get("stop"))
 
 
-def test_post_sampling_probs_is_refused(base_url):
-    field = "post_sampling_probs"
-    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, field: True}
-    r = httpx.post(base_url + "/v1/chat/completions", json=chat, timeout=60)
-    assert_openai_error(r, 400, field, "not supported")
-    r = httpx.post(base_url + "/completion", json={"prompt": "Hi", "n_predict": 2, field: True}, timeout=60)
-    assert r.status_code == 400 and field in r.text
+def test_post_sampling_probs_are_the_selections_probabilities(base_url):
+    """With ``post_sampling_probs``, ``n_probs`` entries are probabilities of
+    what the selection left (top-k 2 here: at most two, summing to 1), not
+    the model's log-probabilities; a greedy pick is certain."""
+    body = {"prompt": "Count: 1, 2, 3,", "n_predict": 6, "n_probs": 5, "temperature": 0.8, "top_k": 2, "seed": 7}
+    post = httpx.post(base_url + "/completion", json={**body, "post_sampling_probs": True}, timeout=60).json()
+    for entry in post["completion_probabilities"]:
+        assert "logprob" not in entry and 0.0 < entry["prob"] <= 1.0
+        assert 1 <= len(entry["top_probs"]) <= 2 and abs(sum(t["prob"] for t in entry["top_probs"]) - 1.0) < 1e-3
+        assert entry["prob"] == next(t["prob"] for t in entry["top_probs"] if t["id"] == entry["id"])
+    assert post["generation_settings"]["post_sampling_probs"] is True
+    raw = httpx.post(base_url + "/completion", json=body, timeout=60).json()
+    assert all(len(e["top_logprobs"]) == 5 and e["logprob"] <= 0 for e in raw["completion_probabilities"])
+    greedy = {**body, "temperature": 0, "post_sampling_probs": True}
+    certain = httpx.post(base_url + "/completion", json=greedy, timeout=60).json()["completion_probabilities"]
+    assert all(e["prob"] == 1.0 for e in certain)
+    chat = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "top_k": 2,
+        "post_sampling_probs": True,
+    }
+    content = httpx.post(base_url + "/v1/chat/completions", json=chat, timeout=60).json()["choices"][0]["logprobs"]
+    assert content["content"] and all("prob" in e and len(e["top_probs"]) <= 2 for e in content["content"])

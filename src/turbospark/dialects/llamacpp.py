@@ -22,13 +22,12 @@ Sampling follows llama-server's field names (``n_predict``,
 ``repeat_penalty``, ``repeat_last_n``, ``ignore_eos``, ``cache_prompt``);
 ``samplers`` (a custom chain order) is taken with a warning. ``n_probs: N``
 adds ``completion_probabilities`` (each token's log-probability and the N
-most likely at its place), as llama-server does without
-``post_sampling_probs``.
+most likely at its place); with ``post_sampling_probs``, the probabilities
+(``prob``, ``top_probs``) of what the selection left, as llama-server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,19 +35,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.answer import Delta
 from ..core.request import ChatRequest, FillIn, Final, Prepared
 from ..engine.slotcontrol import SlotAction, SlotState
-from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb, TokenTimings
+from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenTimings
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, constrain, sse_data
 from .errors import Failure, llamacpp_error
-from .openai_chat import refuse_unhonoured, timings
+from .openai_chat import timings
 from .render import SSE, Unsent, prompt_progress, token_timings
 from .translate import (
     SAMPLING,
     Translation,
     copy_sampling,
-    logprob_value,
     logprobs_setting,
+    probabilities,
     set_sampling,
     stop_strings,
 )
@@ -107,7 +106,7 @@ class CompletionBody(BaseModel):
     return_progress: bool | None = None
     #: the engine's timings so far on every streamed text chunk
     timings_per_token: bool | None = None
-    #: not done here: refused rather than ignored
+    #: ``n_probs`` as probabilities after the selection (top-k/p, temperature)
     post_sampling_probs: bool | None = None
 
 
@@ -168,7 +167,7 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     config.max_predict_seconds = max(0.0, (body.t_max_predict_ms or 0) / 1000.0)
     config.return_progress = bool(body.return_progress and body.stream)
     config.timings_per_token = bool(body.timings_per_token and body.stream)
-    refuse_unhonoured(body)
+    config.post_sampling_probs = bool(body.post_sampling_probs)
     if body.cache_prompt is False:
         warnings.append("cache_prompt false is ignored: a reused prefix gives the same output")
     if body.samplers is not None:
@@ -294,13 +293,17 @@ class CompletionRenderer(Unsent):
     def complete(self, final: Final) -> dict[str, Any]:
         out = {"content": final.text, "tokens": [], **self._last(final)}
         if final.logprobs:
-            out["completion_probabilities"] = probabilities(final.logprobs)
+            out["completion_probabilities"] = probabilities(
+                final.logprobs, self.settings.get("post_sampling_probs", False)
+            )
         return pick(out, self.fields)
 
     def text(self, delta: Delta) -> bytes:
         chunk = {"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": -1}
         if delta.logprobs:
-            chunk["completion_probabilities"] = probabilities(delta.logprobs)
+            chunk["completion_probabilities"] = probabilities(
+                delta.logprobs, self.settings.get("post_sampling_probs", False)
+            )
         if self._timings is not None:
             chunk["timings"] = self._timings
         return sse_data(chunk)
@@ -345,6 +348,7 @@ def generation_settings(body: CompletionBody, n_ctx: int, config: GenerationConf
         **sampling_params(config),
         "n_predict": body.n_predict if body.n_predict is not None else UNLIMITED,
         "n_probs": body.n_probs or 0,
+        "post_sampling_probs": bool(body.post_sampling_probs),
         "stream": bool(body.stream),
     }
 
@@ -423,15 +427,6 @@ def slot_restored(action: SlotAction, filename: str) -> dict[str, Any]:
 def slot_erased(action: SlotAction) -> dict[str, Any]:
     """``POST /slots/{id}?action=erase``."""
     return {"id_slot": action.slot, "n_erased": action.tokens}
-
-
-def _probability(prob: TokenProb) -> dict[str, Any]:
-    return {"id": prob.id, "token": prob.text, "bytes": list(prob.piece), "logprob": logprob_value(prob.logprob)}
-
-
-def probabilities(logprobs: Sequence[TokenProb]) -> list[dict[str, Any]]:
-    """``n_probs``: llama-server's ``completion_probabilities`` entries."""
-    return [{**_probability(p), "top_logprobs": [_probability(t) for t in p.top]} for p in logprobs]
 
 
 def props(info: dict[str, Any], parallel: int, template: str) -> dict[str, Any]:

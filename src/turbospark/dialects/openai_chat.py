@@ -37,6 +37,7 @@ from .translate import (
     Translation,
     copy_sampling,
     logprobs_setting,
+    probabilities,
     set_sampling,
     token_logprob,
     tool_calls_for_template,
@@ -129,7 +130,7 @@ class ChatCompletionRequest(BaseModel):
     return_progress: bool | None = None
     #: llama-server's: the engine's timings so far on every streamed text chunk
     timings_per_token: bool | None = None
-    #: llama-server's, not done here: refused rather than ignored
+    #: llama-server's: log-probabilities as probabilities after the selection
     post_sampling_probs: bool | None = None
 
     @field_validator("stop")
@@ -196,7 +197,7 @@ def translate(body: ChatCompletionRequest) -> Translation:
     config.session_key = body.prompt_cache_key or body.user
     config.return_progress = bool(body.return_progress and body.stream)
     config.timings_per_token = bool(body.timings_per_token and body.stream)
-    refuse_unhonoured(body)
+    config.post_sampling_probs = bool(body.post_sampling_probs)
     budget = body.max_completion_tokens or body.max_tokens
     req = ChatRequest(
         messages=messages,
@@ -258,15 +259,6 @@ def tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
         'tool_choice must be \'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": ...}}',
         "tool_choice",
     )
-
-
-def refuse_unhonoured(body: Any) -> None:
-    """llama-server's fields this server does not do: a 400, never ignored."""
-    if body.post_sampling_probs:
-        raise BadRequest(
-            "post_sampling_probs is not supported: log-probabilities are each token's before sampling",
-            "post_sampling_probs",
-        )
 
 
 def constraints(body: Any, req: ChatRequest) -> None:
@@ -341,8 +333,11 @@ def usage(*finals: Final) -> dict[str, Any]:
     }
 
 
-def content_logprobs(logprobs: Sequence[TokenProb]) -> dict[str, Any]:
-    """A choice's (or a chunk's) ``logprobs`` object."""
+def content_logprobs(logprobs: Sequence[TokenProb], post: bool = False) -> dict[str, Any]:
+    """A choice's (or a chunk's) ``logprobs`` object (with llama-server's
+    ``post_sampling_probs``: its ``prob`` and ``top_probs`` entries)."""
+    if post:
+        return {"content": probabilities(logprobs, post=True), "refusal": None}
     return {"content": [token_logprob(p) for p in logprobs], "refusal": None}
 
 
@@ -396,6 +391,7 @@ class ChatRenderer:
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.want_timings = bool(body.timings)
         self.logprobs = bool(body.logprobs)
+        self.post = bool(body.post_sampling_probs)
         self.n = choices(body.n)
         self._finals: list[Final] = []
         #: a text chunk's frame before and after its text (serialized once)
@@ -417,7 +413,7 @@ class ChatRenderer:
                 {
                     "index": final.choice,
                     "message": message(final),
-                    "logprobs": content_logprobs(final.logprobs) if self.logprobs else None,
+                    "logprobs": content_logprobs(final.logprobs, self.post) if self.logprobs else None,
                     "finish_reason": finish_reason(final.reason),
                 }
                 for final in finals
@@ -457,7 +453,7 @@ class ChatRenderer:
         if delta.logprobs or delta.choice or self._timings is not None:
             chunk = self._chunk({"content": delta.text}, index=delta.choice)
             if delta.logprobs:
-                chunk["choices"][0]["logprobs"] = content_logprobs(delta.logprobs)
+                chunk["choices"][0]["logprobs"] = content_logprobs(delta.logprobs, self.post)
             if self._timings is not None:
                 chunk["timings"] = self._timings
             return sse_data(chunk)

@@ -5,7 +5,8 @@ the form chat templates read."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -156,3 +157,19 @@ def token_logprob(prob: TokenProb, alternatives: bool = True) -> dict[str, Any]:
     if alternatives:
         out["top_logprobs"] = [token_logprob(t, False) for t in prob.top]
     return out
+
+
+def _probability(prob: TokenProb, post: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": prob.id, "token": prob.text, "bytes": list(prob.piece)}
+    if post:  # (the engine reported the distribution after the selection: as probabilities)
+        out["prob"] = math.exp(prob.logprob) if math.isfinite(prob.logprob) else 0.0
+    else:
+        out["logprob"] = logprob_value(prob.logprob)
+    return out
+
+
+def probabilities(logprobs: Sequence[TokenProb], post: bool = False) -> list[dict[str, Any]]:
+    """``n_probs``: llama-server's ``completion_probabilities`` entries
+    (with ``post_sampling_probs``: ``prob`` and ``top_probs``)."""
+    top = "top_probs" if post else "top_logprobs"
+    return [{**_probability(p, post), top: [_probability(t, post) for t in p.top]} for p in logprobs]

@@ -70,6 +70,19 @@ class Constraint:
         return np.unpackbits(bits, bitorder="little")[: self.n_vocab].astype(bool)
 
 
+def _after_selection(arr: ctypes.Structure, token: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, log-probabilities) of the candidates the selection chain left
+    (top-k, top-p, min-p, temperature, then the draw's softmax); a greedy
+    pick, which sets no probabilities, is certain."""
+    raw = ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_byte))
+    view = np.ctypeslib.as_array(raw, shape=(arr.size * _TOKEN_DATA.itemsize,)).view(_TOKEN_DATA)
+    p = view["p"].astype(np.float64)
+    if not p.sum() > 0:
+        return np.array([token]), np.array([0.0])
+    with np.errstate(divide="ignore"):
+        return view["id"].copy(), np.log(p / p.sum())
+
+
 class SamplerChain:
     """Owns one ``llama_sampler`` chain; free it with :meth:`close`."""
 
@@ -83,6 +96,8 @@ class SamplerChain:
         self.pre = None
         self.n_vocab = model.n_vocab
         self.top_n = config.logprobs
+        #: report the distribution after the selection chain (``post_sampling_probs``)
+        self.post = config.post_sampling_probs
         #: (the pick's logprob, [(token, logprob) most likely first]) of the
         #: last :meth:`sample`, when logprobs are asked for
         self.probs: tuple[float, list[tuple[int, float]]] | None = None
@@ -290,6 +305,8 @@ class SamplerChain:
         ids = view["id"].copy()
         L.llama_sampler_apply(self.ptr, ctypes.byref(arr))
         token = int(arr.data[arr.selected].id)
+        if self.post:  # what the selection left: the candidates and their probabilities
+            ids, logprobs = _after_selection(arr, token)
         if grammar is not None and not grammar.accept([token]):
             self.grammar = None
         L.llama_sampler_accept(self.pre, token)

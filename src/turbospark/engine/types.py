@@ -84,6 +84,10 @@ class GenerationConfig:
     #: llama.cpp's ``return_progress``: report the prompt's prefill as it
     #: goes (:class:`PromptProgress` on the run), before the first token
     return_progress: bool = False
+    #: llama.cpp's ``post_sampling_probs``: the log-probabilities reported
+    #: (``logprobs``) are those of the distribution the pick is drawn from,
+    #: after truncation and temperature, not the model's own
+    post_sampling_probs: bool = False
     #: llama.cpp's ``timings_per_token``: the engine's own timings so far
     #: (:class:`TokenTimings`) with every piece of text
     timings_per_token: bool = False
