@@ -110,3 +110,16 @@ def test_post_sampling_probs_are_the_selections_probabilities(base_url):
     }
     content = httpx.post(base_url + "/v1/chat/completions", json=chat, timeout=60).json()["choices"][0]["logprobs"]
     assert content["content"] and all("prob" in e and len(e["top_probs"]) <= 2 for e in content["content"])
+
+
+def test_chat_with_timings_carries_its_generation_settings(base_url):
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0.3}
+    plain = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert "generation_settings" not in plain and "timings" not in plain  # (OpenAI's shape unless asked)
+    answer = httpx.post(base_url + "/v1/chat/completions", json={**body, "timings": True}, timeout=60).json()
+    settings = answer["generation_settings"]
+    assert settings["n_ctx"] > 0 and settings["temperature"] == 0.3 and settings["n_predict"] == 3
+    last = [
+        c for c in frames(base_url + "/v1/chat/completions", {**body, "timings": True, "stream": True}) if c["choices"]
+    ]
+    assert last[-1]["generation_settings"]["stream"] is True and last[-1]["timings"]["predicted_n"] >= 1

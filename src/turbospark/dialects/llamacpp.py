@@ -48,6 +48,7 @@ from .translate import (
     copy_sampling,
     logprobs_setting,
     probabilities,
+    sampling_params,
     set_sampling,
     stop_strings,
 )
@@ -350,27 +351,6 @@ def generation_settings(body: CompletionBody, n_ctx: int, config: GenerationConf
         "n_probs": body.n_probs or 0,
         "post_sampling_probs": bool(body.post_sampling_probs),
         "stream": bool(body.stream),
-    }
-
-
-def sampling_params(config: GenerationConfig) -> dict[str, Any]:
-    """A job's settings under llama-server's names (its ``params``)."""
-    return {
-        "n_predict": config.max_new_tokens,
-        "temperature": config.temperature,
-        "top_k": config.top_k,
-        "top_p": config.top_p,
-        "min_p": config.min_p,
-        "seed": config.seed if config.seed is not None else 0xFFFFFFFF,  # (llama.cpp's "random")
-        "repeat_penalty": config.repeat_penalty,
-        "repeat_last_n": config.penalty_last_n,
-        "presence_penalty": config.presence_penalty,
-        "frequency_penalty": config.frequency_penalty,
-        "stop": list(config.stop),
-        "ignore_eos": config.ignore_eos,
-        "n_probs": config.logprobs or 0,
-        "n_indent": config.n_indent,
-        "t_max_predict_ms": round(config.max_predict_seconds * 1000),
     }
 
 

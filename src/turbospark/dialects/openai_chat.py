@@ -38,6 +38,7 @@ from .translate import (
     copy_sampling,
     logprobs_setting,
     probabilities,
+    sampling_params,
     set_sampling,
     token_logprob,
     tool_calls_for_template,
@@ -392,6 +393,8 @@ class ChatRenderer:
         self.want_timings = bool(body.timings)
         self.logprobs = bool(body.logprobs)
         self.post = bool(body.post_sampling_probs)
+        #: the settings it ran with, sent with ``timings`` (llama.cpp's extras)
+        self.settings: dict[str, Any] = {}
         self.n = choices(body.n)
         self._finals: list[Final] = []
         #: a text chunk's frame before and after its text (serialized once)
@@ -422,6 +425,7 @@ class ChatRenderer:
         }
         if self.want_timings:
             out["timings"] = timings(finals[0])
+            out["generation_settings"] = self.settings
         return out
 
     def token_timings(self, timings: TokenTimings) -> None:
@@ -493,6 +497,7 @@ class ChatRenderer:
         last = self._chunk({}, finish_reason(final.reason), final.choice)
         if self.want_timings:
             last["timings"] = timings(final)
+            last["generation_settings"] = self.settings
         out = sse_data(last)
         self._finals.append(final)
         if len(self._finals) < self.n:
@@ -517,7 +522,11 @@ class ChatRenderer:
 
 
 def renderer(body: ChatCompletionRequest, tr: Translation, prepared: Prepared, served: Served) -> ChatRenderer:
-    return ChatRenderer(body.model or served.model, body, tr.stream)
+    made = ChatRenderer(body.model or served.model, body, tr.stream)
+    if made.want_timings:  # (llama.cpp's opt-in extras: its generation_settings too)
+        settings = {"n_ctx": served.max_context, **sampling_params(prepared.config)}
+        made.settings = {**settings, "post_sampling_probs": made.post, "stream": made.stream}
+    return made
 
 
 #: OpenAI's official SDKs (and Stainless-generated ones) send these from a browser
