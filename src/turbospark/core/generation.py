@@ -33,7 +33,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from ..engine.channel import Run
+from ..engine.channel import SIDE_ITEMS, Run
 from ..engine.types import (
     AdmissionError,
     CancelFlag,
@@ -222,7 +222,7 @@ async def _choice(
     """One choice: its run's deltas, its tool calls (with a guardrail
     re-ask when needed), its :class:`Final`."""
     async for item in _one_choice(backend, prepared, cancel, reporter.for_choice(index), run, live):
-        if not isinstance(item, PromptProgress | TokenTimings):  # (the run's: no choice's own)
+        if not isinstance(item, SIDE_ITEMS):  # (the run's: no choice's own)
             item.choice = index
         yield item
 
@@ -280,11 +280,11 @@ class _Turn:
         """The first run's items, as they come."""
         router, early = self.router, False  # (whether a re-ask was asked for before the run ended)
         async for item in _run(self.backend, self.prepared, self.own, reporter, run):
-            if isinstance(item, PromptProgress | TokenTimings):
-                yield item  # (the prompt's prefill, before any token; the timings before their text)
-                continue
             if not isinstance(item, Progress):
-                self.result = item
+                if isinstance(item, SIDE_ITEMS):
+                    yield item  # (the prompt's prefill, before any token; the timings before their text)
+                else:
+                    self.result = item
                 continue
             if self.retry is not None:  # stopped for the re-ask: the rest is dropped
                 continue

@@ -105,6 +105,10 @@ def _retrieve(done: asyncio.Future[Any]) -> None:
         done.exception()  # an abandoned run's error is reported elsewhere, never logged as unretrieved
 
 
+#: what a run hands out beside its progress when the request asked for it
+SIDE_ITEMS = (PromptProgress, TokenTimings)
+
+
 class Run:
     """One engine run: ``async for item in run`` yields :class:`Progress`
     items, then the :class:`RawDecodeResult` (an engine error is raised
@@ -130,7 +134,9 @@ class Run:
                 raise StopAsyncIteration
             self._buffer.extend(await self.channel.get())
         item: Progress | PromptProgress | TokenTimings | RawDecodeResult | BaseException = self._buffer.popleft()
-        if isinstance(item, Progress | PromptProgress | TokenTimings):  # the hot path: one check a token
+        if isinstance(item, Progress):  # the hot path: one check a token
+            return item
+        if isinstance(item, SIDE_ITEMS):  # (asked for: a prompt's progress, timings so far)
             return item
         self._ended = True  # the terminal item: the result, or the error
         self._buffer.clear()

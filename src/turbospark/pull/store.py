@@ -77,6 +77,9 @@ class Store:
             raise StoreError(f"cannot create the model store {self.root}: {exc.strerror or exc}") from None
         self._lock = threading.Lock()
         self._db = self._open(os.path.join(self.root, INDEX))
+        #: the installed names, and the index files' (mtime, size) they were read at
+        self._names: frozenset[str] = frozenset()
+        self._stamp: list[tuple[int, int] | None] = []
 
     @staticmethod
     def _open(path: str) -> sqlite3.Connection:
@@ -154,10 +157,29 @@ class Store:
             row = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM models WHERE name = ?", (name,)).fetchone()
         return self._row(row) if row else None
 
+    def _known(self) -> frozenset[str]:
+        """Every installed name, read again only when the index's files
+        changed (another process's pull included): a name asked for that is
+        none (clients send ``gpt-4o`` to a one-model server on every request)
+        costs two ``stat`` calls, no query."""
+        stamp: list[tuple[int, int] | None] = []
+        for suffix in ("", "-wal"):
+            try:
+                st = os.stat(os.path.join(self.root, INDEX + suffix))
+                stamp.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                stamp.append(None)
+        if stamp != self._stamp:
+            with self._lock:
+                self._names = frozenset(r[0] for r in self._db.execute("SELECT name FROM models"))
+            self._stamp = stamp
+        return self._names
+
     def find(self, name: str) -> Installed | None:
         """By name, Ollama's ``:latest`` implied either way."""
+        known = self._known()
         for candidate in (name, f"{name}:latest", name.removesuffix(":latest")):
-            found = self.get(candidate)
+            found = self.get(candidate) if candidate in known else None
             if found is not None:
                 return found
         return None

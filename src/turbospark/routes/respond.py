@@ -163,11 +163,7 @@ class Responder:
 
 
 def _render(renderer: Renderer, item: Any) -> FrameOut:
-    if isinstance(item, PromptProgress):  # (asked for: return_progress)
-        return renderer.prompt_progress(item) if isinstance(renderer, ReportsProgress) else None
-    if isinstance(item, TokenTimings):  # (asked for: timings_per_token)
-        return renderer.token_timings(item) if isinstance(renderer, ReportsTimings) else None
-    if isinstance(item, Delta):
+    if isinstance(item, Delta):  # (the hot path first)
         return renderer.text(item)
     if isinstance(item, ReasoningDelta):
         return renderer.reasoning(item)
@@ -179,6 +175,10 @@ def _render(renderer: Renderer, item: Any) -> FrameOut:
         return renderer.tool_call(item)
     if isinstance(item, Final):
         return renderer.final(item)
+    if isinstance(item, PromptProgress):  # (asked for: return_progress)
+        return renderer.prompt_progress(item) if isinstance(renderer, ReportsProgress) else None
+    if isinstance(item, TokenTimings):  # (asked for: timings_per_token)
+        return renderer.token_timings(item) if isinstance(renderer, ReportsTimings) else None
     return None
 
 
