@@ -135,9 +135,9 @@ class Files:
                     break
                 job.followers.append(hooks)
                 so_far = job.arrived
-            hooks.waiting("another pull is fetching this file")
             hooks.starting()
             hooks.on_disk(so_far)
+            hooks.waiting("another pull is fetching this file")
             while not job.done.wait(POLL):
                 if self.closed.is_set():
                     raise FetchError("the server is shutting down; pull again to continue", 503)
@@ -200,7 +200,8 @@ class Files:
             os.close(fd)  # (the lock goes with it)
 
     def _intact(self, want: Want, lock: _Lock, hooks: Hooks) -> bool:
-        """The target, if it is in place and whole; one that is not is removed."""
+        """The target is in place and whole (one that is not is fetched
+        again, and replaced only once the new one is verified)."""
         try:
             st = os.stat(want.target)
         except OSError:
@@ -220,10 +221,9 @@ class Files:
                 lock.stamp(want.sha256, want.target)
             else:
                 problem = f"its sha256 is {got}, the source says {want.sha256}"
-        if problem is not None:
+        if problem is not None:  # (it stays until a verified file replaces it)
             rel = os.path.relpath(want.target, self.store.root)
             log.warning("%s in the model store is not intact (%s): fetching it again", rel, problem)
-            os.unlink(want.target)
         return problem is None
 
     def _adopt(self, want: Want, lock: _Lock) -> bool:

@@ -285,6 +285,8 @@ class Puller:
 
         hooks = Hooks(lambda n: arrived(n, True), lambda n: arrived(n, False), waiting, starting, verifying)
         self.files.get(want, fetch_one, hooks)
+        if state["done"] < size:  # (found whole: another pull's, or one in place)
+            arrived(size - state["done"], False)
 
     # -- the sources ----------------------------------------------------------
     def _hf(self, ref: Reference, job: _Job) -> Pulled:
