@@ -12,9 +12,12 @@ Both answer directly where the real services redirect to a CDN (the hub's
 from disk in chunks, count what they serve, and take fault hooks:
 ``cut_after`` (the next GET sends that many body bytes, then the connection
 is closed), ``lie_size`` (the listings advertise a size that is not the
-content's) and ``wrong_sha`` / ``wrong_digest`` (a sha256 that is not the
-content's). The hub advertises no Xet headers, so huggingface_hub downloads
-over plain HTTP.
+content's), ``wrong_sha`` / ``wrong_digest`` (a sha256 that is not the
+content's) and ``hold`` (GETs wait until released: a slow file, for races);
+the hub also plays a mirror (``as_mirror``: a listing without sizes or
+digests, a download without ``X-Linked-*``) serving part of a file as if it
+were all (``truncate``). The hub advertises no Xet headers, so
+huggingface_hub downloads over plain HTTP.
 """
 
 from __future__ import annotations
@@ -390,6 +393,9 @@ class _HubFile:
     git_oid: str = ""  # of the content, for a file kept in git
     size_lie: int | None = None
     sha_lie: str | None = None
+    unlisted: bool = False  # the listing gives no size and no sha256 (a mirror's)
+    unlinked: bool = False  # the download carries no X-Linked-Size / X-Linked-Etag
+    served: Blob | None = None  # what HEAD and GET serve instead of the content (a truncated file)
 
     @property
     def size(self) -> int:
@@ -420,7 +426,7 @@ class _HubFile:
         return entry
 
     def sibling(self, path: str, blobs: bool) -> dict[str, Any]:
-        if not blobs:
+        if not blobs or self.unlisted:
             return {"rfilename": path}
         sib: dict[str, Any] = {"rfilename": path, "blobId": self.oid, "size": self.size}
         if self.lfs:
@@ -467,6 +473,7 @@ class FakeHub(_FakeServer):
         super().__init__()
         self._repos: dict[str, dict[str, _HubFile]] = {}
         self._info: dict[str, dict[str, Any]] = {}
+        self._holds: dict[tuple[str, str], Hold] = {}
 
     # -- content
 
@@ -512,6 +519,37 @@ class FakeHub(_FakeServer):
         with ``reset``, a TCP reset (the client may see fewer bytes)."""
         self._file(repo_id, filename)
         self._stats.arm_cut((repo_id, filename), nbytes, reset)
+
+    def as_mirror(self, repo_id: str, filename: str, *, linked: bool = True) -> None:
+        """The listing gives the file no size and no sha256 (as a mirror set
+        with ``HF_ENDPOINT`` may); with ``linked=False`` its download carries
+        no ``X-Linked-Size`` / ``X-Linked-Etag`` either."""
+        with self._lock:
+            entry = self._file(repo_id, filename)
+            entry.unlisted, entry.unlinked = True, not linked
+
+    def truncate(self, repo_id: str, filename: str, nbytes: int) -> None:
+        """HEAD and GET serve only the first ``nbytes`` of the file, as if that
+        were all of it (a mirror holding half a file); the listing and the
+        ``X-Linked-*`` headers still advertise the whole."""
+        with self._lock:
+            entry = self._file(repo_id, filename)
+            blob = entry.blob
+            if blob.data is not None:
+                entry.served = Blob.of(blob.data[:nbytes])
+            else:
+                assert blob.path is not None
+                with open(blob.path, "rb") as f:
+                    entry.served = Blob.of(f.read(nbytes))
+
+    def hold(self, repo_id: str, filename: str) -> Hold:
+        """GETs of the file wait (at most a minute) until ``release()``;
+        ``arrived`` is set when the first one waits."""
+        self._file(repo_id, filename)
+        hold = Hold()
+        with self._lock:
+            self._holds[(repo_id, filename)] = hold
+        return hold
 
     def lie_size(self, repo_id: str, filename: str, size: int) -> None:
         """The listings and the HEAD metadata advertise ``size``; GET serves the
@@ -599,12 +637,19 @@ class FakeHub(_FakeServer):
             "X-Repo-Commit": commit,
             "ETag": f'"{entry.sha256 if entry.lfs else entry.oid}"',
         }
-        if entry.lfs:
+        if entry.lfs and not entry.unlinked:
             headers |= {"X-Linked-Etag": f'"{entry.sha256}"', "X-Linked-Size": str(entry.size)}
+        served = entry.served or entry.blob
         if h.command == "HEAD":  # the metadata call: the advertised size, no body
-            h.send_head(200, {**headers, "Accept-Ranges": "bytes", "Content-Length": str(entry.size)})
-        else:
-            h.send_blob(entry.blob, (repo_id, path), headers)
+            size = entry.size if entry.served is None else served.size
+            h.send_head(200, {**headers, "Accept-Ranges": "bytes", "Content-Length": str(size)})
+            return
+        with self._lock:
+            hold = self._holds.get((repo_id, path))
+        if hold is not None:
+            hold.arrived.set()
+            hold.released.wait(60)
+        h.send_blob(served, (repo_id, path), headers)
 
     def _serve_info(self, h: _Handler, repo_id: str, rev: str, blobs: bool) -> None:
         files = self._files(h, repo_id, rev)

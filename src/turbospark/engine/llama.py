@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .gguf import check_model
 from .types import AdmissionError
 
 log = logging.getLogger("turbospark.engine")
@@ -129,6 +130,7 @@ class LlamaModelFile:
             params.progress_callback = _p
         if not os.path.isfile(path):
             raise FileNotFoundError(f"model file not found: {path}")
+        check_model(path)  # a truncated or damaged file: a clear NotGGUF, not llama.cpp's failure
         self.ptr = L.llama_model_load_from_file(path.encode(), params)
         if not self.ptr:
             raise RuntimeError(f"llama.cpp could not load {path} (not a GGUF it understands?)")

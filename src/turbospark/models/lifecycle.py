@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..core.backend import Backend
+from ..engine.gguf import NotGGUF
 from ..observe import ModelAttached, Observer, now_ms, record
 from .entry import Entry, ModelSpec, RoutingError, info_of
 from .failures import note_failure, refuse_reload
@@ -91,6 +92,10 @@ class Lifecycle:
             raise self.residency.refusal(entry, room_wait)
         try:
             model = await asyncio.to_thread(self.loader, entry.spec)  # type: ignore[arg-type]
+        except NotGGUF as exc:  # a truncated or damaged file: the server's trouble, told plainly
+            if entry.failure is not None:
+                note_failure(entry, f"reload failed: {exc}")
+            raise RoutingError(503, f"model {entry.id!r} cannot be loaded: {exc}", "model_unloadable") from None
         except Exception as exc:
             if entry.failure is not None:  # a failed model's reload failed too
                 note_failure(entry, f"reload failed: {exc}")

@@ -1,7 +1,8 @@
 """One file over HTTP, done right: resumed from the bytes already on disk
-after a cut connection (``Range``), verified against the digest its source
-gave before it is moved into place (an atomic rename), so a partial or
-unverified file is never where a model is loaded from."""
+after a cut connection (``Range``), verified (its size and digest as its
+source gave them, and a GGUF's header: every tensor within the file) before
+it is moved into place (an atomic rename), so a partial or unverified file
+is never where a model is loaded from."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from .gguf import MAGIC
+from ..engine.gguf import NotGGUF, check
 
 CHUNK = 1 << 20
 #: attempts at one file (each resumes where the last stopped)
@@ -25,6 +26,14 @@ class FetchError(RuntimeError):
     def __init__(self, message: str, status: int = 502) -> None:
         super().__init__(message)
         self.status = status
+
+
+def plain(exc: BaseException) -> str:
+    """What went wrong, as a client is told it: never a path on this machine."""
+    if isinstance(exc, OSError):
+        name = os.path.basename(str(exc.filename)) if exc.filename else ""
+        return f"{exc.strerror or type(exc).__name__}" + (f" ({name})" if name else "")
+    return str(exc)
 
 
 @dataclass(frozen=True)
@@ -47,21 +56,25 @@ def sha256_of(path: str, progress: Callable[[int], None] | None = None) -> str:
 
 
 def verify(path: str, remote: Remote, gguf: bool) -> None:
-    """Size, GGUF magic and digest, or :class:`FetchError` (the file is deleted)."""
+    """Size, GGUF header and digest, or :class:`FetchError` (the file is deleted)."""
     problem = None
-    size = os.path.getsize(path)
+    size = os.path.getsize(path) if os.path.exists(path) else 0
     if remote.size is not None and size != remote.size:
-        problem = f"{os.path.basename(path)}: {size} bytes arrived, the source said {remote.size}"
+        problem = f"{remote.url}: {size} bytes arrived, the source said {remote.size}"
+    elif size == 0:
+        problem = f"{remote.url}: nothing arrived"
     elif gguf:
-        with open(path, "rb") as f:
-            if f.read(4) != MAGIC:
-                problem = f"{remote.url} is not a GGUF file"
+        try:
+            check(path)
+        except NotGGUF as exc:
+            problem = f"{remote.url} is not a usable GGUF file: {exc}"
     if problem is None and remote.sha256 is not None:
         got = sha256_of(path)
         if got != remote.sha256.lower():
             problem = f"{remote.url}: sha256 {got} does not match the source's {remote.sha256}"
     if problem is not None:
-        os.unlink(path)
+        if os.path.exists(path):
+            os.unlink(path)
         raise FetchError(problem)
 
 
@@ -105,6 +118,8 @@ def download(
     there: ``on_disk`` is told how many bytes an earlier pull left), verified,
     then renamed into place. ``progress`` gets byte counts as they arrive
     (negative when a source ignores the range and restarts)."""
+    if remote.size is not None and remote.size <= 0:
+        raise FetchError(f"{remote.url}: the source says the file is {remote.size} bytes")
     if on_disk is not None and os.path.exists(partial):
         on_disk(os.path.getsize(partial))
     last: Exception | None = None

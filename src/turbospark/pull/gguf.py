@@ -4,12 +4,13 @@ chat template (``turbospark models``, ``/api/show``, ``/api/tags``)."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
-MAGIC = b"GGUF"
+from ..engine.gguf import MAGIC, NotGGUF, check
+
+__all__ = ["MAGIC", "FILE_TYPES", "Facts", "NotGGUF", "read", "size_label"]
 #: llama.cpp's ``llama_ftype`` names (``general.file_type``)
 FILE_TYPES = {
     0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
@@ -18,14 +19,6 @@ FILE_TYPES = {
     25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M",
     32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4",
 }  # fmt: skip
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-#: keys kept (arrays, e.g. the vocabulary, are skipped)
-_WANTED = ("general.", "split.", "tokenizer.chat_template")
-
-
-class NotGGUF(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -58,74 +51,14 @@ def size_label(parameters: int) -> str:
     return str(parameters)
 
 
-class _Reader:
-    def __init__(self, f: IO[bytes]) -> None:
-        self.f = f
-
-    def take(self, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        data = self.f.read(size)
-        if len(data) != size:
-            raise NotGGUF("the header ends early")
-        return struct.unpack(fmt, data)[0]
-
-    def string(self) -> str:
-        n = self.take("<Q")
-        if n > 1 << 26:
-            raise NotGGUF("a string in the header is implausibly long")
-        return str(self.f.read(n).decode("utf-8", "replace"))
-
-    def value(self, kind: int, keep: bool) -> Any:
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            inner, n = self.take("<I"), self.take("<Q")
-            if inner in _SCALARS and not keep:  # skipped whole
-                self.f.seek(n * struct.calcsize(_SCALARS[inner]), 1)
-                return None
-            values = [self.value(inner, keep) for _ in range(n)]
-            return values if keep else None
-        fmt = _SCALARS.get(kind)
-        if fmt is None:
-            raise NotGGUF(f"unknown value type {kind} in the header")
-        return self.take(fmt)
-
-
-def _header(path: str) -> tuple[dict[str, Any], int]:
-    """The wanted key/values and the parameter count of one file."""
-    with open(path, "rb") as f:
-        if f.read(4) != MAGIC:
-            raise NotGGUF(f"{path} does not start with a GGUF header")
-        r = _Reader(f)
-        version = r.take("<I")
-        count = "<Q" if version >= 2 else "<I"
-        tensors, kvs = r.take(count), r.take(count)
-        meta: dict[str, Any] = {}
-        for _ in range(kvs):
-            key = r.string()
-            keep = key.startswith(_WANTED) or key.endswith(".context_length")
-            value = r.value(r.take("<I"), keep)
-            if keep:
-                meta[key] = value
-        parameters = 0
-        for _ in range(tensors):
-            r.string()
-            dims = [r.take("<Q") for _ in range(r.take("<I"))]
-            r.take("<I"), r.take("<Q")
-            n = 1
-            for d in dims:
-                n *= d
-            parameters += n
-    return meta, parameters
-
-
 def read(paths: Iterable[str]) -> Facts:
     """The facts of a model: its first file's metadata, its parameters summed
     over every part of a split model. Raises :class:`NotGGUF`."""
     paths = list(paths)
-    meta, parameters = _header(paths[0])
+    first = check(paths[0])
+    meta, parameters = first.meta, first.parameters
     for more in paths[1:]:
-        parameters += _header(more)[1]
+        parameters += check(more).parameters
     arch = str(meta.get("general.architecture", ""))
     file_type = meta.get("general.file_type")
     return Facts(

@@ -126,14 +126,60 @@ def _names(files: list[HfFile]) -> str:
     return ", ".join(f.path for f in files[:20]) + (" …" if len(files) > 20 else "")
 
 
-def plan(ref: Reference, endpoint: str | None = None) -> HfPlan:
+def plan(ref: Reference, endpoint: str | None = None, client: httpx.Client | None = None) -> HfPlan:
+    """The files to fetch; those the listing gives no size or sha256 for (a
+    mirror's) are asked for them (``client``: a HEAD each)."""
     revision, files = _listing(ref.repo, endpoint)
     ref, chosen = _pick(ref, files)
     projectors = sorted(
         (f for f in files if "mmproj" in os.path.basename(f.path).lower() and f.path.endswith(".gguf")),
         key=lambda f: (0 if "f16" in f.path.lower() else 1, f.path),
     )
-    return HfPlan(ref, revision, tuple(chosen), projectors[0] if projectors else None)
+    out = HfPlan(ref, revision, tuple(chosen), projectors[0] if projectors else None)
+    if client is None:
+        return out
+    return HfPlan(
+        ref,
+        revision,
+        tuple(_linked(out, f, client, endpoint) for f in chosen),
+        _linked(out, out.mmproj, client, endpoint) if out.mmproj else None,
+    )
+
+
+def _url(plan: HfPlan, file: HfFile, endpoint: str | None) -> str:
+    _hub()
+    from huggingface_hub import hf_hub_url
+
+    return str(hf_hub_url(plan.reference.repo, file.path, revision=plan.revision, endpoint=endpoint_of(endpoint)))
+
+
+def _headers() -> dict[str, str]:
+    _hub()
+    from huggingface_hub.utils._headers import build_hf_headers
+
+    return dict(build_hf_headers())
+
+
+def _linked(plan: HfPlan, file: HfFile, client: httpx.Client, endpoint: str | None) -> HfFile:
+    """A file whose listing lacks its size or sha256, completed from what the
+    download itself says (``X-Linked-Size`` / ``X-Linked-Etag``, as
+    ``huggingface_hub`` checks them; a plain file's ``Content-Length``)."""
+    if file.size is not None and file.sha256 is not None:
+        return file
+    try:
+        r = client.head(_url(plan, file, endpoint), headers=_headers(), follow_redirects=False)
+    except httpx.TransportError:
+        return file  # (the download will say what is wrong)
+    if r.status_code >= 400:
+        return file
+    size, sha = file.size, file.sha256
+    linked = r.headers.get("x-linked-size") or (r.headers.get("content-length") if r.status_code == 200 else None)
+    if size is None and linked and linked.isdigit():
+        size = int(linked)
+    etag = (r.headers.get("x-linked-etag") or "").removeprefix("W/").strip('"').lower()
+    if sha is None and len(etag) == 64 and all(c in "0123456789abcdef" for c in etag):
+        sha = etag
+    return HfFile(file.path, size, sha)
 
 
 def download(
@@ -152,11 +198,6 @@ def download(
     the bytes on disk. (``hf_hub_download`` starts over when a connection is
     reset, and its partial files are its own process's: a pull killed
     midway would fetch everything again.)"""
-    _hub()
-    from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils._headers import build_hf_headers
-
-    url = hf_hub_url(plan.reference.repo, file.path, revision=plan.revision, endpoint=endpoint_of(endpoint))
-    remote = Remote(url, file.size, file.sha256)
-    headers = build_hf_headers()
+    remote = Remote(_url(plan, file, endpoint), file.size, file.sha256)
+    headers = _headers()
     fetch.download(client, remote, partial, target, progress, headers=headers, verifying=verifying, on_disk=on_disk)

@@ -61,9 +61,14 @@ class OllamaPlan:
 
 def _layers(manifest: Any, name: str) -> list[Layer]:
     try:
-        return [Layer(str(x["mediaType"]), str(x["digest"]), int(x["size"])) for x in manifest["layers"]]
+        layers = [Layer(str(x["mediaType"]), str(x["digest"]), int(x["size"])) for x in manifest["layers"]]
     except (KeyError, TypeError, ValueError):
         raise FetchError(f"the registry's manifest for {name} is not one this server reads") from None
+    for x in layers:  # (no file is 0 bytes or fewer: a GGUF, least of all)
+        if x.size < 0 or (x.size == 0 and x.media_type in (MODEL, PROJECTOR)):
+            kind = x.media_type.rsplit(".", 1)[-1]
+            raise FetchError(f"{name}: the manifest's {kind} layer {x.digest} has size {x.size}; it is refused")
+    return layers
 
 
 def plan(ref: Reference, client: httpx.Client, base: str | None = None) -> OllamaPlan:

@@ -1,6 +1,9 @@
 """Pulls: one per model at a time (a second pull of the same model follows
-the first's progress instead of fetching again), each told as Ollama's
-progress lines to whoever asked and as ``modelPull`` events to every sink.
+the first's progress instead of fetching again), and one download per file
+whatever the name (``files.py``: a pull of the same file under another name,
+or in another process, waits for it), each told as Ollama's progress lines
+to whoever asked and as ``modelPull`` events to every sink; the pulls in
+flight and the last few ended are :meth:`Puller.pulls` (``/v1/admin/pulls``).
 Synchronous (downloads run on a worker thread; ``/api/pull`` bridges)."""
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import os
 import threading
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +23,7 @@ import httpx
 from ..models.catalog import CATALOG
 from ..observe import ModelPull, Observer, now_ms, record
 from . import fetch, gguf, hf, ollama, packaged
+from .files import Files, Hooks, Want
 from .refs import DEFAULT_QUANT, Reference
 from .store import Installed, Store
 
@@ -27,6 +32,8 @@ log = logging.getLogger("turbospark.pull")
 EVENT_EVERY = 0.5
 #: progress lines at most this often per listener
 LINE_EVERY = 0.1
+#: ended pulls :meth:`Puller.pulls` keeps (the newest)
+ENDED_KEPT = 10
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,27 @@ class _Job:
     lined: float = 0.0
     #: its ``started`` event went out
     announced: bool = False
+    #: listing, waiting, pulling, verifying, writing, finished, failed
+    state: str = "listing"
+    at: float = field(default_factory=time.time)
+    ended: float | None = None
+    reason: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        """As ``/v1/admin/pulls`` shows it (``rate``: bytes a second over the network)."""
+        took = (self.ended or time.monotonic()) - self.started
+        return {
+            "model": self.name,
+            "state": self.state,
+            "completed": self.completed,
+            "total": self.total,
+            "fetched": self.fetched,
+            "rate": round(self.fetched / took) if took > 0 else 0,
+            "started_at": round(self.at, 3),
+            "seconds": round(took, 3),
+            "clients": len(self.listeners),
+            "error": self.reason,
+        }
 
 
 class Puller:
@@ -97,8 +125,10 @@ class Puller:
             timeout=httpx.Timeout(30.0, read=60.0), limits=httpx.Limits(max_connections=8)
         )
         self._jobs: dict[str, _Job] = {}
+        self._ended: deque[_Job] = deque(maxlen=ENDED_KEPT)
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self.files = Files(store, self._closed)
 
     def close(self) -> None:
         """Stop the pulls in progress at their next chunk (their bytes stay
@@ -118,6 +148,12 @@ class Puller:
         return [
             {"model": j.name, "completed": j.completed, "total": j.total, "clients": len(j.listeners)} for j in jobs
         ]
+
+    def pulls(self) -> list[dict[str, Any]]:
+        """The pulls in flight (oldest first), then the last few that ended (newest first)."""
+        with self._lock:
+            jobs, ended = list(self._jobs.values()), list(reversed(self._ended))
+        return [j.view() for j in [*jobs, *ended]]
 
     # -- one pull ----------------------------------------------------------
     def pull(self, ref: Reference, on_update: Callable[[PullUpdate], None] | None = None) -> Pulled:
@@ -144,13 +180,15 @@ class Puller:
             job.result = self._run(ref, job)
             return job.result
         except BaseException as exc:
-            job.error = exc
+            job.error, job.state, job.reason = exc, "failed", fetch.plain(exc)
             self._started(job)  # (a plan that failed: under the name asked for)
-            self._event(job, "failed", reason=str(exc))
+            self._event(job, "failed", reason=job.reason)
             raise
         finally:
+            job.ended = time.monotonic()
             with self._lock:
                 del self._jobs[key]
+                self._ended.append(job)
             job.done.set()
 
     def _run(self, ref: Reference, job: _Job) -> Pulled:
@@ -165,6 +203,7 @@ class Puller:
             pulled = self._ollama(ref, job)
         else:
             pulled = self._url(ref, job)
+        job.state = "finished"
         self._say(job, PullUpdate("success"))
         self._event(job, "finished", seconds=round(time.monotonic() - job.started, 3))
         return pulled
@@ -207,10 +246,9 @@ class Puller:
             ),
         )
 
-    def _counter(self, job: _Job, digest: str, size: int) -> tuple[Callable[[int], None], Callable[[int], None]]:
-        """The ``progress`` callback of one file's download, and its
-        ``on_disk`` (bytes an earlier pull left: done, not fetched)."""
-        state = {"done": 0}
+    def _counter(self, job: _Job, digest: str, size: int, state: dict[str, int]) -> Callable[[int, bool], None]:
+        """Counts one file's bytes (``fetched``: over the network, else
+        found on disk) into the pull, with its progress lines and events."""
 
         def arrived(n: int, fetched: bool = True) -> None:
             if self._closed.is_set():
@@ -223,76 +261,84 @@ class Puller:
             if time.monotonic() - job.evented >= EVENT_EVERY:
                 self._event(job, "progress")
 
-        return arrived, lambda n: arrived(n, fetched=False)
+        return arrived
 
-    def _file(self, job: _Job, digest: str, size: int, fetch_one: Callable[..., None]) -> None:
-        """One file of a model: skipped when it is in place, else fetched with progress."""
-        self._say(job, PullUpdate(f"pulling {digest[7:19]}", digest, size, 0))
-        progress, on_disk = self._counter(job, digest, size)
-        fetch_one(progress, lambda: self._say(job, PullUpdate("verifying sha256 digest")), on_disk)
+    def _file(self, job: _Job, want: Want, fetch_one: Callable[..., None]) -> None:
+        """One file of a model: found intact in place, or fetched (once, with
+        whoever else wants it) with progress."""
+        digest, size = f"sha256:{want.sha256 or '0' * 64}", want.size or 0
+        state = {"done": size if self.files.present(want) else 0}  # (counted as done already)
+        arrived = self._counter(job, digest, size, state)
+
+        def starting() -> None:  # its bytes start (again) from none
+            job.completed -= state["done"]
+            state["done"], job.state = 0, "pulling"
+            self._say(job, PullUpdate(f"pulling {digest[7:19]}", digest, size, 0))
+
+        def waiting(why: str) -> None:
+            job.state = "waiting"
+            self._say(job, PullUpdate(f"waiting for {digest[7:19]}: {why}"))
+
+        def verifying() -> None:
+            job.state = "verifying"
+            self._say(job, PullUpdate("verifying sha256 digest"))
+
+        hooks = Hooks(lambda n: arrived(n, True), lambda n: arrived(n, False), waiting, starting, verifying)
+        self.files.get(want, fetch_one, hooks)
+        if state["done"] < size:  # (found whole: another pull's, or one in place)
+            arrived(size - state["done"], False)
 
     # -- the sources ----------------------------------------------------------
     def _hf(self, ref: Reference, job: _Job) -> Pulled:
         self._say(job, PullUpdate("pulling manifest"))
-        plan = hf.plan(ref, self.endpoint)
+        plan = hf.plan(ref, self.endpoint, self.client)
         job.name = plan.reference.name
         files = [*plan.files, *([plan.mmproj] if plan.mmproj else [])]
         targets = [self.store.path(f"hf/{plan.reference.repo}/{f.path}") for f in files]
-        missing = [(f, t) for f, t in zip(files, targets, strict=True) if not os.path.isfile(t)]
-        job.total = sum(f.size or 0 for f in files)
-        job.completed = job.total - sum(f.size or 0 for f, _ in missing)
-        self._started(job)
-        self.store.ensure_space(sum(f.size or 0 for f, _ in missing))
-        for f, target in missing:
-            digest = f"sha256:{f.sha256}" if f.sha256 else f"sha256:{'0' * 64}"
+        wants = [
+            Want(f.sha256 or f"{plan.reference.repo}@{plan.revision}/{f.path}", t, f.size, f.sha256)
+            for f, t in zip(files, targets, strict=True)
+        ]
+        self._plan_size(job, wants)
+        for f, want in zip(files, wants, strict=True):
             self._file(
                 job,
-                digest,
-                f.size or 0,
-                lambda progress, verifying, on_disk, f=f, target=target: hf.download(
-                    plan,
-                    f,
-                    target,
-                    self.store.partial(f.sha256 or f"{plan.revision}-{f.path}"),
-                    self.client,
-                    progress,
-                    self.endpoint,
-                    verifying,
-                    on_disk,
-                ),  # fmt: skip
-            )
+                want,
+                lambda progress, verifying, on_disk, f=f, want=want: hf.download(
+                    plan, f, want.target, self.store.partial(want.key), self.client, progress, self.endpoint,
+                    verifying, on_disk,
+                ),
+            )  # fmt: skip
         relative = [os.path.relpath(t, self.store.root) for t in targets]
         model_files = relative[: len(plan.files)]
         row = self._installed(plan.reference, model_files, relative[len(plan.files)] if plan.mmproj else None)
         row.digest = f"sha256:{plan.files[0].sha256}" if plan.files[0].sha256 else ""
         return self._record(job, row)
 
+    def _plan_size(self, job: _Job, wants: list[Want]) -> None:
+        """The pull's total and what is in place already; room for the rest."""
+        missing = [w.size or 0 for w in wants if not self.files.present(w)]
+        job.total = sum(w.size or 0 for w in wants)
+        job.completed = job.total - sum(missing)
+        self._started(job)
+        self.store.ensure_space(sum(missing))
+
     def _ollama(self, ref: Reference, job: _Job) -> Pulled:
         self._say(job, PullUpdate("pulling manifest"))
         plan = ollama.plan(ref, self.client, self.registry)
         layers = [plan.model, *([plan.projector] if plan.projector else [])]
-        targets = [self.store.path(f"ollama/{ref.repo}/sha256-{layer.hex}.gguf") for layer in layers]
-        missing = [(x, t) for x, t in zip(layers, targets, strict=True) if not os.path.isfile(t)]
-        job.total = sum(x.size for x in layers)
-        job.completed = job.total - sum(x.size for x, _ in missing)
-        self._started(job)
-        self.store.ensure_space(sum(x.size for x, _ in missing))
-        for layer, target in missing:
+        wants = [Want(x.hex, self.store.path(f"ollama/{ref.repo}/sha256-{x.hex}.gguf"), x.size, x.hex) for x in layers]
+        self._plan_size(job, wants)
+        for layer, want in zip(layers, wants, strict=True):
             self._file(
                 job,
-                layer.digest,
-                layer.size,
-                lambda progress, verifying, on_disk, layer=layer, target=target: fetch.download(
-                    self.client,
-                    plan.blob(layer),
-                    self.store.partial(layer.hex),
-                    target,
-                    progress,
-                    verifying=verifying,
-                    on_disk=on_disk,
-                ),  # fmt: skip
-            )
-        relative = [os.path.relpath(t, self.store.root) for t in targets]
+                want,
+                lambda progress, verifying, on_disk, layer=layer, want=want: fetch.download(
+                    self.client, plan.blob(layer), self.store.partial(want.key), want.target, progress,
+                    verifying=verifying, on_disk=on_disk,
+                ),
+            )  # fmt: skip
+        relative = [os.path.relpath(w.target, self.store.root) for w in wants]
         row = self._installed(ref, relative[:1], relative[1] if plan.projector else None)
         row.digest, row.params = plan.model.digest, plan.params
         row.template, row.system = plan.texts.get("template", ""), plan.texts.get("system", "")
@@ -302,7 +348,7 @@ class Puller:
         parsed = urllib.parse.urlsplit(ref.url)
         sha = dict(urllib.parse.parse_qsl(parsed.fragment)).get("sha256")
         url = urllib.parse.urlunsplit(parsed._replace(fragment=""))
-        target = self.store.path(f"url/{parsed.hostname}/{ref.name}")
+        target = self.store.path(ref.store_file())
         size = None
         if not os.path.isfile(target):
             try:
@@ -310,19 +356,16 @@ class Puller:
                 size = int(head.headers["content-length"]) if head.status_code == 200 else None
             except (httpx.TransportError, KeyError, ValueError):
                 size = None
-            job.total = size or 0
-            self._started(job)
-            self.store.ensure_space(size or 0)
-            self._file(
-                job,
-                f"sha256:{sha or '0' * 64}",
-                size or 0,
-                lambda progress, verifying, on_disk: fetch.download(
-                    self.client, fetch.Remote(url, size, sha), self.store.partial(url), target, progress,
-                    verifying=verifying, on_disk=on_disk,
-                ),
-            )  # fmt: skip
-        self._started(job)  # (in place already)
+        want = Want(sha.lower() if sha else url, target, size, sha)
+        self._plan_size(job, [want])
+        self._file(
+            job,
+            want,
+            lambda progress, verifying, on_disk: fetch.download(
+                self.client, fetch.Remote(url, size, sha), self.store.partial(want.key), target, progress,
+                verifying=verifying, on_disk=on_disk,
+            ),
+        )  # fmt: skip
         row = self._installed(ref, [os.path.relpath(target, self.store.root)], None)
         row.digest = f"sha256:{sha}" if sha else ""
         return self._record(job, row)
@@ -345,6 +388,7 @@ class Puller:
         )
 
     def _record(self, job: _Job, row: Installed) -> Pulled:
+        job.state = "writing"
         self._say(job, PullUpdate("writing manifest"))
         self.store.add(row)
         return Pulled(row.name, self.store.path(row.files[0]), row)

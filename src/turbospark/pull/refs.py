@@ -9,7 +9,7 @@
 ``ollama:qwen2.5:0.5b``               Ollama's registry (``library`` namespace)
 ``ollama.com/library/qwen2.5:0.5b``   Ollama's registry
 ``qwen2.5:0.5b`` (``/api/pull`` only) Ollama's registry, as Ollama's clients send
-``https://host/path/file.gguf``       a plain URL
+``https://host/path/file.gguf``       a plain URL (named ``host/path/file.gguf``)
 ====================================  ==========================================
 
 Every name part is checked here, once: a name from a hub or a registry never
@@ -18,6 +18,7 @@ becomes a path outside the store (no ``..``, no separators, no hidden names).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -65,10 +66,26 @@ class Reference:
             if self.file:
                 return f"{self.repo}/{self.file}"
             return f"{self.repo}:{self.tag}" if self.tag else self.repo
-        return urllib.parse.urlsplit(self.url).path.rsplit("/", 1)[-1]
+        parsed = urllib.parse.urlsplit(self.url)  # host and path: two files of one name stay two
+        return f"{_host(parsed)}{parsed.path}"
+
+    def store_file(self) -> str:
+        """Where a URL's file lies in the store: ``url/host/path...``, or
+        (a path part that is no safe name) ``url/host/<digest of the path>/file``."""
+        parsed = urllib.parse.urlsplit(self.url)
+        host = _host(parsed).replace(":", "_")
+        parts = [host, *(p for p in parsed.path.split("/") if p)]
+        if all(_PART.match(p) and ".." not in p for p in parts):
+            return "url/" + "/".join(parts)
+        where = hashlib.sha256(f"{host}{parsed.path}".encode()).hexdigest()[:16]
+        return f"url/{host if _PART.match(host) else 'host'}/{where}/{parts[-1]}"
 
     def with_tag(self, tag: str) -> Reference:
         return Reference(self.source, self.repo, tag, self.file, self.url)
+
+
+def _host(parsed: urllib.parse.SplitResult) -> str:
+    return f"{parsed.hostname}:{parsed.port}" if parsed.port else str(parsed.hostname)
 
 
 def _part(text: str, what: str, whole: str) -> str:
@@ -117,6 +134,10 @@ def _url(text: str) -> Reference:
     if not parsed.hostname or not name.lower().endswith(".gguf") or parsed.username or parsed.password:
         raise BadReference(f"{text!r}: a URL must name a .gguf file (and carry no credentials)")
     _part(name, "the file name", text)
+    try:
+        parsed.port  # noqa: B018 - (a port that is no number raises)
+    except ValueError:
+        raise BadReference(f"{text!r}: the port is not a number") from None
     return Reference("url", url=text)
 
 

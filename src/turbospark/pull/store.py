@@ -1,13 +1,15 @@
 """The one local store pulled models land in (``--models-dir``, default
 under the user cache): files named by source (``hf/org/repo/file.gguf``,
-``ollama/namespace/name/sha256-….gguf``, ``url/host/file.gguf``), partial
-downloads under ``.partial/`` (never listed, never attachable: hidden), and
+``ollama/namespace/name/sha256-….gguf``, ``url/host/path/file.gguf``), partial
+downloads and their locks under ``.partial/`` (never listed, never
+attachable: hidden), and
 an SQLite index (WAL) of what is installed. A row is written only after
 every file of a model is in place and verified, so the index is the truth
 about what can be loaded."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -110,8 +112,10 @@ class Store:
         return full
 
     def partial(self, key: str) -> str:
-        """Where a download of ``key`` (a digest or a name) collects its bytes."""
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in key)[:200]
+        """Where a download of ``key`` (a digest, or a source) collects its bytes."""
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in key)
+        if safe != key or len(key) > 100:  # (never two sources in one file)
+            safe = f"{safe[-60:].lstrip('._-')}-{hashlib.sha256(key.encode()).hexdigest()[:24]}"
         return os.path.join(self.root, PARTIAL, safe + ".part")
 
     def ensure_space(self, needed: int) -> None:
@@ -119,7 +123,7 @@ class Store:
         free = shutil.disk_usage(self.root).free
         if needed > free:
             raise NoSpace(
-                f"not enough disk space in {self.root}: the download needs {gib(needed)} more, {gib(free)} is free"
+                f"not enough disk space in the model store: the download needs {gib(needed)} more, {gib(free)} is free"
             )
 
     # -- the index -----------------------------------------------------------

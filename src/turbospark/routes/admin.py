@@ -1,6 +1,7 @@
 """Operator routes: what the engine holds (``/v1/slots``), live model
-attach/detach (``/v1/admin/models``) and the config file in force
-(``/v1/admin/config``, and its reload)."""
+attach/detach (``/v1/admin/models``), the config file in force
+(``/v1/admin/config``, and its reload) and the model pulls
+(``/v1/admin/pulls``)."""
 
 from __future__ import annotations
 
@@ -348,7 +349,16 @@ async def reload_config(request: Request) -> Response:
     return JSONResponse(result.to_json())
 
 
+@endpoint(openai_error)
+async def list_pulls(request: Request) -> Response:
+    """The pulls in flight and the last few ended: name, state, bytes
+    done/total, rate and error (none: a server without a model store)."""
+    puller = state_of(request).puller
+    return JSONResponse({"object": "list", "data": puller.pulls() if puller is not None else []})
+
+
 routes += [
+    Route("/v1/admin/pulls", list_pulls, methods=["GET"]),
     Route("/v1/admin/config", show_config, methods=["GET"]),
     Route("/v1/admin/config/reload", reload_config, methods=["POST"]),
     Route("/v1/admin/models", list_admin_models, methods=["GET"]),

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..dialects.common import BadRequest
-from ..pull.fetch import FetchError
+from ..pull.fetch import FetchError, plain
 from ..pull.hf import NeedsQuant
 from ..pull.puller import Pulled, Puller, PullUpdate
 from ..pull.refs import BadReference, parse
@@ -69,7 +69,7 @@ def pull_failure(exc: BaseException) -> BadRequest:
         return BadRequest(str(exc), "model", status=exc.status, code="pull_failed")
     if isinstance(exc, StoreError):
         return BadRequest(str(exc), "model", status=503, code="store_unavailable")
-    return BadRequest(f"the pull failed: {exc}", "model", status=502, code="pull_failed")
+    return BadRequest(f"the pull failed: {plain(exc)}", "model", status=502, code="pull_failed")
 
 
 def _lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> Any:
