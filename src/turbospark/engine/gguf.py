@@ -70,6 +70,10 @@ class _Reader:
             if inner in _SCALARS and not keep:  # skipped whole
                 self.f.seek(n * struct.calcsize(_SCALARS[inner]), 1)
                 return None
+            if inner == _STRING and not keep:  # (a vocabulary: skipped string by string)
+                for _ in range(n):
+                    self.f.seek(self.take("<Q"), 1)
+                return None
             values = [self.value(inner, keep) for _ in range(n)]
             return values if keep else None
         fmt = _SCALARS.get(kind)
