@@ -227,7 +227,9 @@ def gguf_of(name: str) -> str | None:
         return None
 
 
-def bench_model(gguf: str, name: str, rounds: int, threads: int, tokens: int) -> list[tuple[str, float, float, str, str]]:
+def bench_model(
+    gguf: str, name: str, rounds: int, threads: int, tokens: int
+) -> list[tuple[str, float, float, str, str]]:
     rows = []
     sv = Servers(gguf, threads, 2048, 4)
 
