@@ -147,15 +147,17 @@ def test_the_default_serves_unknown_names_among_several_models():
     assert reg.resolve(None).entry.id == "beta"  # naming none is not naming a wrong one
 
 
-def test_a_name_of_a_model_that_cannot_serve_is_not_served_by_another():
+def test_a_request_the_default_cannot_serve_goes_to_the_one_model_that_can():
     reg = Registry()
     reg.attach(_scripted("chat"))
     reg.default = "chat"
     reg.configure(ModelSpec("embedder", (), "embedding", path="/nowhere.gguf"))
+    assert reg.resolve("text-embedding-3-small", "embeddings").entry.id == "embedder"
+    assert reg.resolve("embedder", "chat").entry.id == "chat"  # (an embedding model takes no chat)
+    reg.strict_names = True
     with pytest.raises(RoutingError) as exc:
         reg.resolve("embedder", "chat")
     assert exc.value.status == 404
-    assert reg.resolve("text-embedding-3-small", "embeddings").entry.id == "embedder"  # the one that can
 
 
 def _scripted(name: str):

@@ -7,8 +7,8 @@ Resolution, among the models capable of the request (chat vs embeddings):
    the pull store known under the name asked for);
 2. else, no capable model at all: 503;
 3. else, with ``--strict-model-names``, a name that was asked for is a 404
-   ``model_not_found`` naming the models that are available (so is a name
-   of a model that cannot serve the request: an embedding model's, for chat);
+   ``model_not_found`` naming the models that are available (an embedding
+   model's name too, for chat);
 4. else the server's default model serves whatever name was asked, or none
    (clients send ``gpt-4o`` or ``claude-sonnet-...``): the first
    ``--model``, a config section's ``default = true``, else its first one;
@@ -120,10 +120,7 @@ class ModelNames:
             if not capable:
                 what = "chat" if capability == "chat" else "embeddings"
                 raise RoutingError(503, f"no model capable of this request ({what}) is loaded", "model_not_available")
-            # a name some model answers to is never served by another (an
-            # embedding model's, asked for chat); nor any name, when strict
-            named = bool(requested and (strict or self.lookup(requested) is not None))
-            if not named:
+            if not (requested and strict):
                 chosen = next((e for e in capable if e.id == default), None)
                 if chosen is None and len(capable) == 1:
                     chosen = capable[0]
