@@ -213,10 +213,23 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def bench_model(name: str, rounds: int, threads: int, tokens: int) -> list[tuple[str, float, float, str, str]]:
-    from turbospark.models.catalog import resolve_model
+def gguf_of(name: str) -> str | None:
+    """The GGUF ``name`` is (a packaged model or a path); None, said in one
+    line, when it is not here (a packaged model not installed: the command
+    that installs it)."""
+    from turbospark.models.catalog import CATALOG, ModelNotFound, resolve_model
 
-    gguf, _ = resolve_model(name)
+    try:
+        return resolve_model(name)[0]
+    except ModelNotFound as exc:
+        why = f"not installed (turbospark pull {name})" if name in CATALOG else str(exc)
+        print(f"runtime.py: skipping {name}: {why}", file=sys.stderr, flush=True)
+        return None
+
+
+def bench_model(
+    gguf: str, name: str, rounds: int, threads: int, tokens: int
+) -> list[tuple[str, float, float, str, str]]:
     rows = []
     sv = Servers(gguf, threads, 2048, 4)
 
@@ -295,7 +308,11 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for name in args.model or ["smollm2-135m", "qwen2.5-coder-0.5b"]:
-        rows += bench_model(name, args.rounds, args.threads, args.tokens)
+        gguf = gguf_of(name)
+        if gguf is not None:
+            rows += bench_model(gguf, name, args.rounds, args.threads, args.tokens)
+    if not rows:
+        return
     print(f"\n{'measure':<44}{'a':>10}{'b':>10}{'a/b':>8}  {'target':<9}{'a / b'}")
     for label, a, b, target, what in rows:
         print(f"{label:<44}{a:>10.3f}{b:>10.3f}{a / b:>8.2f}  {target:<9}{what}")

@@ -453,8 +453,9 @@ def test_bad_json_is_400_in_ollama_shape(base_url, path, hub):
 
 
 # -- several models, and scripted failures ------------------------------------------------------------
-def test_unknown_model_is_404_when_several_are_loaded():
-    with Server(models=[ScriptedModel("alpha"), ScriptedModel("beta")]) as srv:
+def test_unknown_model_is_404_with_strict_model_names():
+    # (without them the default model, alpha, serves it: tests/test_default_model.py)
+    with Server(models=[ScriptedModel("alpha"), ScriptedModel("beta")], strict_model_names=True) as srv:
         r = httpx.post(srv.url + "/api/chat", timeout=30, json={"model": "gamma", "messages": HELLO})
         assert r.status_code == 404 and "gamma" in r.json()["error"]
         r = httpx.post(

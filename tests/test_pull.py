@@ -241,8 +241,13 @@ def test_a_wrong_digest_is_refused_and_nothing_is_loadable(served, hubs):
         r = httpx.post(srv.url + "/api/pull", json={"model": name, "stream": False}, timeout=300)
         assert r.status_code == 502 and "sha256" in r.json()["error"], r.text
         assert name not in {m["name"] for m in httpx.get(srv.url + "/api/tags").json()["models"]}
-        r = httpx.post(srv.url + "/api/chat", json={"model": name, "messages": HELLO, "stream": False})
+        r = httpx.post(srv.url + "/api/show", json={"model": name})
         assert r.status_code == 404, r.text
+        # a chat naming it is no model's name: the default model serves it (docs/MODELS.md)
+        r = httpx.post(srv.url + "/api/chat", json={"model": name, "messages": HELLO, "stream": False}, timeout=60)
+        assert r.status_code == 200, r.text
+        routed = next(e for e in events.of(int(r.headers["x-request-id"])) if e.kind == "requestRouted")
+        assert (routed.requested, routed.served) == (name, "smollm2-135m")
     assert not (store / "hf" / "test-org" / "Bad-GGUF").exists()
     assert not [p for p in (store / ".partial").rglob("*") if p.is_file() and p.suffix == ".gguf"]
     failed = [e for e in events.events if e.kind == "modelPull" and e.phase == "failed"]

@@ -34,6 +34,7 @@ def multi():
     srv = Server(
         models=[opts("alpha", aliases=("a1", "gpt-4o")), opts("beta"), opts("embedder", kind="embedding")],
         observer=obs,
+        strict_model_names=True,  # (without it, the default model, alpha, serves unknown names)
     ).start()
     yield srv, obs
     srv.stop()
@@ -63,7 +64,7 @@ def test_exact_id_and_alias_routing(multi):
         assert (ev.requested, ev.served) == (asked, served)
 
 
-def test_unknown_name_with_two_chat_models_is_404_listing_both(multi):
+def test_unknown_name_with_strict_names_is_404_listing_the_chat_models(multi):
     srv, obs = multi
     with pytest.raises(openai.NotFoundError) as exc:
         client(srv).chat.completions.create(model="claude-sonnet-4", messages=[{"role": "user", "content": "x"}])
@@ -228,11 +229,16 @@ def test_attach_and_detach_while_requests_stream():
             time.sleep(0.02)  # (its first chunk may go out before its slot is marked)
         assert beta_slots() == ["busy"]
         assert 'turbospark_num_requests_running{model="beta"} 1.0' in httpx.get(srv.url + "/metrics").text
-        # new requests no longer reach beta (two chat models remain: 404)
+        # new requests no longer reach beta: its name is unknown now, so the
+        # default model (alpha, the first) serves it
         nxt = httpx.post(
-            srv.url + "/v1/chat/completions", json={"model": "beta", "messages": [{"role": "user", "content": "x"}]}
+            srv.url + "/v1/chat/completions",
+            json={"model": "beta", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+            timeout=60,
         )
-        assert nxt.status_code == 404 and "alpha" in nxt.json()["error"]["message"]
+        assert nxt.status_code == 200, nxt.text
+        ev = next(e for e in obs.of(int(nxt.headers["x-request-id"])) if e.kind == "requestRouted")
+        assert (ev.requested, ev.served) == ("beta", "alpha")
         assert beta.scheduler._thread.is_alive()  # still serving the in-flight stream
         tb.join(120)
         assert b_out["status"] == 200 and b_out["chunks"][-1] == "data: [DONE]"

@@ -204,7 +204,12 @@ def test_a_reload_adds_and_removes_models_while_streams_run_to_their_end(base: S
         assert stream.ended_at is not None and stream.ended_at > sent
     ids = base.ids()
     assert "a" not in ids and {"b", "c", "z"} <= set(ids)
-    assert_openai_error(chat(base.url, "a"), 404, "model", "'a' not found")
+    # "a" names no model now: the default (the file's first section, b now) serves it
+    gone = chat(base.url, "a")
+    assert gone.status_code == 200, gone.text
+    records = httpx.get(base.url + "/v1/stats", params={"requests": 1000}, timeout=10).json()["records"]
+    (record,) = [x for x in records if x["id"] == int(gone.headers["x-request-id"])]
+    assert (record["requested"], record["served"]) == ("a", "b")
     assert chat(base.url, "b").status_code == 200
     shown = base.shown()
     assert [m["id"] for m in shown["models"]] == ["b", "c"]

@@ -84,16 +84,29 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
         args.config_loaded = cfg
     base = model_defaults()
     store = [*(args.models_dir or []), *server.get("models_dirs", [])]
-    for arg in args.model or ([] if opts else [DEFAULT_MODEL]):
-        opts.append(_option_for(arg, base, store))
+    given_models = [_option_for(arg, base, store) for arg in args.model or ([] if opts else [DEFAULT_MODEL])]
+    opts.extend(given_models)
     for alias in args.alias or []:
         _add_alias(opts, alias)
+    args.default_model = _default_model(args.config_loaded, given_models, opts)
     for o in _local_options(opts):
         for attr, value in given.items():
             setattr(o, attr, value)
     args.model_defaults = defaults
     merge_server(args, server)
     return opts
+
+
+def _default_model(cfg: Any, given: list[Any], opts: list[Any]) -> str | None:
+    """The id of the model serving a name no model answers to: the config
+    section that says ``default = true``, else the first ``--model``, else
+    the first section."""
+    from .models.presets import preset_id
+
+    if cfg is not None and cfg.default is not None:
+        return str(cfg.default)
+    first = given or opts
+    return preset_id(first[0]) if first else None
 
 
 def _option_for(arg: str, base: dict[str, Any], store_dirs: list[str]) -> Any:
@@ -322,6 +335,8 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
             store_dir=(args.models_dir or [cache_dir()])[0],
             responses=responses,
             slot_save_path=args.slot_save_path,
+            default_model=args.default_model,
+            strict_model_names=bool(args.strict_model_names),
             remote_key_envs=args.remote_key_env,
             model_defaults=args.model_defaults,
             progress_for=display.progress_for,

@@ -104,7 +104,10 @@ class Option:
             "metavar": self.metavar,
             "help": self.help,
         }
-        parser.add_argument(*self.flags, **{k: v for k, v in given.items() if v is not None})
+        kwargs = {k: v for k, v in given.items() if v is not None}
+        if self.server is not None:  # (a store_true flag too: None is "not given", the file decides)
+            kwargs["default"] = self.default
+        parser.add_argument(*self.flags, **kwargs)
 
 
 def _model(flag: str, help: str, **kw: Any) -> Option:
@@ -124,6 +127,13 @@ SERVE: tuple[Option, ...] = (
         action="append",
     ),
     Option(("--config",), "turbospark.toml with server settings and models", metavar="FILE"),
+    _server(
+        "--strict-model-names",
+        "answer 404 to a model name no model answers to (default: the default model serves it: the "
+        "first --model, a config section's default = true, else its first section)",
+        action="store_true",
+        fallback=False,
+    ),
     Option(("--alias",), "another name a model answers to (repeatable)", action="append", metavar="[MODEL_ID=]NAME"),
     _server("--host", "address to listen on (default 127.0.0.1)", fallback="127.0.0.1"),
     _server("--port", "port (default 8080; 0 = any free port)", type=int, fallback=8080),

@@ -28,7 +28,7 @@ from .access.auth import Auth
 from .access.guard import BrowserPolicy
 from .config import Config
 from .models.loading import ModelArg, default_model_folders, load_spec, populate
-from .models.presets import Presets, ReloadResult
+from .models.presets import Presets, ReloadResult, preset_id
 from .models.registry import STALL_TIMEOUT, ModelSpec, Registry, RegistryError
 from .observe import Observer, combine
 from .pull.puller import Puller
@@ -102,6 +102,8 @@ def assemble(
     store_dir: str | None = None,
     responses: ResponseStore | None = None,
     slot_save_path: str | None = None,
+    default_model: str | None = None,
+    strict_model_names: bool = False,
 ) -> Assembly:
     """Open the sinks, register (and load) the models, build the app.
     Raises what loading raises (a bad model, no memory, a name clash; an
@@ -109,7 +111,9 @@ def assemble(
     ``ImportError``; a model store that cannot be opened: ``StoreError``)
     after closing whatever it had opened (``responses``, the response store
     it is given and then owns, included). ``store_dir``: where pulled models
-    live (None: this server pulls nothing)."""
+    live (None: this server pulls nothing). ``default_model``: the id of
+    the model serving a name no model answers to (None: the first of
+    ``models``); ``strict_model_names``: such a name is a 404 instead."""
     try:
         sinks = _open_sinks(tracing, otlp_endpoint, event_log, event_log_max_bytes)
     except BaseException:
@@ -122,6 +126,7 @@ def assemble(
     live = LiveEvents()  # /v1/events, /v1/stats, /dashboard: always on
     observer = combine([*observers, metrics, *sinks, live])
     registry = Registry(observer, loader=load_spec, max_resident=max_resident, stall_timeout=stall_timeout)
+    registry.default, registry.strict_names = default_model, strict_model_names
     puller = None
     try:
         if store_dir is not None:
@@ -300,6 +305,7 @@ class ConfigReloader:
                 log.error("config reload (%s) refused, the models in force are kept: %s", trigger, result.error)
             else:
                 self.config, self.loaded_at = config, result.at
+                _follow_default(self.state.registry, config)
                 self.state.model_defaults = defaults
                 server = config.server
                 keys = set(server) | set(self.started_with)
@@ -345,6 +351,16 @@ def follow_config(
     reloader = ConfigReloader(path, read, assembly.state, first, settings, watch)
     assembly.state.config = reloader
     return reloader
+
+
+def _follow_default(registry: Registry, config: Config) -> None:
+    """A reloaded file's default model: the section that says ``default =
+    true``; else the one in force stays, unless it is gone (then the first
+    section)."""
+    if config.default is not None:
+        registry.default = config.default
+    elif (registry.default is None or registry.lookup(registry.default) is None) and config.models:
+        registry.default = preset_id(config.models[0])
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:

@@ -20,13 +20,16 @@
     stall_timeout = 60                       # seconds without an engine step before /health degrades
     send_timeout = 60                        # seconds a client may read nothing before it is dropped
     body_timeout = 30                        # seconds a request body may pause before a 408
+    strict_model_names = false               # true: a name no model answers to is a 404
 
     [defaults]                # every model, unless its own section says otherwise
     ctx = 4096
     parallel = 4
 
     [models.chat]             # the section name is the model id; each section is a preset
-    model = "smollm2-135m"    # a GGUF path (relative to this file) or a packaged model
+    model = "smollm2-135m"    # a GGUF path (relative to this file), a packaged model, or a
+                              # model to pull as serve --model takes it: org/repo:Q4_K_M, ollama:name
+    default = true            # serves names no model answers to (else: the first section)
     aliases = ["gpt-4o"]
     system = "You are terse."
     temperature = 0.2         # sampling defaults (also top_p, top_k, min_p, seed, repeat_penalty,
@@ -78,6 +81,7 @@ from .engine.model import ModelOptions
 from .models.catalog import ModelNotFound, resolve_model
 from .models.loading import GROUP_KEYS, GroupOptions, RemoteConfigError, remote_options, replica_name
 from .models.replicas import ROUTINGS
+from .pull.refs import BadReference, parse
 from .upstream.model import RemoteOptions
 
 
@@ -156,6 +160,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "slot_save_path": (str,),
     "store": (bool,),
     "store_ttl": (int, float),
+    "strict_model_names": (bool,),
 }
 POSITIVE = {
     "ctx",
@@ -204,6 +209,8 @@ class Config:
     models: list[ModelOptions | RemoteOptions | GroupOptions] = field(default_factory=list)
     #: each model's section as written (``GET /v1/admin/config`` shows them)
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the id of the section that says ``default = true`` (None: none does)
+    default: str | None = None
 
     def presets(self) -> dict[str, dict[str, Any]]:
         """The model sections as written, with no secret: a header's value
@@ -301,12 +308,26 @@ def load_config(path: str, pull: PullResolver | None = None) -> Config:
     ctx = _Where(path, base, cfg.defaults, pull or no_pull)
     for model_id, table in models.items():
         where = f"models.{model_id}"
+        cfg.sections[model_id] = copy.deepcopy(table)
+        if isinstance(table, dict) and "default" in table:
+            table = dict(table)
+            if _default(path, where, table.pop("default"), cfg.default):
+                cfg.default = model_id
         if isinstance(table, dict) and ("replicas" in table or table.get("kind") == "remote"):
             cfg.models.append(_remote_or_group(ctx, where, model_id, table))
         else:
             cfg.models.append(_local(ctx, where, model_id, table))
-        cfg.sections[model_id] = copy.deepcopy(table)
     return cfg
+
+
+def _default(file: str, where: str, value: Any, before: str | None) -> bool:
+    """A section's ``default``: whether it is the server's default model
+    (the one serving a name no model answers to; one section at most)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{file}: {where}.default must be bool, not {type(value).__name__}")
+    if value and before is not None:
+        raise ConfigError(f"{file}: {where}.default: models.{before} is the default model already (one at most)")
+    return value
 
 
 @dataclass
@@ -334,21 +355,52 @@ def _local(at: _Where, where: str, model_id: str, table: Any) -> ModelOptions:
 
 
 def _gguf(at: _Where, where: str, target: str | None, reference: str | None) -> str:
-    """The GGUF file a section's ``model`` names, else the one its ``pull``
-    reference resolves to."""
+    """The GGUF file a section's ``model`` names (a path, a packaged model,
+    or a reference to pull, as ``serve --model`` takes), else the one its
+    ``pull`` reference resolves to."""
     key = f"{where}.model"
     if target is None:
         if reference is None:
             raise ConfigError(
-                f"{at.file}: {key} is required (a GGUF path or a packaged model name; or pull = a reference)"
+                f"{at.file}: {key} is required (a GGUF path, a packaged model name or a reference to pull "
+                "such as org/repo:Q4_K_M; or pull = a reference)"
             )
-        key = f"{where}.pull"
-        try:
-            target = at.pull(reference)
-        except ConfigError as exc:
-            raise ConfigError(f"{at.file}: {key}: {exc}") from None
-        except (ValueError, OSError, LookupError) as exc:
-            raise ConfigError(f"{at.file}: {key}: {reference!r} could not be resolved: {exc}") from None
+        return _pulled(at, f"{where}.pull", reference)
+    candidate = target if os.path.isabs(target) else os.path.join(at.base, target)
+    try:
+        gguf, _ = resolve_model(candidate if os.path.isfile(candidate) else target)
+    except ModelNotFound as exc:
+        if _is_reference(target):  # (a packaged model not installed is one too)
+            return _pulled(at, key, target)
+        raise ConfigError(
+            f"{at.file}: {key}: {exc}; nor is it a model to pull (org/repo:QUANT, hf.co/org/repo:QUANT, "
+            "ollama:name[:tag], a URL; or give pull = a reference)"
+        ) from None
+    return gguf
+
+
+def _is_reference(target: str) -> bool:
+    """Whether a section's ``model`` names a model to pull rather than a
+    file: it parses as a reference, and does not look like a path
+    (``./x.gguf``, ``/srv/x.gguf``, ``models/x.gguf``)."""
+    if os.path.isabs(target) or target.startswith((".", "~")) or "\\" in target:
+        return False
+    try:
+        ref = parse(target)
+    except BadReference:
+        return False
+    return not (ref.source == "hf" and not ref.file and ref.repo.lower().endswith(".gguf"))
+
+
+def _pulled(at: _Where, key: str, reference: str) -> str:
+    """The GGUF a reference names, pulled when the store lacks it (the
+    file's :data:`PullResolver`)."""
+    try:
+        target = at.pull(reference)
+    except ConfigError as exc:
+        raise ConfigError(f"{at.file}: {key}: {exc}") from None
+    except (ValueError, OSError, LookupError) as exc:
+        raise ConfigError(f"{at.file}: {key}: {reference!r} could not be resolved: {exc}") from None
     candidate = target if os.path.isabs(target) else os.path.join(at.base, target)
     try:
         gguf, _ = resolve_model(candidate if os.path.isfile(candidate) else target)

@@ -43,7 +43,10 @@ class Server:
     from (None, the default: no store; ``turbospark serve`` always has one).
     ``state_dir``: where stored responses are kept (None, the default: none,
     as ``--store off``). ``slot_save_path``: the folder of llama-server's
-    slot files (``POST /slots/{id}?action=save|restore``; None: refused)."""
+    slot files (``POST /slots/{id}?action=save|restore``; None: refused).
+    ``default_model``: the id of the model serving a name no model answers
+    to (None: the first of ``models``); ``strict_model_names``: such a name
+    is a 404 instead (docs/MODELS.md)."""
 
     def __init__(
         self,
@@ -75,6 +78,8 @@ class Server:
         state_dir: str | None = None,
         store_ttl: float = 30 * 86400.0,
         slot_save_path: str | None = None,
+        default_model: str | None = None,
+        strict_model_names: bool = False,
     ) -> None:
         self.send_timeout, self.body_timeout = send_timeout, body_timeout
         self.host = host
@@ -98,6 +103,8 @@ class Server:
             store_dir=store_dir,
             responses=ResponseStore(state_dir, ttl=store_ttl) if state_dir is not None else None,
             slot_save_path=slot_save_path,
+            default_model=default_model,
+            strict_model_names=strict_model_names,
         )
         self.registry = self.assembly.registry
         self.observer = self.assembly.observer

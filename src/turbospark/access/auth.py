@@ -2,7 +2,8 @@
 
 Off unless a key is configured. When on, every route except ``GET /health``
 needs a key, sent as ``x-api-key: KEY`` or ``Authorization: Bearer KEY``.
-Admin routes may be given their own keys; then only those open them.
+Admin routes may be given their own keys; then only those open them, and
+an admin key opens every other route too (as a tenant of its own).
 Comparison is constant-time over SHA-256 digests, so neither the content nor
 the length of a configured key leaks through timing.
 """
@@ -44,8 +45,8 @@ class Decision:
     admin: bool = False
 
 
-#: Routes an admin key opens besides the admin routes: what the server holds
-#: and did (an admin sees every tenant there), never inference.
+#: Routes where an admin key sees every tenant: what the server holds and
+#: did. On every other route it is a tenant of its own, as an inference key.
 VIEW_ROUTES = {
     (method, path) for method in ("GET", "HEAD") for path in ("/v1/events", "/v1/stats", "/v1/slots", "/metrics")
 }
@@ -115,7 +116,8 @@ class Auth:
         """Who may call ``method path`` with these headers (CONTRACT §5):
         with no keys everything is open and the caller administers; admin
         routes need an admin key (403 for a valid inference key, also when
-        no admin key is configured); admin keys also read the views."""
+        no admin key is configured); admin keys also read the views (every
+        tenant's), and open every other route as a tenant of their own."""
         if not self.enabled:
             return Decision(True, admin=True)
         if (method, path) in OPEN_ROUTES or (self.metrics_open and (method, path) in METRICS_ROUTES):
@@ -139,8 +141,11 @@ class Auth:
             if tenant:
                 return Decision(False, reason=NOT_ADMIN, status=403)
             return Decision(False, reason=MISSING_KEY)
-        if tenant:
-            return Decision(True, tenant)
+        if tenant or admin_tenant:
+            # an admin key infers too, as its own tenant (as one key does on
+            # a single-key server): it sees its own requests, slots and
+            # stored responses there, not every tenant's
+            return Decision(True, tenant or admin_tenant)
         return Decision(False, reason=MISSING_KEY)
 
 

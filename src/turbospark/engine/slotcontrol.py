@@ -8,7 +8,8 @@ a checksum), written and read off the engine thread.
 
 ``owner``: the caller's tenant, or None for one who may act on any slot
 (an admin, or a server without keys). A tenant acts only on its own slots
-or empty ones, and restores only the records it saved. Which path a caller
+or empty ones, and restores only the records it saved (another's is
+answered as a missing file). Which path a caller
 may name is the route's business: this module takes the path it is given.
 """
 
@@ -96,9 +97,12 @@ class SlotControl:
         """Load the record in ``path`` into ``slot_id`` (blocking)."""
         started = time.perf_counter()
         name = os.path.basename(path)
+        missing = SlotActionError(f"there is no saved slot named {name!r}")
         if not os.path.isfile(path):
-            raise SlotActionError(f"there is no saved slot named {name!r}")
+            raise missing
         entry = read_record(path)
+        if owner is not None and (entry is None or entry.owner != owner):
+            raise missing  # (another tenant's file: as a missing one, no oracle of what exists)
         if entry is None:
             raise SlotActionError(f"{name!r} is not a slot record this server can read (damaged or another format)")
         size = os.path.getsize(path)

@@ -274,21 +274,26 @@ def populate(
     on_loaded: Callable[[Any], None] | None = None,
 ) -> list[Any]:
     """Register every model; load them now, up to the registry's resident
-    cap (the rest load on first use). Returns the models it loaded."""
+    cap (the rest load on first use); the first is the registry's default
+    model unless it has one. Returns the models it loaded."""
     args = [options_for(a, **(defaults or {})) if isinstance(a, str) else a for a in models]
     # every name is checked before anything loads (a clash is a config error)
     scratch = Registry()
+    ids: list[str] = []
     for arg in args:
         if isinstance(arg, ModelOptions):
             spec = spec_for(arg)
             registry.check_names(spec.id, spec.aliases)
             scratch.configure(spec)
-        elif isinstance(arg, RemoteOptions):
+            ids.append(spec.id)
+        elif isinstance(arg, RemoteOptions | GroupOptions):
             registry.check_names(arg.id, arg.aliases)
             scratch.configure(ModelSpec(arg.id, tuple(arg.aliases)))
-        elif isinstance(arg, GroupOptions):
-            registry.check_names(arg.id, arg.aliases)
-            scratch.configure(ModelSpec(arg.id, tuple(arg.aliases)))
+            ids.append(arg.id)
+        else:
+            ids.append(arg.model_id)
+    if registry.default is None and ids:  # (else the caller chose it)
+        registry.default = ids[0]
     loaded: list[Any] = []
 
     def room() -> int | None:  # places left under the cap for local models

@@ -3,11 +3,17 @@ taken, and which entry serves a requested name. No HTTP types in here.
 
 Resolution, among the models capable of the request (chat vs embeddings):
 
-1. an exact id or alias match wins;
-2. else, if exactly one capable model is known, it serves whatever name was
-   asked (clients send ``gpt-4o`` or ``claude-sonnet-...``);
-3. else, no capable model at all: 503;
-4. else 404 ``model_not_found`` naming the models that are available.
+1. an exact id or alias match wins (the registry first makes a model in
+   the pull store known under the name asked for);
+2. else, no capable model at all: 503;
+3. else, with ``--strict-model-names``, a name that was asked for is a 404
+   ``model_not_found`` naming the models that are available (an embedding
+   model's name too, for chat);
+4. else the server's default model serves whatever name was asked, or none
+   (clients send ``gpt-4o`` or ``claude-sonnet-...``): the first
+   ``--model``, a config section's ``default = true``, else its first one;
+5. else (no default, or it cannot serve this kind of request) the one
+   capable model there is; with several, 404 (400 when no name was given).
 
 Lookups (``GET /v1/models/{id}``, Ollama ``/api/show``) never fall back.
 """
@@ -91,7 +97,16 @@ class ModelNames:
         with self.lock:
             return self._owner_of(name) or self._owner_of(_base_name(name))
 
-    def resolve(self, requested: str | None, capability: Capability = "chat") -> Route:
+    def resolve(
+        self,
+        requested: str | None,
+        capability: Capability = "chat",
+        default: str | None = None,
+        strict: bool = False,
+    ) -> Route:
+        """The entry serving ``requested`` (module docstring): ``default``
+        is the server's default model's id, ``strict`` refuses a name no
+        model answers to."""
         with self.lock:
             capable = [e for e in self._entries.values() if e.capable(capability)]
             if requested:
@@ -102,11 +117,15 @@ class ModelNames:
             # a group's members answer to their own names, but the group is
             # the one model a fallback may pick
             capable = [e for e in capable if e.member_of is None]
-            if len(capable) == 1:
-                return Route(capable[0], requested, capable[0].id)
             if not capable:
                 what = "chat" if capability == "chat" else "embeddings"
                 raise RoutingError(503, f"no model capable of this request ({what}) is loaded", "model_not_available")
+            if not (requested and strict):
+                chosen = next((e for e in capable if e.id == default), None)
+                if chosen is None and len(capable) == 1:
+                    chosen = capable[0]
+                if chosen is not None:
+                    return Route(chosen, requested, chosen.id)
             ids = sorted(e.id for e in capable)
             if not requested:
                 raise RoutingError(

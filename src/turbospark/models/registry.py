@@ -76,6 +76,13 @@ class Registry:
         #: a model asked for by a name no entry has: the spec of one that can
         #: be loaded under it (a model in the pull store), or None
         self.on_demand: Callable[[str], ModelSpec | None] | None = None
+        #: the id of the model that serves a name no model answers to (and a
+        #: request that names none): the first ``--model``, a config
+        #: section's ``default = true``, else its first section; None: the
+        #: one model there is serves it
+        self.default: str | None = None
+        #: ``--strict-model-names``: a name no model answers to is a 404
+        self.strict_names = False
 
     @property
     def max_resident(self) -> int:
@@ -241,7 +248,7 @@ class Registry:
     def resolve(self, requested: str | None, capability: Capability = "chat") -> Route:
         if requested and self.on_demand is not None and self._names.lookup(requested) is None:
             self.configure_on_demand(requested)
-        return self._names.resolve(requested, capability)
+        return self._names.resolve(requested, capability, self.default, self.strict_names)
 
     def configure_on_demand(self, name: str) -> Entry | None:
         """The entry of a model known only to :attr:`on_demand` (configured

@@ -8,7 +8,7 @@ everyone, on every slot. With ``--api-key``, an inference key sees its own
 tenant's slots and the empty ones (another tenant's only as a bare
 id and whether it is processing), saves, restores into and erases only its
 tenant's slots or empty ones, and restores only the files its tenant saved
-(a record keeps its owner); an admin key sees and acts on every slot. No
+(a record keeps its owner; another's is a 400 as a missing file); an admin key sees and acts on every slot. No
 route needs an admin key: a tenant can only ever touch its own KV.
 ``--slot-save-path DIR`` is where save and restore keep their files (without
 it they are refused, 501, as llama-server refuses them); the file a caller

@@ -1,0 +1,51 @@
+"""No existence oracle in slot files (issue 42, item 10): restoring another
+tenant's slot file is answered exactly as restoring a file that does not
+exist (400, "there is no saved slot named ..."), so no tenant learns which
+names another has saved; its owner (and an admin) still restore it."""
+
+from __future__ import annotations
+
+import httpx
+
+from turbospark import ListObserver, Server
+from turbospark.engine.model import LlamaChatModel, ModelOptions
+from turbospark.models.catalog import resolve_model
+
+A, B, ADMIN = {"x-api-key": "key-a"}, {"x-api-key": "key-b"}, {"x-api-key": "admin"}
+
+
+def act(srv: Server, action: str, filename: str | None = None, headers: dict[str, str] | None = None):
+    body = {"filename": filename} if filename is not None else None
+    return httpx.post(f"{srv.url}/slots/0?action={action}", json=body, headers=headers, timeout=60)
+
+
+def test_another_tenants_file_reads_as_a_missing_one(tmp_path):
+    model = LlamaChatModel(
+        ModelOptions(
+            path=resolve_model("smollm2-135m")[0],
+            id="slots",
+            parallel=1,
+            session_slots=1,
+            speculative=False,
+            cache_ram=0,
+        )
+    )
+    keys = {"api_keys": ["key-a", "key-b"], "admin_keys": ["admin"]}
+    try:
+        with Server(models=[model], observer=ListObserver(), slot_save_path=str(tmp_path), **keys) as srv:
+            body = {"prompt": "The quiet library kept its windows open in summer, and", "n_predict": 4}
+            assert httpx.post(srv.url + "/completion", json=body, headers=A, timeout=60).status_code == 200
+            assert act(srv, "save", "taken.bin", A).status_code == 200
+            assert act(srv, "erase", headers=A).status_code == 200
+            foreign, missing = act(srv, "restore", "taken.bin", B), act(srv, "restore", "absent.bin", B)
+            assert foreign.status_code == missing.status_code == 400, (foreign.text, missing.text)
+            shown = foreign.json()["error"]["message"].replace("taken.bin", "NAME")
+            assert shown == missing.json()["error"]["message"].replace("absent.bin", "NAME")
+            assert "there is no saved slot named" in shown
+            assert "tenant" not in foreign.text
+            # the owner, and an admin, restore it
+            assert act(srv, "restore", "taken.bin", A).status_code == 200
+            assert act(srv, "erase", headers=A).status_code == 200
+            assert act(srv, "restore", "taken.bin", ADMIN).status_code == 200
+    finally:
+        model.close()
