@@ -1,7 +1,8 @@
 """No existence oracle in slot files (issue 42, item 10): restoring another
 tenant's slot file is answered exactly as restoring a file that does not
-exist (400, "there is no saved slot named ..."), so no tenant learns which
-names another has saved; its owner (and an admin) still restore it."""
+exist (400, "there is no saved slot named ..."), and saving a name another
+holds is no refusal either: each tenant's files are in a folder of its own,
+so no tenant learns which names another has saved."""
 
 from __future__ import annotations
 
@@ -43,9 +44,15 @@ def test_another_tenants_file_reads_as_a_missing_one(tmp_path):
             assert shown == missing.json()["error"]["message"].replace("absent.bin", "NAME")
             assert "there is no saved slot named" in shown
             assert "tenant" not in foreign.text
-            # the owner, and an admin, restore it
+            # B's names are its own: saving one A holds neither fails nor touches A's file
+            assert httpx.post(srv.url + "/completion", json=body, headers=B, timeout=60).status_code == 200
+            assert act(srv, "save", "taken.bin", B).status_code == 200
+            assert act(srv, "erase", headers=B).status_code == 200
+            # the owner restores it; an admin's names are the folder's own
             assert act(srv, "restore", "taken.bin", A).status_code == 200
+            assert act(srv, "save", "mine.bin", ADMIN).status_code == 200
             assert act(srv, "erase", headers=A).status_code == 200
-            assert act(srv, "restore", "taken.bin", ADMIN).status_code == 200
+            assert act(srv, "restore", "taken.bin", ADMIN).status_code == 400
+            assert (tmp_path / "mine.bin").is_file() and not (tmp_path / "taken.bin").exists()
     finally:
         model.close()

@@ -7,9 +7,11 @@ Who may see and act on slots (llama-server has no tenants): without keys,
 everyone, on every slot. With ``--api-key``, an inference key sees its own
 tenant's slots and the empty ones (another tenant's only as a bare
 id and whether it is processing), saves, restores into and erases only its
-tenant's slots or empty ones, and restores only the files its tenant saved
-(a record keeps its owner; another's is a 400 as a missing file); an admin key sees and acts on every slot. No
-route needs an admin key: a tenant can only ever touch its own KV.
+tenant's slots or empty ones, and names files in its tenant's own folder
+(``.tenants/<tenant>`` inside the save folder: another tenant's names are
+neither taken nor seen; a record also keeps its owner); an admin key sees
+and acts on every slot, its files in the save folder itself. No route needs
+an admin key: a tenant can only ever touch its own KV.
 ``--slot-save-path DIR`` is where save and restore keep their files (without
 it they are refused, 501, as llama-server refuses them); the file a caller
 names is a plain name inside that folder (no path, not hidden), anything
@@ -159,6 +161,7 @@ async def slot_action(request: Request) -> Response:
         if action == "erase":
             return JSONResponse(ll.slot_erased(await off_loop(control.erase, slot_id, owner)))
         assert folder is not None
+        folder = tenant_folder(folder, owner)
         name = body.get("filename")
         path = slot_file(folder, name)
         if action == "save":
@@ -170,6 +173,14 @@ async def slot_action(request: Request) -> Response:
 
 
 _STATUS = {"invalid": 400, "not_found": 404, "busy": 409, "forbidden": 403}
+
+
+def tenant_folder(folder: str, owner: str | None) -> str:
+    """Where a caller's slot files live: a tenant's in a folder of its own
+    (``.tenants/<tenant>``, never a name a request can give), so one
+    tenant's names neither collide with nor reveal another's; an admin's,
+    or everyone's on a server without keys, in the folder itself."""
+    return folder if not owner else os.path.join(folder, ".tenants", owner)
 
 
 def slot_file(folder: str, name: Any) -> str:
