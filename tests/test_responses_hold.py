@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import sqlite3
 import stat
 import time
 from collections.abc import Iterator
@@ -271,3 +273,57 @@ def test_item_reference_names_a_kept_item(served):
                 model="m", input=[{"type": "item_reference", "id": rid}], max_output_tokens=2
             )
         assert rid in err.value.message and err.value.param == "input[0].id"
+
+
+def test_a_version_1_file_is_migrated_and_keeps_its_responses(tmp_path):
+    """A file written before events were kept (schema 1) is brought up to
+    date in place: its responses stay, a run's events are kept and read back
+    after a restart, in order."""
+    from turbospark.state import responses
+
+    v1 = responses.SCHEMA.replace(responses.EVENTS + ";", "")
+    with sqlite3.connect(tmp_path / responses.FILE) as db:
+        db.executescript(v1)
+        db.execute(
+            "INSERT INTO responses VALUES ('resp_old', '', ?, ?, 'completed', NULL, 'resp_old', NULL, ?, '[]')",
+            (time.time(), time.time() + 60, json.dumps(stored("resp_old").body)),
+        )
+        db.execute("PRAGMA user_version=1")
+    store = ResponseStore(str(tmp_path))
+    try:
+        assert asyncio.run(store.get("resp_old", "")) is not None
+        asyncio.run(store.add_events("resp_old", 0, [b"event: a\n\n", b"event: b\n\n"]))
+        asyncio.run(store.add_events("resp_old", 2, [b"event: c\n\n"]))
+    finally:
+        store.close()
+    again = ResponseStore(str(tmp_path))
+    try:
+        found, events = asyncio.run(again.events("resp_old", ""))
+        assert found is not None and events == [b"event: a\n\n", b"event: b\n\n", b"event: c\n\n"]
+        assert asyncio.run(again.events("resp_old", "someone else")) == (None, [])
+    finally:
+        again.close()
+    with sqlite3.connect(tmp_path / responses.FILE) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == responses.VERSION == 2
+
+
+def test_kept_events_of_a_cut_run_end_with_its_recovered_status(served):
+    """A run a crash cut kept some events and no end: read back, they end with
+    the terminal event of the response as kept, numbered after what the
+    reader has."""
+    from turbospark.dialects.common import sse_event
+
+    oai = client(served)
+    done = oai.responses.create(model="m", input="Hi", max_output_tokens=2)
+    store = served.assembly.state.responses
+    opening = ("response.created", "response.in_progress")
+    body = done.model_dump()
+    cut = [sse_event(t, {"type": t, "sequence_number": n, "response": body}) for n, t in enumerate(opening)]
+    asyncio.run(store.add_events(done.id, 0, cut))
+    read = list(oai.responses.retrieve(done.id, stream=True))
+    assert [(e.type, e.sequence_number) for e in read] == [
+        ("response.created", 0), ("response.in_progress", 1), (f"response.{done.status}", 2),
+    ]  # fmt: skip
+    late = list(oai.responses.retrieve(done.id, stream=True, starting_after=5))
+    assert [(e.type, e.sequence_number) for e in late] == [(f"response.{done.status}", 6)]
+    assert late[0].response.id == done.id
