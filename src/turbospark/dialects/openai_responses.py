@@ -58,6 +58,13 @@ from .translate import (
     tool_calls_for_template,
 )
 
+#: the event that ends a stream, by the response's status
+TERMINAL = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+    "cancelled": "response.cancelled",
+}
 #: the ``include`` value that asks for the answer's log-probabilities
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
 
@@ -226,9 +233,9 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
         elif kind == "reasoning":
             _check(ReasoningItem, raw, where)
             continue  # past thinking is not replayed (chat templates drop it too)
-        elif kind == "item_reference":
+        elif kind == "item_reference":  # (resolved by the store before this: here it is off)
             raise BadRequest(
-                f"'{where}' is an item_reference, but this server keeps no response store; "
+                f"'{where}' is an item_reference, but this server keeps no response store (--store off); "
                 "send the referenced item itself",
                 f"{where}.type",
             )
@@ -574,6 +581,24 @@ class ResponsesRenderer:
             "response.in_progress", {"response": snapshot}
         )
 
+    def queued(self) -> bytes:
+        """A background run's first events: ``response.created`` and
+        ``response.queued``, the response ``queued`` (its run's renderer
+        goes on from :meth:`in_progress`, numbering after these)."""
+        snapshot = self._response("queued", [])
+        return self._event("response.created", {"response": snapshot}) + self._event(
+            "response.queued", {"response": snapshot}
+        )
+
+    def in_progress(self) -> bytes:
+        """``response.in_progress`` alone (a queued run that starts)."""
+        return self._event("response.in_progress", {"response": self._response("in_progress", [])})
+
+    def ended(self, body: dict[str, Any]) -> bytes:
+        """The terminal event of ``body`` (a response that ended without a
+        streamed end: cancelled while queued, failed before it ran)."""
+        return self._event(TERMINAL.get(str(body.get("status")), "response.failed"), {"response": body})
+
     def _start(self, kind: str) -> bytes:
         out = self._close()
         first = not any(item["type"] == kind for item in self._done)
@@ -677,8 +702,7 @@ class ResponsesRenderer:
             out += self._start("message")
         out += self._close(item_status)
         body = self._response(status, list(self._done), final)
-        terminal = "response.completed" if body["status"] == "completed" else "response.incomplete"
-        return out + self._event(terminal, {"response": body})
+        return out + self._event(TERMINAL.get(body["status"], "response.incomplete"), {"response": body})
 
     def error(self, failure: Failure) -> bytes:
         """Mid-stream failure: ``response.failed`` carrying the error and the
@@ -759,10 +783,27 @@ def replay(response: dict[str, Any]) -> list[bytes]:
     for index, item in enumerate(response.get("output") or []):
         if isinstance(item, dict):
             out += _replay_item(item, index, event)
-    terminal = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
-    status = response.get("status")
-    if status in terminal:
-        out.append(event(terminal[str(status)], {"response": response}))
-    elif status == "cancelled":
-        out.append(event("response.cancelled", {"response": response}))
+    status = str(response.get("status"))
+    if status in TERMINAL:
+        out.append(event(TERMINAL[status], {"response": response}))
     return out
+
+
+def events_of(frames: bytes) -> list[bytes]:
+    """Renderer output (one or more SSE events) as one event each."""
+    return [event + b"\n\n" for event in frames.split(b"\n\n") if event]
+
+
+def ends(event: bytes) -> bool:
+    """Whether ``event`` is a terminal one (nothing follows it)."""
+    head = event.split(b"\n", 1)[0].removeprefix(b"event: ").decode()
+    return head in TERMINAL.values()
+
+
+def terminal_of(response: dict[str, Any], seq: int) -> bytes | None:
+    """The terminal event of a response that ended, numbered ``seq`` (None:
+    it has not ended)."""
+    status = str(response.get("status"))
+    if status not in TERMINAL:
+        return None
+    return sse_event(TERMINAL[status], {"type": TERMINAL[status], "sequence_number": seq, "response": response})

@@ -20,7 +20,7 @@ from ..dialects.common import BadRequest
 from ..state.conversations import Conversation, ConversationStore
 from .common import JSONResponse, read_body, state_of
 from .responses import list_page
-from .stored import conversation_items, tenant_of
+from .stored import conversation_items, resolved, tenant_of
 
 #: the most items one request may add, as OpenAI
 MAX_ITEMS = 20
@@ -98,6 +98,15 @@ def refuse_include(request: Request) -> None:
         )
 
 
+async def given_items(request: Request, items: list[Any]) -> list[dict[str, Any]]:
+    """``items`` as :func:`checked_items` takes them, ``item_reference``s
+    replaced by the tenant's kept items they name."""
+    store = state_of(request).responses
+    if store is not None and len(items) <= MAX_ITEMS:  # (more: refused before any look-up)
+        items = await resolved(store, tenant_of(request), items, "items")
+    return checked_items(items)
+
+
 async def conversation(request: Request) -> Conversation:
     cid = request.path_params["conversation_id"]
     found = await store_of(request).get(cid, tenant_of(request))
@@ -108,7 +117,8 @@ async def conversation(request: Request) -> Conversation:
 
 async def create(request: Request) -> Response:
     body = await read_body(request, CreateConversation)
-    metadata, items = checked_metadata(body.metadata), checked_items(body.items or [])
+    metadata = checked_metadata(body.metadata)
+    items = await given_items(request, body.items or [])
     made = await store_of(request).create(tenant_of(request), metadata, items)
     return JSONResponse(made.public())
 
@@ -146,7 +156,7 @@ async def create_items(request: Request) -> Response:
     """The items added, as a list page of them (oldest first)."""
     refuse_include(request)
     body = await read_body(request, CreateItems)
-    items = checked_items(body.items)
+    items = await given_items(request, body.items)
     cid = request.path_params["conversation_id"]
     if not items:
         raise BadRequest("'items' must hold at least one item", "items")

@@ -1,10 +1,12 @@
 """The Responses API's routes besides generation (issue 37): a stored
-response read back (``?stream=true``: its events replayed), deleted, its
+response read back (``?stream=true``: its events, from ``starting_after``;
+a background run still going, live to its end), deleted, its
 input items listed, and a prompt's tokens counted without generating.
 Another tenant's response is not found, as an unknown one."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -34,17 +36,56 @@ async def stored(request: Request) -> Stored:
     return found
 
 
+def starting_after(request: Request) -> int | None:
+    """``?stream=true``: the number of the last event the reader has (-1:
+    none); None: no stream asked for."""
+    q = request.query_params
+    after = q.get("starting_after")
+    if q.get("stream", "").lower() not in ("true", "1"):
+        if after is not None:
+            raise BadRequest("'starting_after' is for a stream: send it with stream=true", "starting_after")
+        return None
+    if after is None:
+        return -1
+    try:
+        n = int(after)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise BadRequest("'starting_after' must be an event's sequence_number (an integer from 0)", "starting_after")
+    return n
+
+
+async def events(request: Request, rid: str, after: int) -> AsyncIterator[bytes]:
+    """The response's events after ``after``: a background run still going
+    here is followed live; one that ended reads back the events it sent
+    (its end made from the response when a crash cut it); any other is its
+    replay."""
+    store, tenant = store_of(request), tenant_of(request)
+    live = state_of(request).background.log(rid)
+    if live is not None:
+        return live.follow(after)
+    found, kept = await store.events(rid, tenant)
+    if found is None:  # (deleted or expired since)
+        raise BadRequest(f"Response with id '{rid}' not found.", None, status=404, code="not_found")
+    said = kept[after + 1 :] if kept else oa.replay(found.body)[after + 1 :]
+    if kept and not oa.ends(kept[-1]):  # (cut by a crash: its end numbered after what the reader has)
+        end = oa.terminal_of(found.body, max(len(kept), after + 1))
+        said += [end] if end is not None else []
+
+    async def read() -> AsyncIterator[bytes]:
+        for event in said:
+            yield event
+
+    return read()
+
+
 async def retrieve(request: Request) -> Response:
-    body = (await stored(request)).body
-    if request.query_params.get("stream", "").lower() in ("true", "1"):
-        frames = oa.replay(body)
-
-        async def replayed() -> Any:
-            for frame in frames:
-                yield frame
-
-        return streaming_response(replayed())
-    return JSONResponse(body)
+    after = starting_after(request)
+    found = await stored(request)
+    if after is None:
+        return JSONResponse(found.body)
+    return streaming_response(await events(request, found.id, after))
 
 
 async def delete(request: Request) -> Response:

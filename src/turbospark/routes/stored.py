@@ -190,18 +190,30 @@ class Turn:
 
 
 def _check_background(body: ResponsesRequest) -> None:
-    """A background response is kept (OpenAI: it needs ``store``) and
-    answered at once, never streamed here."""
-    if not body.background:
-        return
-    if body.store is False:
+    """A background response is kept (OpenAI: it needs ``store``): it is
+    polled, or streamed (``stream``, or ``GET ...?stream=true`` later), by its id."""
+    if body.background and body.store is False:
         raise BadRequest("background responses require store: true (a background run is polled by its id)", "store")
-    if body.stream:
-        raise BadRequest(
-            "background responses are not streamed by this server: create it without stream, then poll "
-            "GET /v1/responses/{id} (or stream its events once it ended with GET ...?stream=true)",
-            "stream",
-        )
+
+
+async def resolved(store: ResponseStore, tenant: str, items: list[Any], field: str = "input") -> list[Any]:
+    """``items`` with each ``item_reference`` replaced by the item it names:
+    one this tenant keeps (a stored response's input or output, or a
+    conversation's); 404 naming it when there is none."""
+    out: list[Any] = []
+    for n, raw in enumerate(items):
+        if isinstance(raw, dict) and raw.get("type") == "item_reference":
+            item_id = raw.get("id")
+            if not isinstance(item_id, str) or not item_id:
+                raise BadRequest(f"'{field}[{n}].id' must be the id of a stored item", f"{field}[{n}].id")
+            found = await store.item(item_id, tenant)
+            if found is None:
+                raise BadRequest(
+                    f"Item with id '{item_id}' not found.", f"{field}[{n}].id", status=404, code="not_found"
+                )
+            raw = found
+        out.append(raw)
+    return out
 
 
 def tenant_of(request: Request) -> str:
@@ -217,6 +229,8 @@ async def open_turn(body: BaseModel, request: Request) -> tuple[BaseModel, Turn 
         return body, None
     _check_background(body)
     tenant = tenant_of(request)
+    if isinstance(body.input, list):
+        body = body.model_copy(update={"input": await resolved(store, tenant, body.input)})
     cid = conversation_named(body)
     own = conversation_items(body.input) if cid is not None else input_items(body.input)
     items: list[dict[str, Any]] = []

@@ -3,7 +3,8 @@ the response store's SQLite file. A turn of ``/v1/responses`` naming one
 reads its items before its own input and appends its input and output
 items when it ends; clients add, read and delete items directly too. Each
 use keeps a conversation another ``ttl``. An id of another tenant is not
-found, as an unknown one."""
+found, as an unknown one; an expired one neither, on every route, whenever
+the clean-up last ran."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,15 +40,16 @@ def new_conversation_id() -> str:
 
 class ConversationStore:
     """``db``: the response store's database; ``ttl``: seconds a conversation
-    is kept after its last use (read or written)."""
+    is kept after its last use (read or written); ``clock``: the time now."""
 
-    def __init__(self, db: Database, ttl: float) -> None:
+    def __init__(self, db: Database, ttl: float, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.ttl = ttl
+        self.clock = clock
 
     def _touch(self, db: sqlite3.Connection, cid: str, tenant: str) -> Conversation | None:
-        """The live conversation, kept another ``ttl`` (None: not this tenant's)."""
-        now = time.time()
+        """The live conversation, kept another ``ttl`` (None: not this tenant's, or expired)."""
+        now = self.clock()
         row = db.execute(
             "SELECT created_at, metadata FROM conversations WHERE id = ? AND tenant = ? AND expires_at >= ?",
             (cid, tenant, now),
@@ -67,7 +70,7 @@ class ConversationStore:
 
     async def create(self, tenant: str, metadata: dict[str, str], items: list[dict[str, Any]]) -> Conversation:
         """A new conversation holding ``items`` (each with its id)."""
-        made = Conversation(new_conversation_id(), time.time(), metadata)
+        made = Conversation(new_conversation_id(), self.clock(), metadata)
 
         def write(db: sqlite3.Connection) -> None:
             db.execute(
@@ -98,8 +101,9 @@ class ConversationStore:
         """The conversation and its items gone (responses made in it stay)."""
 
         def drop(db: sqlite3.Connection) -> bool:
-            if db.execute("DELETE FROM conversations WHERE id = ? AND tenant = ?", (cid, tenant)).rowcount == 0:
+            if self._touch(db, cid, tenant) is None:
                 return False
+            db.execute("DELETE FROM conversations WHERE id = ?", (cid,))
             db.execute("DELETE FROM conversation_items WHERE conversation_id = ?", (cid,))
             return True
 
