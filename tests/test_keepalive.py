@@ -54,16 +54,18 @@ def test_anthropic_sdk_reads_a_stream_quiet_for_longer_than_its_timeout(srv: Ser
 
 
 def test_openai_sdk_chat_stream_stays_alive(srv: Server):
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=openai.Timeout(30.0, read=READ_TIMEOUT))
-    stream = client.chat.completions.create(
-        model="scripted", messages=[{"role": "user", "content": "hi"}], stream=True
+    client = openai.OpenAI(
+        base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=openai.Timeout(30.0, read=READ_TIMEOUT)
     )
+    stream = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == "".join(ANSWER)
 
 
 def test_openai_sdk_responses_stream_stays_alive(srv: Server):
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=openai.Timeout(30.0, read=READ_TIMEOUT))
+    client = openai.OpenAI(
+        base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=openai.Timeout(30.0, read=READ_TIMEOUT)
+    )
     events = list(client.responses.create(model="scripted", input="hi", stream=True))
     assert events[-1].type == "response.completed" and events[-1].response.output_text == "".join(ANSWER)
 

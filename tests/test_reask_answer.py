@@ -30,6 +30,7 @@ from tests.support import (
     wait_event,
 )
 from turbospark import ListObserver, Server
+
 from .fakes import ScriptedModel
 
 ECHO = "<tools>\n" + json.dumps(chat_tool(WEATHER_FUNCTION)) + "\n</tools>\n"
@@ -92,7 +93,11 @@ def test_openai_chat_answers_with_the_second_attempt_alone(served, stream: bool)
         names, usage = [t["function"]["name"] for t in calls if t["function"].get("name")], chunks[-1]["usage"]
     else:
         msg = r.json()["choices"][0]["message"]
-        content, names, usage = msg["content"] or "", [c["function"]["name"] for c in msg["tool_calls"]], r.json()["usage"]
+        content, names, usage = (
+            msg["content"] or "",
+            [c["function"]["name"] for c in msg["tool_calls"]],
+            r.json()["usage"],
+        )
     assert content == "" and names == ["get_weather"]
     # counted: the answered attempt alone (its prompt carries the corrective turn)
     assert usage["completion_tokens"] == gens[1].new_tokens and usage["prompt_tokens"] == gens[1].prompt_tokens

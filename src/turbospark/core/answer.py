@@ -554,7 +554,7 @@ class Router:
         the listing is read as any answer at the end, and a re-ask replaces
         it all), or what may begin one (held for more text, as a call's
         start is)."""
-        out = [self.text(self.pending[:at])] if at > 0 else []
+        out: list[Routed] = [self.text(self.pending[:at])] if at > 0 else []
         self.pending = self.pending[at:]
         if self.pending.startswith(ECHO_OPEN):
             self.echo = True
