@@ -2,7 +2,7 @@
 first request once took 302 s to prefill; the stream was silent after its
 opening, and at 300 s Node's fetch gave up. While a streamed answer waits
 (queued, prefilling, or any long gap) it sends its dialect's keep-alive
-every ``keepalive`` seconds: Anthropic's ``ping`` event, an SSE comment line
+every ``sse_keepalive`` seconds: Anthropic's ``ping`` event, an SSE comment line
 for the OpenAI dialects and llama-server's routes. Here a scripted model
 waits longer than the clients' read timeout before each token, and every
 official client reads its answer whole."""
@@ -30,7 +30,7 @@ TIMEOUT = httpx.Timeout(30.0, read=READ_TIMEOUT)
 @pytest.fixture(scope="module")
 def srv():
     model = ScriptedModel(scripts=[Script(ANSWER, delay=WAIT)])
-    with Server(models=[model], observer=ListObserver(), keepalive=0.2) as server:
+    with Server(models=[model], observer=ListObserver(), sse_keepalive=0.2) as server:
         yield server
 
 

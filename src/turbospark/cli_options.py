@@ -303,7 +303,7 @@ SERVE: tuple[Option, ...] = (
         fallback=_body_timeout,
     ),
     _server(
-        "--keepalive",
+        "--sse-keepalive",
         "send a stream's keep-alive (Anthropic's ping, an SSE comment line elsewhere) after this long "
         "with nothing to send, e.g. while a long prompt prefills (default 15; 0: never)",
         type=float,

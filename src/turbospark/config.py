@@ -20,7 +20,7 @@
     stall_timeout = 60                       # seconds without an engine step before /health degrades
     send_timeout = 60                        # seconds a client may read nothing before it is dropped
     body_timeout = 30                        # seconds a request body may pause before a 408
-    keepalive = 15                           # seconds a quiet stream waits before a keep-alive (0: none)
+    sse_keepalive = 15                       # seconds a quiet stream waits before a keep-alive (0: none)
 
     [defaults]                # every model, unless its own section says otherwise
     ctx = 4096
@@ -152,7 +152,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "stall_timeout": (int, float),
     "send_timeout": (int, float),
     "body_timeout": (int, float),
-    "keepalive": (int, float),
+    "sse_keepalive": (int, float),
     "event_log_max_bytes": (int,),
     "state_dir": (str,),
     "slot_save_path": (str,),
@@ -179,7 +179,7 @@ NON_NEGATIVE = {
     "port",
     "max_resident",
     "drain_timeout",
-    "keepalive",
+    "sse_keepalive",
 }
 
 

@@ -1,7 +1,7 @@
 """The one shape of a generating route's answer: one JSON body from the
 dialect's renderer, or, when the client asked for a stream, its frames;
 either way cancelled if the client disconnects (or cut by a drain that ran
-out of time). A stream that has nothing to send for ``keepalive`` seconds
+out of time). A stream that has nothing to send for ``sse_keepalive`` seconds
 (queued, prefilling a long prompt) sends its dialect's keep-alive, so no
 client's idle timer fires while the server works."""
 
@@ -122,7 +122,7 @@ class Responder:
                 items, first = (
                     started if started is not None else (self.dispatch.items(model, prepared, self.cancel, True), None)
                 )
-                beat, every = keep_alive(renderer), self.dispatch.state.keepalive
+                beat, every = keep_alive(renderer), self.dispatch.state.sse_keepalive
                 source = _beating(items, every) if beat is not None and every > 0 else items
                 try:
                     for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
