@@ -191,7 +191,7 @@ async def _beating(items: AsyncGenerator[Any, None], every: float) -> AsyncGener
             await queue.put((False, None))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+        except BaseException as exc:  # handed to the reader, which raises it (it would wait forever)
             await queue.put((False, exc))
         finally:
             await items.aclose()
