@@ -116,7 +116,7 @@ def sse_frames(raw: str) -> list[tuple[str, dict]]:
     for a ``type`` that names its event."""
     out = []
     for frame in raw.split("\n\n"):
-        if not frame.strip():
+        if not frame.strip() or frame.strip() == ": keep-alive":  # (a comment: a slow prefill's keep-alive)
             continue
         lines = frame.split("\n")
         assert len(lines) == 2, frame

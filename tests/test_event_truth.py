@@ -216,7 +216,10 @@ def test_stats_show_each_requests_overhead(server):
     assert stats["overheadMs"]["n"] >= 1
 
 
-def test_after_a_reask_every_rate_is_summed_tokens_over_summed_times():
+def test_after_a_reask_the_answer_counts_and_times_the_answered_attempt_alone():
+    """(issue 42, item 14) the rejected first attempt is in the events (its
+    own ``generated``), not in the answer's counts: every rate is the
+    answered attempt's tokens over its times."""
     from turbospark.core.request import Final
     from turbospark.dialects.ollama import stats
     from turbospark.dialects.openai_chat import timings
@@ -241,8 +244,10 @@ def test_after_a_reask_every_rate_is_summed_tokens_over_summed_times():
     )
     final = Final(result=second, text="", attempts=[first, second])
     t = timings(final)
-    assert t["predicted_n"] == 40 and t["predicted_per_second"] == pytest.approx(40 / 2.0)
-    assert t["prompt_n"] == 150 and t["prompt_per_second"] == pytest.approx(150 / 1.5)
+    assert t["predicted_n"] == 30 and t["predicted_per_second"] == pytest.approx(30 / 1.0)
+    assert t["prompt_n"] == 50 and t["cache_n"] == 100 and t["prompt_per_second"] == pytest.approx(50 / 0.5)
     o = stats(final, wall_ns=0)
-    assert o["eval_count"] == 40 and o["eval_duration"] == 2_000_000_000
-    assert o["prompt_eval_duration"] == 1_500_000_000 and o["total_duration"] == 4_250_000_000
+    assert o["eval_count"] == 30 and o["eval_duration"] == 1_000_000_000
+    assert o["prompt_eval_count"] == 150 and o["prompt_eval_duration"] == 500_000_000
+    assert o["total_duration"] == 1_750_000_000
+    assert stats(final, wall_ns=5_000_000_000)["total_duration"] == 5_000_000_000  # the wall: both attempts

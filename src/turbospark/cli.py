@@ -331,6 +331,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
             stall_timeout=args.stall_timeout,
             guardrails=args.guardrails == "on",
             normalize_client_stamps=args.normalize_client_stamps == "on",
+            sse_keepalive=args.sse_keepalive,
             model_folders=args.models_dir or None,
             store_dir=(args.models_dir or [cache_dir()])[0],
             responses=responses,

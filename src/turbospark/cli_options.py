@@ -313,6 +313,14 @@ SERVE: tuple[Option, ...] = (
         fallback=_body_timeout,
     ),
     _server(
+        "--sse-keepalive",
+        "send a stream's keep-alive (Anthropic's ping, an SSE comment line elsewhere) after this long "
+        "with nothing to send, e.g. while a long prompt prefills (default 15; 0: never)",
+        type=float,
+        metavar="SECONDS",
+        fallback=15.0,
+    ),
+    _server(
         "--stall-timeout",
         "flag a model whose engine makes no step for this long while requests wait: /health "
         "answers 503 degraded, a modelHealth event and a log line (default 60)",

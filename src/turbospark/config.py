@@ -21,6 +21,7 @@
     send_timeout = 60                        # seconds a client may read nothing before it is dropped
     body_timeout = 30                        # seconds a request body may pause before a 408
     strict_model_names = false               # true: a name no model answers to is a 404
+    sse_keepalive = 15                       # seconds a quiet stream waits before a keep-alive (0: none)
 
     [defaults]                # every model, unless its own section says otherwise
     ctx = 4096
@@ -155,6 +156,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "stall_timeout": (int, float),
     "send_timeout": (int, float),
     "body_timeout": (int, float),
+    "sse_keepalive": (int, float),
     "event_log_max_bytes": (int,),
     "state_dir": (str,),
     "slot_save_path": (str,),
@@ -182,6 +184,7 @@ NON_NEGATIVE = {
     "port",
     "max_resident",
     "drain_timeout",
+    "sse_keepalive",
 }
 
 

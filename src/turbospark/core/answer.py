@@ -40,6 +40,37 @@ from .request import Prepared
 #: may still be rescued as a call (a silent stream trips clients' watchdogs)
 HOLD_SECONDS = 3.0
 
+#: the tag a template lists the offered tools under (Hermes, Qwen): a small
+#: model sometimes echoes that listing as its answer, then calls
+ECHO_OPEN, ECHO_CLOSE = "<tools>", "</tools>"
+
+
+def echo_start(text: str, since: int = 0) -> int | None:
+    """Where an echo of the template's tool listing (:data:`ECHO_OPEN` at a
+    line start, or the start of one cut off at the end) begins in ``text``,
+    at ``since`` or later."""
+    i = text.rfind("\n", 0, since) + 1
+    while i <= len(text):
+        j = i + len(text[i:]) - len(text[i:].lstrip(" \t"))
+        head = text[j : j + len(ECHO_OPEN)]
+        if j >= since and head and ECHO_OPEN.startswith(head) and (head == ECHO_OPEN or j + len(head) == len(text)):
+            return j
+        nl = text.find("\n", i)
+        if nl < 0:
+            return None
+        i = nl + 1
+    return None
+
+
+def past_echo(text: str) -> tuple[str, str]:
+    """(the echoed listing, up to its close; what follows it): all of
+    ``text`` is the listing while it is not closed."""
+    k = text.find(ECHO_CLOSE)
+    if k < 0:
+        return text, ""
+    k += len(ECHO_CLOSE)
+    return text[:k], text[k:]
+
 
 @dataclass
 class Delta:
@@ -264,6 +295,10 @@ class Router:
         repeats = stops and live and req is not None and req.tool_choice not in ("required", "named")
         self.hold = RepeatHold(answered_arguments(req.messages) if repeats and req is not None else {})
         self.pending = ""  # answer text not yet known to be free of a call start
+        #: the answer echoes the template's tool listing (:data:`ECHO_OPEN`)
+        #: and a re-ask may follow: held from there to the run's end, so a
+        #: re-asked attempt's echo never goes out
+        self.echo = False
         #: the text after the calls read on speculation is no call: it went
         #: out as text, and so does everything after it
         self.rest_streams = False
@@ -324,8 +359,9 @@ class Router:
         if self.streamed_calls:
             return self._finish_streamed()
         if self.prepared.offered:
-            calls, problems, leftover = calls_of(self.tail, self.prepared)
-            return Outcome([], calls, problems, whole=True, buffered=True, leftover=leftover)
+            listing, rest = past_echo(self.tail) if self.echo else ("", self.tail)
+            calls, problems, leftover = calls_of(rest, self.prepared)
+            return Outcome([], calls, problems, whole=True, buffered=True, leftover=listing + leftover)
         return Outcome()
 
     def _finish_streamed(self) -> Outcome:
@@ -361,6 +397,8 @@ class Router:
     def flush(self) -> list[Routed]:
         out = self._route(self.splitter.flush()) if self.splitter else []
         out += self.hold.let_go()
+        if self.echo and self.pending and not self.tail:  # the parsers read what follows the listing
+            self.tail, self.pending = self.pending, ""
         if self.hold_json and self.pending and not self.content and not self.tail:
             # the whole answer was a JSON object: the call parsers decide
             self.tail, self.pending = self.pending, ""
@@ -481,6 +519,8 @@ class Router:
 
     def _unknown_name(self, held: str) -> str | None:
         """Why ``held`` is no call: its head names no offered tool (else None)."""
+        if self.echo:  # the listing names tools: the call after it counts
+            held = past_echo(held)[1].lstrip()
         name = head_name(held) if held else None
         if name is None or toolcalls.resolve_name(name, self.prepared.offered) is not None:
             return None
@@ -507,6 +547,21 @@ class Router:
         held, self.tail, self.pending = self.tail + self.pending, "", ""
         self.reader, self.speculate, self.hold_json = None, False, False
         return [self.text(held)] if held else []
+
+    def _hold_echo(self, at: int) -> list[Routed]:
+        """From ``at`` in what is pending: an echo of the template's tool
+        listing (held to the run's end once its tag is whole: what follows
+        the listing is read as any answer at the end, and a re-ask replaces
+        it all), or what may begin one (held for more text, as a call's
+        start is)."""
+        out: list[Routed] = [self.text(self.pending[:at])] if at > 0 else []
+        self.pending = self.pending[at:]
+        if self.pending.startswith(ECHO_OPEN):
+            self.echo = True
+        elif self._held_too_long():
+            out.append(self.text(self.pending))
+            self.pending = ""
+        return out
 
     def no_reask(self) -> list[Routed]:
         """The re-ask this router held a call for cannot be made (no room
@@ -538,6 +593,8 @@ class Router:
         possible start is held back until it is decided."""
         out: list[Routed] = []
         self.pending += text
+        if self.echo:
+            return out
         gate = self._opening_gate() if self.opening is not None else "free"
         if gate == "read":
             out += self._to_tail(self.pending)
@@ -550,6 +607,9 @@ class Router:
             self.hold_json = False
         sent = "".join(self.content)
         start = toolcalls.call_start(sent + self.pending, len(sent))
+        echo = echo_start(sent + self.pending, len(sent)) if self.reask else None
+        if echo is not None and (start is None or echo <= start):
+            return out + self._hold_echo(echo - len(sent))
         if start is None:
             out.append(self.text(self.pending))
             self.pending = ""

@@ -10,7 +10,7 @@ A dialect translates its wire request into a :class:`ChatRequest`, calls
 - :class:`ToolCallBegin`, :class:`ToolArgumentsDelta` — a call streaming:
   its id and name, then its arguments as they are written;
 - :class:`ToolCallDelta` — one complete tool call (closing a streamed one);
-- :class:`Final` — the end, with the engine's own counts (summed over attempts).
+- :class:`Final` — the end: the answered attempt's text, calls and counts.
 
 Items are defined, and one run's text is turned into them, in answer.py
 (the :class:`~turbospark.core.answer.Router`). Tool calls: a grammar holds calls
@@ -23,7 +23,9 @@ whose calls are invalid, missing although required, or merely repeating an
 answered call gets one re-ask (:func:`_reask`); a call naming no offered tool,
 and in a stream a repeated call, are re-asked as soon as they show, their run
 stopped there. The second attempt runs through the same path as the first
-and its items go out as they come. Structured output (``json_schema``/
+and its items go out as they come; it is the answer (the :class:`Final`:
+what a body renders, a store keeps and usage counts), the first attempt
+only its own ``generated`` event. Structured output (``json_schema``/
 ``json_object``) is enforced by a grammar too (tools/grammar.py).
 """
 
@@ -248,7 +250,7 @@ async def _one_choice(
     async for item in turn.end():
         yield item
     if turn.retry is not None:
-        async for item in turn.second(reporter):
+        async for item in turn.again(reporter):
             yield item
     for item in turn.final():
         yield item
@@ -274,7 +276,8 @@ class _Turn:
         self.result: RawDecodeResult | None = None
         self.attempts: list[RawDecodeResult] = []
         self.outcome = Outcome()
-        self.second_text = self.second_reasoning = ""
+        #: the second attempt's Final, once it answered
+        self.second: Final | None = None
 
     async def first(self, reporter: Reporter, run: Run | None) -> AsyncIterator[Item]:
         """The first run's items, as they come."""
@@ -331,10 +334,10 @@ class _Turn:
             # rest only when it stands: a re-ask's answer replaces it
             yield router.text(out.leftover)
 
-    async def second(self, reporter: Reporter) -> AsyncIterator[Item]:
+    async def again(self, reporter: Reporter) -> AsyncIterator[Item]:
         """The second attempt: its items go out as they come (after what the
         first already sent; the first's answer from its call on is
-        replaced), and its Final's numbers join this one's."""
+        replaced), and it is the answer."""
         assert self.retry is not None
         again: Final | None = None
         async for later in _one_choice(self.backend, self.retry, self.cancel, reporter, None, self.live, reask=False):
@@ -343,7 +346,7 @@ class _Turn:
             else:
                 yield later
         assert again is not None
-        self.second_text, self.second_reasoning = again.text, again.reasoning
+        self.second = again
         self.attempts += again.attempts
         self.result = again.result
         # its calls went out in its own run
@@ -357,11 +360,15 @@ class _Turn:
         if out.buffered and req is not None and not req.parallel_tool_calls:
             calls = calls[:1]
         whole: list[Item] = [ToolCallDelta(i, call) for i, call in enumerate(calls if out.whole else ())]
-        reasoning = self.router.reasoning_text + self.second_reasoning
+        # the answered attempt only: a re-asked first attempt is no part of
+        # the answer (its text and reasoning, its tokens), only of the events
+        second = self.second
+        text = second.text if second is not None else self.router.answer
+        reasoning = second.reasoning if second is not None else self.router.reasoning_text
         return whole + [
             Final(
                 result=result,
-                text=self.router.answer + self.second_text,
+                text=text,
                 reasoning=reasoning,
                 tool_calls=calls,
                 attempts=self.attempts,

@@ -119,13 +119,18 @@ class Prepared:
 
 @dataclass
 class Final:
-    """The end of a turn, with the engine's own numbers."""
+    """The end of a turn: its answer, with the engine's own numbers. After a
+    guardrail re-ask the answer is the second attempt's alone (its text,
+    reasoning, calls, and the counts and times of its run: what a response
+    renders, a store keeps and usage counts); every run is in ``attempts``,
+    and each has its own ``generated`` event (the engine's work, truthfully)."""
 
+    #: the answered attempt's run
     result: RawDecodeResult
     text: str
     reasoning: str = ""
     tool_calls: list[toolcalls.ToolCall] = field(default_factory=list)
-    #: every engine run of this turn (a guardrail re-ask adds one)
+    #: every engine run of this turn (a guardrail re-ask adds one; the last is ``result``)
     attempts: list[RawDecodeResult] = field(default_factory=list)
     reasoning_tokens: int = 0
     #: why the calls (if any) were not accepted, after the last attempt
@@ -137,36 +142,40 @@ class Final:
             self.attempts = [self.result]
 
     @property
+    def reasked(self) -> bool:
+        """The answer is a guardrail re-ask's (a first attempt was rejected)."""
+        return len(self.attempts) > 1
+
+    # the counts and times of the answered run alone (a rejected attempt is
+    # no part of the answer; rates are its tokens over its times)
+    @property
     def prompt_tokens(self) -> int:
-        return sum(a.prompt_tokens for a in self.attempts)
+        return self.result.prompt_tokens
 
     @property
     def logprobs(self) -> list[TokenProb]:
-        """Every sampled token's log-probability, over all attempts (empty
-        unless asked for)."""
-        return [p for a in self.attempts for p in a.logprobs]
+        """The answer's sampled tokens' log-probabilities (empty unless asked for)."""
+        return list(self.result.logprobs)
 
     @property
     def completion_tokens(self) -> int:
-        return sum(a.new_tokens for a in self.attempts)
+        return self.result.new_tokens
 
     @property
     def cached_tokens(self) -> int:
-        return sum(a.reused_prefix_tokens for a in self.attempts)
+        return self.result.reused_prefix_tokens
 
-    # times summed over attempts, like the counts: after a re-ask every rate
-    # is summed tokens over summed times
     @property
     def queue_seconds(self) -> float:
-        return sum(a.queue_seconds for a in self.attempts)
+        return self.result.queue_seconds
 
     @property
     def prefill_seconds(self) -> float:
-        return sum(a.prefill_seconds for a in self.attempts)
+        return self.result.prefill_seconds
 
     @property
     def decode_seconds(self) -> float:
-        return sum(a.decode_seconds for a in self.attempts)
+        return self.result.decode_seconds
 
     @property
     def reason(self) -> StopReason:

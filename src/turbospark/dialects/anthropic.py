@@ -561,6 +561,10 @@ class MessageRenderer:
             "message_start", {"type": "message_start", "message": self._message([], None, prompt_tokens)}
         ) + sse_event("ping", {"type": "ping"})
 
+    def keep_alive(self) -> bytes:
+        """The ``ping`` Anthropic sends while a response is quiet."""
+        return sse_event("ping", {"type": "ping"})
+
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return sse_event("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
 

@@ -391,8 +391,8 @@ def done_reason(reason: StopReason) -> str:
 
 
 def stats(final: Final, wall_ns: int, load_ns: int = 0) -> dict[str, Any]:
-    """The closing numbers, all from the engine's results, summed over the
-    turn's attempts; ``load_ns``: the time this request spent loading the
+    """The closing numbers, all from the engine's result (the answered
+    attempt's; the total is the request's wall clock); ``load_ns``: the time this request spent loading the
     model (0 when it was resident). The total never undercuts the parts."""
     prompt_ns, eval_ns = nanos(final.prefill_seconds), nanos(final.decode_seconds)
     return {

@@ -319,11 +319,12 @@ def finish_reason(reason: StopReason) -> str:
 
 def usage(*finals: Final) -> dict[str, Any]:
     """Summed over the choices as OpenAI counts them: the prompt once (plus
-    any guardrail re-ask's), every choice's completion."""
+    the longer prompt of each other choice a guardrail re-ask answered),
+    every choice's completion; each choice's answered attempt only."""
     first = finals[0]
-    again = [a for f in finals[1:] for a in f.attempts[1:]]
-    p = first.prompt_tokens + sum(a.prompt_tokens for a in again)
-    cached = first.cached_tokens + sum(a.reused_prefix_tokens for a in again)
+    again = [f for f in finals[1:] if f.reasked]
+    p = first.prompt_tokens + sum(f.prompt_tokens for f in again)
+    cached = first.cached_tokens + sum(f.cached_tokens for f in again)
     c = sum(f.completion_tokens for f in finals)
     return {
         "prompt_tokens": p,
@@ -343,8 +344,8 @@ def content_logprobs(logprobs: Sequence[TokenProb], post: bool = False) -> dict[
 
 
 def timings(final: Final) -> dict[str, Any]:
-    """llama.cpp server's per-response ``timings`` object (opt-in), summed
-    over the turn's attempts (a guardrail re-ask is one more)."""
+    """llama.cpp server's per-response ``timings`` object (opt-in), of the
+    answered attempt (a guardrail re-ask's, when there was one)."""
     prompt_n = final.prompt_tokens - final.cached_tokens
     prefill, decode, new = final.prefill_seconds, final.decode_seconds, final.completion_tokens
     prompt_ms, predicted_ms = prefill * 1000.0, decode * 1000.0

@@ -23,6 +23,9 @@ FrameOut = bytes | Iterable[bytes] | None
 
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
+#: an SSE comment: every SSE reader skips it (the openai SDK, browsers'
+#: EventSource), and it keeps a quiet stream's connection alive
+SSE_KEEP_ALIVE = b": keep-alive\n\n"
 
 
 class Renderer(Protocol):
@@ -73,6 +76,23 @@ class ReportsProgress(Protocol):
     ``return_progress``: its ``prompt_progress`` chunks)."""
 
     def prompt_progress(self, progress: PromptProgress) -> FrameOut: ...
+
+
+@runtime_checkable
+class KeepsAlive(Protocol):
+    """A renderer whose dialect has a keep-alive of its own (Anthropic's
+    ``ping`` event); other SSE dialects get :data:`SSE_KEEP_ALIVE`."""
+
+    def keep_alive(self) -> bytes: ...
+
+
+def keep_alive(renderer: Renderer) -> bytes | None:
+    """What ``renderer``'s stream sends while nothing else comes (the queue,
+    a long prefill): None for a stream with no such frame (NDJSON: every
+    line is a message a client reads)."""
+    if isinstance(renderer, KeepsAlive):
+        return renderer.keep_alive()
+    return SSE_KEEP_ALIVE if renderer.media_type == SSE else None
 
 
 @runtime_checkable

@@ -1,7 +1,9 @@
 """The one shape of a generating route's answer: one JSON body from the
 dialect's renderer, or, when the client asked for a stream, its frames;
 either way cancelled if the client disconnects (or cut by a drain that ran
-out of time)."""
+out of time). A stream that has nothing to send for ``sse_keepalive`` seconds
+(queued, prefilling a long prompt) sends its dialect's keep-alive, so no
+client's idle timer fires while the server works."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from starlette.responses import Response
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.backend import Backend
 from ..core.request import Final, Prepared
-from ..dialects.render import ChoicesRenderer, FrameOut, Renderer, ReportsProgress, ReportsTimings
+from ..dialects.render import ChoicesRenderer, FrameOut, Renderer, ReportsProgress, ReportsTimings, keep_alive
 from ..engine.types import CancelFlag, PromptProgress, TokenTimings
 from ..serving.dispatch import Dispatch
 from .common import JSONResponse, failed, streaming_response
@@ -120,13 +122,19 @@ class Responder:
                 items, first = (
                     started if started is not None else (self.dispatch.items(model, prepared, self.cancel, True), None)
                 )
+                beat, every = keep_alive(renderer), self.dispatch.state.sse_keepalive
+                source = _beating(items, every) if beat is not None and every > 0 else items
                 try:
                     for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
                         yield frame
                     if first is not None:
                         for frame in _frames(_render(renderer, first)):
                             yield frame
-                    async for item in items:
+                    async for item in source:
+                        if item is _BEAT:
+                            assert beat is not None
+                            yield beat
+                            continue
                         frames = _frames(_render(renderer, item))
                         if isinstance(item, Final) and self.turn is not None:
                             await self.turn.keep(renderer)  # kept before it is said
@@ -136,6 +144,8 @@ class Responder:
                     yield renderer.error(failed(self.dispatch.ctx, exc))  # requestFinished carries its message
                     await self._keep_failed(renderer)
                 finally:
+                    if source is not items:
+                        await source.aclose()  # (stops its pump, which closes the items)
                     await items.aclose()
 
     async def _keep_failed(self, renderer: Renderer) -> None:
@@ -160,6 +170,52 @@ class Responder:
                 except BaseException:
                     await items.aclose()
                     raise
+
+
+#: stands among the items for a keep-alive (:func:`_beating`)
+_BEAT = object()
+
+
+async def _beating(items: AsyncGenerator[Any, None], every: float) -> AsyncGenerator[Any, None]:
+    """``items`` as they come, and :data:`_BEAT` each time none has come for
+    ``every`` seconds. The items are read on a task of their own (a small
+    queue between: a reader that stops reading stops it), so waiting for the
+    next one never interrupts the generation; closing this cancels that task
+    and closes ``items``."""
+    queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue(maxsize=16)
+
+    async def pump() -> None:
+        try:
+            async for item in items:
+                await queue.put((True, item))
+            await queue.put((False, None))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to the reader, which raises it (it would wait forever)
+            await queue.put((False, exc))
+        finally:
+            await items.aclose()
+
+    task = asyncio.create_task(pump())
+    try:
+        while True:
+            try:
+                more, item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    async with asyncio.timeout(every):
+                        more, item = await queue.get()
+                except TimeoutError:
+                    yield _BEAT
+                    continue
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def _render(renderer: Renderer, item: Any) -> FrameOut:

@@ -49,6 +49,9 @@ class ServerState:
     guardrails: bool = True
     #: take known per-session client stamps out of prompts (``dialects/stamps.py``)
     normalize_client_stamps: bool = True
+    #: seconds a stream may say nothing before it sends its dialect's
+    #: keep-alive (``--sse-keepalive``; 0: never)
+    sse_keepalive: float = 15.0
     #: the server's PrometheusSink (``GET /metrics``)
     metrics: Any = None
     #: folders admin attach may load GGUF files from (``--models-dir``)
