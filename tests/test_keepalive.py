@@ -28,9 +28,10 @@ TIMEOUT = httpx.Timeout(30.0, read=READ_TIMEOUT)
 
 
 @pytest.fixture(scope="module")
-def srv():
+def srv(tmp_path_factory):
     model = ScriptedModel(scripts=[Script(ANSWER, delay=WAIT)])
-    with Server(models=[model], observer=ListObserver(), sse_keepalive=0.2) as server:
+    state = str(tmp_path_factory.mktemp("state"))
+    with Server(models=[model], observer=ListObserver(), sse_keepalive=0.2, state_dir=state) as server:
         yield server
 
 
@@ -88,3 +89,19 @@ def test_ollama_ndjson_gets_no_keep_alive_line(srv: Server):
                       json={"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}) as r:  # fmt: skip
         lines = [orjson.loads(line) for line in r.iter_lines() if line]
     assert "".join(line["message"]["content"] for line in lines) == "".join(ANSWER) and lines[-1]["done"]
+
+
+def test_a_background_stream_and_its_reader_stay_alive(srv: Server):
+    """A background run streamed (and followed again by its id) is a stream
+    too: quiet while the run waits for its first token, it sends keep-alives."""
+    client = openai.OpenAI(
+        base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=openai.Timeout(30.0, read=READ_TIMEOUT)
+    )
+    events = list(client.responses.create(model="scripted", input="hi", stream=True, background=True))
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == "".join(ANSWER)
+    started = client.responses.create(model="scripted", input="hi", background=True)
+    with httpx.stream("GET", f"{srv.url}/v1/responses/{started.id}", params={"stream": "true"},
+                      timeout=TIMEOUT) as r:  # fmt: skip
+        lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200 and ": keep-alive" in lines, lines
+    assert any('"response.completed"' in line for line in lines if line.startswith("data: "))

@@ -213,6 +213,22 @@ def test_background_stream_is_live_and_resumes_after_starting_after(served):
     assert numbered(whole) == list(range(len(whole))) and deltas(whole) == kept.output_text
 
 
+def test_a_running_background_response_deleted_stays_deleted(served):
+    """Deleting a response whose background run still goes stops the run
+    first: neither its row nor its events come back when the run ends."""
+    oai = client(served)
+    started = oai.responses.create(model="m", input=LONG, temperature=0, max_output_tokens=400, background=True)
+    deadline = time.monotonic() + 120
+    while oai.responses.retrieve(started.id).status == "queued" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert oai.responses.delete(started.id) is None
+    assert served.assembly.state.background.log(started.id) is None  # the run is over
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(started.id)
+    with pytest.raises(openai.NotFoundError):
+        list(oai.responses.retrieve(started.id, stream=True))
+
+
 def test_a_running_background_response_is_watched_from_the_start(served):
     oai = client(served)
     queued = oai.responses.create(
@@ -266,6 +282,14 @@ def test_item_reference_names_a_kept_item(served):
 
     again = oai.conversations.items.create(conv.id, items=[{"type": "item_reference", "id": said.id}])
     assert again.data[0].content[0].text == "My name is Ada."
+    # naming a conversation's item is a use of it: kept another ttl from now
+    other = oai.conversations.create(items=[{"type": "message", "role": "user", "content": "Blue."}])
+    (blue,) = oai.conversations.items.list(other.id).data
+    ttl = served.assembly.state.responses.ttl
+    with later(served, ttl * 0.8):
+        oai.responses.create(model="m", input=[{"type": "item_reference", "id": blue.id}], max_output_tokens=2)
+    with later(served, ttl * 1.5):
+        assert oai.conversations.retrieve(other.id).id == other.id
 
     for key, rid in ((KEYS[0], "msg_nope"), (KEYS[1], said.id)):  # unknown, or another tenant's
         with pytest.raises(openai.NotFoundError) as err:

@@ -56,3 +56,19 @@ def test_another_tenants_file_reads_as_a_missing_one(tmp_path):
             assert (tmp_path / "mine.bin").is_file() and not (tmp_path / "taken.bin").exists()
     finally:
         model.close()
+
+
+def test_a_tenant_folder_that_cannot_be_made_is_a_clear_refusal(tmp_path):
+    (tmp_path / ".tenants").write_text("in the way")  # (a file where the tenants' folder goes)
+    model = LlamaChatModel(
+        ModelOptions(path=resolve_model("smollm2-135m")[0], id="slots", parallel=1, session_slots=1, cache_ram=0)
+    )
+    try:
+        with Server(models=[model], observer=ListObserver(), slot_save_path=str(tmp_path), api_keys=["key-a"]) as srv:
+            body = {"prompt": "The quiet library kept its windows open in summer, and", "n_predict": 2}
+            assert httpx.post(srv.url + "/completion", json=body, headers=A, timeout=60).status_code == 200
+            r = act(srv, "save", "x.bin", A)
+            assert r.status_code == 400 and "cannot write x.bin" in r.json()["error"]["message"], r.text
+            assert str(tmp_path) not in r.text
+    finally:
+        model.close()

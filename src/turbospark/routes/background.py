@@ -30,6 +30,7 @@ from ..core.request import ChatRequest, Final, Prepared
 from ..dialects import openai_responses as oa
 from ..dialects.base import Kind, Served
 from ..dialects.openai_responses import ResponsesRenderer
+from ..dialects.render import SSE_KEEP_ALIVE
 from ..dialects.translate import Translation
 from ..observe import RequestFinished, RequestStarted, now_ms, record, request_tenant
 from ..serving.background import RunLog
@@ -206,5 +207,5 @@ async def start(
     job = Job(state, ctx, kind, body, tr, req, turn, prepare, queued, log)
     state.background.start(turn.id, responder.cancel, job.run(responder), log)
     if getattr(body, "stream", False):
-        return streaming_response(log.follow())
+        return streaming_response(log.follow(every=state.sse_keepalive, beat=SSE_KEEP_ALIVE))
     return JSONResponse(answer)

@@ -165,7 +165,10 @@ async def slot_action(request: Request) -> Response:
         name = body.get("filename")
         path = slot_file(folder, name)
         if action == "save":
-            os.makedirs(folder, mode=0o700, exist_ok=True)
+            try:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise SlotActionError(f"cannot write {name}: {exc.strerror or type(exc).__name__}") from None
             return JSONResponse(ll.slot_saved(await off_loop(control.save, slot_id, path, owner), str(name)))
         return JSONResponse(ll.slot_restored(await off_loop(control.restore, slot_id, path, owner), str(name)))
     except SlotActionError as exc:

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from ..core.backend import Backend
 from ..dialects import openai_responses as oa
 from ..dialects.common import BadRequest
+from ..dialects.render import SSE_KEEP_ALIVE
 from ..state.responses import OPEN, ResponseStore, Stored
 from .common import JSONResponse, dispatch, normalize, off_loop, read_body, state_of, streaming_response
 from .stored import open_turn, tenant_of
@@ -64,7 +65,7 @@ async def events(request: Request, rid: str, after: int) -> AsyncIterator[bytes]
     store, tenant = store_of(request), tenant_of(request)
     live = state_of(request).background.log(rid)
     if live is not None:
-        return live.follow(after)
+        return live.follow(after, state_of(request).sse_keepalive, SSE_KEEP_ALIVE)
     found, kept = await store.events(rid, tenant)
     if found is None:  # (deleted or expired since)
         raise BadRequest(f"Response with id '{rid}' not found.", None, status=404, code="not_found")
@@ -89,7 +90,10 @@ async def retrieve(request: Request) -> Response:
 
 
 async def delete(request: Request) -> Response:
+    """Delete a kept response; a background run of it still going is
+    cancelled first (it would otherwise write its row and events back)."""
     found = await stored(request)
+    await state_of(request).background.cancel(found.id)
     await store_of(request).delete(found.id, found.tenant)
     return JSONResponse({"id": found.id, "object": "response", "deleted": True})
 

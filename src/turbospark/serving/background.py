@@ -47,9 +47,11 @@ class RunLog:
         self.ended = True
         self._wake()
 
-    async def follow(self, after: int = -1) -> AsyncIterator[bytes]:
+    async def follow(self, after: int = -1, every: float = 0.0, beat: bytes = b"") -> AsyncIterator[bytes]:
         """The events after number ``after``: those so far, then each as it
-        comes, until the run ends (none missed, none twice)."""
+        comes, until the run ends (none missed, none twice); ``beat`` each
+        time none has come for ``every`` seconds (a stream's keep-alive while
+        the run waits in the queue or prefills; 0: never)."""
         n = max(after + 1, 0)
         while True:
             if n < len(self.events):
@@ -57,6 +59,11 @@ class RunLog:
                 yield self.events[n - 1]
             elif self.ended:
                 return
+            elif every > 0 and beat:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), every)
+                except TimeoutError:
+                    yield beat
             else:
                 await self._changed.wait()
 

@@ -187,7 +187,8 @@ class ResponseStore:
             gone = db.execute(
                 "DELETE FROM responses WHERE id = ? AND tenant = ? AND expires_at >= ?", (rid, tenant, self.clock())
             )
-            db.execute("DELETE FROM response_events WHERE response_id = ?", (rid,))
+            if gone.rowcount > 0:  # (another tenant's id: nothing of it touched)
+                db.execute("DELETE FROM response_events WHERE response_id = ?", (rid,))
             return gone.rowcount > 0
 
         return await self.db.run(drop)
@@ -230,11 +231,13 @@ class ResponseStore:
                     found = row
             if found is None:
                 found = db.execute(
-                    "SELECT i.item, c.created_at FROM conversation_items i JOIN conversations c "
+                    "SELECT i.item, c.created_at, c.id FROM conversation_items i JOIN conversations c "
                     "ON c.id = i.conversation_id WHERE i.id = ? AND c.tenant = ? AND c.expires_at >= ? "
                     "ORDER BY c.created_at DESC, i.position DESC LIMIT 1",
                     (item_id, tenant, now),
                 ).fetchone()
+                if found is not None:  # (a use: the conversation is kept another ttl)
+                    db.execute("UPDATE conversations SET expires_at = ? WHERE id = ?", (now + self.ttl, found[2]))
             return json.loads(found[0]) if found is not None else None
 
         return await self.db.run(find)
