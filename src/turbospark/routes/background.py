@@ -24,7 +24,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.backend import Backend
 from ..core.request import ChatRequest, Final, Prepared
 from ..dialects import openai_responses as oa
@@ -38,7 +37,7 @@ from ..serving.context import RequestContext
 from ..serving.dispatch import Dispatch
 from ..serving.state import ServerState
 from .common import JSONResponse, context, failed, state_of, streaming_response
-from .respond import Responder
+from .respond import Responder, frames_of, render_item
 from .stored import Turn
 
 #: the path a background run's own ``requestStarted`` names
@@ -141,7 +140,7 @@ class Job:
                         await self.turn.write(renderer.result)
                         await self._say(said)
                     else:
-                        await self._say(_render(renderer, item))
+                        await self._say(b"".join(frames_of(render_item(renderer, item))))
             finally:
                 await items.aclose()
 
@@ -168,20 +167,6 @@ class Job:
         body = renderer.snapshot("cancelled")
         await self.turn.write(body)
         self.log.add(oa.events_of(renderer.ended(body)))
-
-
-def _render(renderer: ResponsesRenderer, item: Any) -> bytes | None:
-    if isinstance(item, Delta):
-        return renderer.text(item)
-    if isinstance(item, ReasoningDelta):
-        return renderer.reasoning(item)
-    if isinstance(item, ToolArgumentsDelta):
-        return renderer.tool_arguments(item)
-    if isinstance(item, ToolCallBegin):
-        return renderer.tool_call_begin(item)
-    if isinstance(item, ToolCallDelta):
-        return renderer.tool_call(item)
-    return None  # (progress and timings: a Responses stream asks for neither)
 
 
 async def start(

@@ -125,17 +125,17 @@ class Responder:
                 beat, every = keep_alive(renderer), self.dispatch.state.sse_keepalive
                 source = _beating(items, every) if beat is not None and every > 0 else items
                 try:
-                    for frame in _frames(renderer.opening(len(prepared.prompt_ids))):
+                    for frame in frames_of(renderer.opening(len(prepared.prompt_ids))):
                         yield frame
                     if first is not None:
-                        for frame in _frames(_render(renderer, first)):
+                        for frame in frames_of(render_item(renderer, first)):
                             yield frame
                     async for item in source:
                         if item is _BEAT:
                             assert beat is not None
                             yield beat
                             continue
-                        frames = _frames(_render(renderer, item))
+                        frames = frames_of(render_item(renderer, item))
                         if isinstance(item, Final) and self.turn is not None:
                             await self.turn.keep(renderer)  # kept before it is said
                         for frame in frames:
@@ -218,7 +218,8 @@ async def _beating(items: AsyncGenerator[Any, None], every: float) -> AsyncGener
         await asyncio.gather(task, return_exceptions=True)
 
 
-def _render(renderer: Renderer, item: Any) -> FrameOut:
+def render_item(renderer: Renderer, item: Any) -> FrameOut:
+    """One item of a run as ``renderer``'s frames (None: nothing to say)."""
     if isinstance(item, Delta):  # (the hot path first)
         return renderer.text(item)
     if isinstance(item, ReasoningDelta):
@@ -238,7 +239,7 @@ def _render(renderer: Renderer, item: Any) -> FrameOut:
     return None
 
 
-def _frames(out: FrameOut) -> Iterable[bytes]:
+def frames_of(out: FrameOut) -> Iterable[bytes]:
     if out is None:
         return ()
     if isinstance(out, (bytes, bytearray)):
