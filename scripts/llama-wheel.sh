@@ -35,9 +35,12 @@ detect_args() {
 }
 DEFAULT_ARGS=$(detect_args)
 ARGS=${LLAMA_CMAKE_ARGS:-$DEFAULT_ARGS}
-# turbospark never loads libmtmd (llama-cpp-python's multimodal library):
-# leaving it out saves about a sixth of the build (215 s -> 181 s on 2 cores)
-case "$ARGS" in *LLAVA_BUILD*) ;; *) ARGS="$ARGS -DLLAVA_BUILD=OFF" ;; esac
+# libmtmd (llama-cpp-python's multimodal library, images and sound in) is built
+# too: llama-cpp-python's LLAVA_BUILD defaults to ON; -DLLAVA_BUILD=OFF in
+# LLAMA_CMAKE_ARGS leaves it out, and media input with it. Its video helpers
+# are not: with them, bytes that decode as neither image nor sound are handed
+# to an ffprobe/ffmpeg subprocess, a process per bad request on a server.
+case "$ARGS" in *MTMD_VIDEO*) ;; *) ARGS="$ARGS -DMTMD_VIDEO=OFF" ;; esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KEY=$(printf '%s|%s' "$VERSION" "$ARGS" | sha256sum | cut -c1-12)
 DIR="$ROOT/.wheelhouse/llama-cpp-python-$VERSION-$KEY"
@@ -45,7 +48,7 @@ DIR="$ROOT/.wheelhouse/llama-cpp-python-$VERSION-$KEY"
 if ! ls "$DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     mkdir -p "$DIR"
     echo "building llama-cpp-python $VERSION with: $ARGS" >&2
-    echo "(this takes 3 to 4 minutes on 2 cores; the wheel is cached in $DIR)" >&2
+    echo "(this takes 4 to 6 minutes on 2 cores; the wheel is cached in $DIR)" >&2
     printf '%s\n' "$ARGS" > "$DIR/CMAKE_ARGS"
     CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
         "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \

@@ -1,0 +1,106 @@
+"""A tiny multimodal projector, generated: a random-weight CLIP vision
+encoder with a LLaVA-style ``mlp`` projector, written as the GGUF that
+llama.cpp's libmtmd loads beside a text model (``clip.cpp``'s loader: the
+``clip.*`` keys and the ``v.*`` / ``mm.*`` tensors of the llama.cpp that
+llama-cpp-python 0.3.36 vendors).
+
+No checkpoint is downloaded: the weights are drawn from a fixed seed, so the
+same arguments always write the same file (about 750 KB). Its output is
+meaningless but its shape is real: an ``image_size`` square image becomes
+``(image_size // patch_size) ** 2`` embeddings of width ``n_embd_text``, the
+text model's (576 for the bundled SmolLM2-135M; another width is a projector
+that does not fit).
+
+Shapes are written in numpy order (the reverse of ggml's ``ne``): a linear
+layer from ``a`` to ``b`` features is ``(b, a)``; the patch embedding is a
+convolution kernel ``(hidden, 3, patch, patch)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+#: the vision tower's sizes (kept tiny: the file is about 750 KB)
+IMAGE_SIZE = 56
+PATCH_SIZE = 14
+HIDDEN = 64
+FFN = 128
+HEADS = 4
+#: two blocks: the llava graph runs all but the last (the "second to last
+#: layer" LLaVA reads its features from), so one of them runs
+BLOCKS = 2
+#: the projector's inner width (mm.0 -> GELU -> mm.2)
+PROJ_HIDDEN = 128
+#: what one image becomes: one embedding per patch (the class token is dropped)
+N_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2
+
+
+def write_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0) -> Path:
+    """Write the projector GGUF to ``path`` and return it."""
+    import gguf  # a test dependency (pyproject's "test" extra)
+
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape: int) -> np.ndarray:
+        # scaled like a trained layer's so activations neither vanish nor blow up
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def bias(n: int) -> np.ndarray:
+        return (rng.standard_normal(n) * 0.02).astype(np.float32)
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_string("general.name", "turbospark test projector")
+    writer.add_string("general.description", f"random-weight CLIP + mlp projector, seed {seed}")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.has_audio_encoder", False)
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_uint32("clip.vision.image_size", IMAGE_SIZE)
+    writer.add_uint32("clip.vision.patch_size", PATCH_SIZE)
+    writer.add_uint32("clip.vision.embedding_length", HIDDEN)
+    writer.add_uint32("clip.vision.feed_forward_length", FFN)
+    writer.add_uint32("clip.vision.block_count", BLOCKS)
+    writer.add_uint32("clip.vision.attention.head_count", HEADS)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
+    writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
+    writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
+    writer.add_bool("clip.use_gelu", False)  # quick GELU, as CLIP
+
+    n_pos = N_IMAGE_TOKENS + 1  # the patches and the class token
+    writer.add_tensor("v.patch_embd.weight", weight(HIDDEN, 3, PATCH_SIZE, PATCH_SIZE))
+    writer.add_tensor("v.class_embd", weight(HIDDEN))
+    writer.add_tensor("v.position_embd.weight", weight(n_pos, HIDDEN))
+    writer.add_tensor("v.pre_ln.weight", np.ones(HIDDEN, np.float32))
+    writer.add_tensor("v.pre_ln.bias", np.zeros(HIDDEN, np.float32))
+    for i in range(BLOCKS):
+        blk = f"v.blk.{i}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(f"{blk}.{name}.weight", weight(HIDDEN, HIDDEN))
+            writer.add_tensor(f"{blk}.{name}.bias", bias(HIDDEN))
+        for norm in ("ln1", "ln2"):
+            writer.add_tensor(f"{blk}.{norm}.weight", np.ones(HIDDEN, np.float32))
+            writer.add_tensor(f"{blk}.{norm}.bias", np.zeros(HIDDEN, np.float32))
+        # FFN differs from HIDDEN, so the loader's check for old files with
+        # up and down swapped (ffn_down's input width == n_embd) stays quiet
+        writer.add_tensor(f"{blk}.ffn_up.weight", weight(FFN, HIDDEN))
+        writer.add_tensor(f"{blk}.ffn_up.bias", bias(FFN))
+        writer.add_tensor(f"{blk}.ffn_down.weight", weight(HIDDEN, FFN))
+        writer.add_tensor(f"{blk}.ffn_down.bias", bias(HIDDEN))
+    writer.add_tensor("mm.0.weight", weight(PROJ_HIDDEN, HIDDEN))
+    writer.add_tensor("mm.0.bias", bias(PROJ_HIDDEN))
+    writer.add_tensor("mm.2.weight", weight(n_embd_text, PROJ_HIDDEN))
+    writer.add_tensor("mm.2.bias", bias(n_embd_text))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+if __name__ == "__main__":  # pragma: no cover - by hand: python -m tests.mmproj OUT.gguf
+    import sys
+
+    print(write_mmproj(Path(sys.argv[1])))

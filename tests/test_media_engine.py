@@ -1,0 +1,150 @@
+"""engine/media.py (issue 43's groundwork): a projector loaded beside the
+bundled SmolLM2-135M through llama.cpp's libmtmd, a prompt with a media
+marker and a PNG turned into text and image chunks, an image chunk encoded
+into embeddings of the text model's width; and the clear errors of a
+projector for another width, bytes that are no image, and a marker count
+that does not match.
+
+The projector is tests/mmproj.py's, generated once per session (random
+weights: the embeddings mean nothing, their shape and determinism do)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from turbospark.engine import media
+
+if not media.available():
+    pytest.skip("this llama-cpp-python is built without libmtmd (scripts/llama-wheel.sh)", allow_module_level=True)
+
+from turbospark.engine.llama import LlamaModelFile  # noqa: E402
+from turbospark.models.catalog import resolve_model  # noqa: E402
+
+from .mmproj import IMAGE_SIZE, N_IMAGE_TOKENS, write_mmproj  # noqa: E402
+
+
+def png(width: int, height: int, rgb: tuple[int, int, int], stripe: bool = False) -> bytes:
+    """An RGB PNG of one colour (or with a white vertical stripe), stdlib only."""
+    rows = b""
+    for _ in range(height):
+        pixels = b"".join(
+            bytes((255, 255, 255)) if stripe and width // 3 <= x < width // 2 else bytes(rgb) for x in range(width)
+        )
+        rows += b"\x00" + pixels  # filter type 0 per row
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+RED = png(IMAGE_SIZE, IMAGE_SIZE, (200, 30, 30))
+STRIPED = png(40, 24, (20, 60, 200), stripe=True)  # another size: resized to the projector's
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[LlamaModelFile]:
+    path, _ = resolve_model("smollm2-135m")
+    file = LlamaModelFile(path, n_gpu_layers=0)
+    yield file
+    file.close()
+
+
+@pytest.fixture(scope="module")
+def mmproj(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-576.gguf")
+
+
+@pytest.fixture(scope="module")
+def projector(model: LlamaModelFile, mmproj: Path) -> Iterator[media.Projector]:
+    with media.Projector(str(mmproj), model, n_threads=2, use_gpu=False) as proj:
+        yield proj
+
+
+def test_the_projector_loads_and_says_it_takes_images(projector: media.Projector) -> None:
+    assert projector.vision and not projector.audio
+    assert projector.n_embd == 576
+    assert projector.marker == "<__media__>"
+
+
+def test_a_prompt_with_one_image_is_text_image_text(projector: media.Projector) -> None:
+    prompt = f"Look: {projector.marker} What colour is it?"
+    with projector.tokenize(prompt, [RED]) as tokenized:
+        kinds = [c.kind for c in tokenized.chunks]
+        assert kinds == ["text", "image", "text"]
+        text0, image, text1 = tokenized.chunks
+        assert image.n_tokens == N_IMAGE_TOKENS == 16
+        assert image.id and len(image.id) == 64  # the bytes' SHA-256
+        assert text0.n_tokens == len(text0.tokens) > 0 and text1.n_tokens == len(text1.tokens) > 0
+        # the text around the marker is the model's own tokenization of it
+        assert projector.model.detokenize(list(text1.tokens)).strip() == "What colour is it?"
+        assert tokenized.n_tokens == text0.n_tokens + N_IMAGE_TOKENS + text1.n_tokens
+
+
+def test_an_image_encodes_into_rows_of_the_models_width(projector: media.Projector) -> None:
+    with projector.tokenize(f"{projector.marker} describe", [RED]) as tokenized:
+        index = [c.kind for c in tokenized.chunks].index("image")
+        embd = tokenized.encode(index)
+        again = tokenized.encode(index)
+    assert embd.shape == (N_IMAGE_TOKENS, 576) and embd.dtype == np.float32
+    assert np.isfinite(embd).all() and float(np.abs(embd).max()) > 0
+    np.testing.assert_array_equal(embd, again)  # the same image, the same embeddings
+
+    with projector.tokenize(f"{projector.marker} describe", [STRIPED]) as other:
+        assert other.chunks[index].n_tokens == N_IMAGE_TOKENS  # any size fits the projector's square
+        assert not np.allclose(other.encode(index), embd)
+
+    with pytest.raises(ValueError, match="text"):
+        with projector.tokenize("no media here", []) as plain:
+            assert [c.kind for c in plain.chunks] == ["text"]
+            plain.encode(0)
+
+
+def test_two_images_in_one_prompt(projector: media.Projector) -> None:
+    m = projector.marker
+    with projector.tokenize(f"first {m} then {m} compare", [RED, STRIPED]) as tokenized:
+        images = [c for c in tokenized.chunks if c.kind == "image"]
+        assert len(images) == 2 and images[0].id != images[1].id
+
+
+def test_bytes_that_are_no_image_are_a_clear_error(projector: media.Projector) -> None:
+    with pytest.raises(media.MediaError, match="media item 0 does not decode"):
+        projector.tokenize(f"{projector.marker}", [b"this is not an image at all"])
+    with pytest.raises(media.MediaError, match="media item 1 does not decode"):
+        projector.tokenize(f"{projector.marker} {projector.marker}", [RED, RED[:40]])  # a cut PNG
+
+
+def test_bytes_are_never_handed_to_a_video_decoder(projector: media.Projector) -> None:
+    """The wheel is built with -DMTMD_VIDEO=OFF: with the video helpers, bytes
+    that decode as neither image nor sound go to an ffprobe subprocess."""
+    assert not media.mtmd().mtmd_helper_support_video(projector.ptr)
+
+
+def test_a_marker_count_that_does_not_match_is_a_clear_error(projector: media.Projector) -> None:
+    with pytest.raises(media.MediaError, match="1 media markers for 2 media items"):
+        projector.tokenize(f"one {projector.marker}", [RED, RED])
+
+
+def test_a_projector_for_another_width_does_not_load(model: LlamaModelFile, tmp_path: Path) -> None:
+    other = write_mmproj(tmp_path / "mmproj-512.gguf", n_embd_text=512)
+    with pytest.raises(media.ProjectorError, match="mismatch.*576.*512"):
+        media.Projector(str(other), model, use_gpu=False)
+
+
+def test_a_file_that_is_no_projector_does_not_load(model: LlamaModelFile, tmp_path: Path) -> None:
+    with pytest.raises(media.ProjectorError, match="projector file not found"):
+        media.Projector(str(tmp_path / "absent.gguf"), model, use_gpu=False)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(media.ProjectorError, match="does not load"):
+        media.Projector(str(junk), model, use_gpu=False)
+    # the text model itself is a GGUF but no projector
+    with pytest.raises(media.ProjectorError, match="does not load"):
+        media.Projector(model.path, model, use_gpu=False)
