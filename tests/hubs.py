@@ -924,3 +924,18 @@ class FakeRegistry(_FakeServer):
             h.send_head(200, {**headers, "Accept-Ranges": "bytes", "Content-Length": str(head_size)})
         else:
             h.send_blob(blob, digest, headers)
+
+
+@contextlib.contextmanager
+def pulls_from(hf: FakeHub, reg: FakeRegistry | None = None) -> Iterator[None]:
+    """This process's pulls (and the servers it starts) pointed at ``hf``
+    and ``reg`` while the block runs: ``HF_ENDPOINT``, the Ollama registry,
+    never offline."""
+    import pytest
+
+    env = {**hf.env(), **({"TURBOSPARK_OLLAMA_REGISTRY": reg.url} if reg is not None else {})}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        mp.delenv("HF_HUB_OFFLINE", raising=False)
+        yield

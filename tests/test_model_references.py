@@ -17,7 +17,7 @@ import pytest
 from turbospark.config import ConfigError, load_config
 from turbospark.models.catalog import CATALOG
 
-from .hubs import FakeHub
+from .hubs import FakeHub, pulls_from
 from .views_support import bundled_gguf
 
 REPO = "test-org/Ref-GGUF"
@@ -29,10 +29,7 @@ def hub():
     hf = FakeHub().start()
     hf.add_file(REPO, "Ref-Q4_K_M.gguf", bundled_gguf())
     hf.add_file(REPO, "Ref-Q8_0.gguf", bundled_gguf())
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in hf.env().items():
-            mp.setenv(key, value)
-        mp.delenv("HF_HUB_OFFLINE", raising=False)
+    with pulls_from(hf):
         yield hf
     hf.stop()
 

@@ -22,7 +22,7 @@ import pytest
 from turbospark import ListObserver, Server
 
 from .ggufsplit import split_gguf
-from .hubs import FakeHub, FakeRegistry, file_sha256
+from .hubs import FakeHub, FakeRegistry, file_sha256, pulls_from
 from .support import wait_until
 
 REPO = "test-org/SmolLM2-GGUF"
@@ -63,11 +63,7 @@ def hubs(tmp_path_factory):
     reg.add_model("crashed", "latest", gguf)
     reg.add_model("tampered", "latest", gguf)
     reg.wrong_digest("tampered", "latest")
-    env = {**hf.env(), "TURBOSPARK_OLLAMA_REGISTRY": reg.url}
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        mp.delenv("HF_HUB_OFFLINE", raising=False)
+    with pulls_from(hf, reg):
         yield hf, reg
     hf.stop()
     reg.stop()

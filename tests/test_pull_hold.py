@@ -23,7 +23,7 @@ import pytest
 from turbospark import Server
 
 from .ggufsplit import split_gguf
-from .hubs import FakeHub, FakeRegistry, file_sha256
+from .hubs import FakeHub, FakeRegistry, file_sha256, pulls_from
 from .support import wait_until
 from .test_pull import bundled
 
@@ -57,11 +57,7 @@ def hubs(tmp_path_factory):
         reg.add_model(name, "latest", b"GGUF" + bytes(60))
     reg.lie_size("zero", "latest", 0)
     reg.lie_size("negative", "latest", -3)
-    env = {**hf.env(), "TURBOSPARK_OLLAMA_REGISTRY": reg.url}
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        mp.delenv("HF_HUB_OFFLINE", raising=False)
+    with pulls_from(hf, reg):
         yield hf, reg
     hf.stop()
     reg.stop()

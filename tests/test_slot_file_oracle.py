@@ -9,8 +9,8 @@ from __future__ import annotations
 import httpx
 
 from turbospark import ListObserver, Server
-from turbospark.engine.model import LlamaChatModel, ModelOptions
-from turbospark.models.catalog import resolve_model
+
+from .test_slots_llamacpp import one_slot
 
 A, B, ADMIN = {"x-api-key": "key-a"}, {"x-api-key": "key-b"}, {"x-api-key": "admin"}
 
@@ -21,16 +21,7 @@ def act(srv: Server, action: str, filename: str | None = None, headers: dict[str
 
 
 def test_another_tenants_file_reads_as_a_missing_one(tmp_path):
-    model = LlamaChatModel(
-        ModelOptions(
-            path=resolve_model("smollm2-135m")[0],
-            id="slots",
-            parallel=1,
-            session_slots=1,
-            speculative=False,
-            cache_ram=0,
-        )
-    )
+    model = one_slot()
     keys = {"api_keys": ["key-a", "key-b"], "admin_keys": ["admin"]}
     try:
         with Server(models=[model], observer=ListObserver(), slot_save_path=str(tmp_path), **keys) as srv:
@@ -60,9 +51,7 @@ def test_another_tenants_file_reads_as_a_missing_one(tmp_path):
 
 def test_a_tenant_folder_that_cannot_be_made_is_a_clear_refusal(tmp_path):
     (tmp_path / ".tenants").write_text("in the way")  # (a file where the tenants' folder goes)
-    model = LlamaChatModel(
-        ModelOptions(path=resolve_model("smollm2-135m")[0], id="slots", parallel=1, session_slots=1, cache_ram=0)
-    )
+    model = one_slot()
     try:
         with Server(models=[model], observer=ListObserver(), slot_save_path=str(tmp_path), api_keys=["key-a"]) as srv:
             body = {"prompt": "The quiet library kept its windows open in summer, and", "n_predict": 2}
