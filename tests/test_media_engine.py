@@ -5,12 +5,18 @@ into embeddings of the text model's width; and the clear errors of a
 projector for another width, bytes that are no image, and a marker count
 that does not match.
 
-The projector is tests/mmproj.py's, generated once per session (random
-weights: the embeddings mean nothing, their shape and determinism do)."""
+The projectors are tests/mmproj.py's (vision) and tests/mmproj_audio.py's
+(sound: a Whisper-style encoder with an Ultravox projector), generated once
+per module (random weights: the embeddings mean nothing, their shape and
+determinism do)."""
 
 from __future__ import annotations
 
+import io
+import math
+import random
 import struct
+import wave
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +33,7 @@ from turbospark.engine.llama import LlamaModelFile  # noqa: E402
 from turbospark.models.catalog import resolve_model  # noqa: E402
 
 from .mmproj import IMAGE_SIZE, N_IMAGE_TOKENS, write_mmproj  # noqa: E402
+from .mmproj_audio import N_AUDIO_TOKENS, SAMPLE_RATE, STACK, WINDOW_FRAMES, write_audio_mmproj  # noqa: E402
 
 
 def png(width: int, height: int, rgb: tuple[int, int, int], stripe: bool = False) -> bytes:
@@ -148,3 +155,112 @@ def test_a_file_that_is_no_projector_does_not_load(model: LlamaModelFile, tmp_pa
     # the text model itself is a GGUF but no projector
     with pytest.raises(media.ProjectorError, match="does not load"):
         media.Projector(model.path, model, use_gpu=False)
+
+
+# -- sound ------------------------------------------------------------------
+
+
+def wav(samples: list[float], rate: int = SAMPLE_RATE) -> bytes:
+    """A mono PCM16 WAV of ``samples`` (in -1..1), stdlib only."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"".join(struct.pack("<h", round(s * 32767)) for s in samples))
+    return out.getvalue()
+
+
+def sine(seconds: float, hz: float = 440.0) -> list[float]:
+    return [0.5 * math.sin(2 * math.pi * hz * i / SAMPLE_RATE) for i in range(int(seconds * SAMPLE_RATE))]
+
+
+def noise(seconds: float, seed: int = 1) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.uniform(-0.5, 0.5) for _ in range(int(seconds * SAMPLE_RATE))]
+
+
+TONE_THEN_NOISE = wav(sine(1.0) + noise(1.0))  # 2 s
+NOISE_THEN_TONE = wav(noise(1.0) + sine(1.0, hz=880.0))
+
+
+@pytest.fixture(scope="module")
+def hearing(model: LlamaModelFile, tmp_path_factory: pytest.TempPathFactory) -> Iterator[media.Projector]:
+    path = write_audio_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-audio-576.gguf")
+    with media.Projector(str(path), model, n_threads=2, use_gpu=False) as proj:
+        yield proj
+
+
+def test_the_audio_projector_loads_and_says_it_takes_sound(hearing: media.Projector) -> None:
+    assert hearing.audio and not hearing.vision
+    assert hearing.n_embd == 576
+
+
+def test_a_prompt_with_one_sound_is_text_audio_text(hearing: media.Projector) -> None:
+    # 2 s at 16 kHz, padded with 30 s of silence: 32000 + 480000 samples, 10 ms
+    # frames -> 3201 mel frames, one whole 3000-frame window (the 201-frame
+    # tail is padding, dropped). The window: 3000 frames -> strided conv ->
+    # 1500 positions -> stacked 20 at a time -> 75 embeddings.
+    assert N_AUDIO_TOKENS == WINDOW_FRAMES // 2 // STACK == 75
+    with hearing.tokenize(f"Listen: {hearing.marker} What is it?", [TONE_THEN_NOISE]) as tokenized:
+        assert [c.kind for c in tokenized.chunks] == ["text", "audio", "text"]
+        text0, audio, text1 = tokenized.chunks
+        assert audio.n_tokens == N_AUDIO_TOKENS
+        assert audio.id and len(audio.id) == 64  # the bytes' SHA-256
+        assert hearing.model.detokenize(list(text1.tokens)).strip() == "What is it?"
+        assert tokenized.n_tokens == text0.n_tokens + N_AUDIO_TOKENS + text1.n_tokens
+
+
+def test_a_sound_encodes_into_rows_of_the_models_width(hearing: media.Projector) -> None:
+    def embed(data: bytes) -> np.ndarray:
+        with hearing.tokenize(f"{hearing.marker} transcribe", [data]) as tokenized:
+            index = [c.kind for c in tokenized.chunks].index("audio")
+            return tokenized.encode(index)
+
+    embd = embed(TONE_THEN_NOISE)
+    assert embd.shape == (N_AUDIO_TOKENS, 576) and embd.dtype == np.float32
+    assert np.isfinite(embd).all() and float(np.abs(embd).max()) > 0
+    np.testing.assert_array_equal(embd, embed(TONE_THEN_NOISE))  # the same sound, the same rows
+    assert not np.allclose(embd, embed(NOISE_THEN_TONE))
+
+
+def test_a_sound_over_30_seconds_is_one_audio_chunk_per_window(hearing: media.Projector) -> None:
+    # 31 s + 30 s of padding: 6101 frames, two whole windows (the rest padding)
+    with hearing.tokenize(f"{hearing.marker} summarise", [wav(sine(31.0))]) as tokenized:
+        kinds = [(c.kind, c.n_tokens) for c in tokenized.chunks if c.kind != "text"]
+        assert kinds == [("audio", N_AUDIO_TOKENS), ("audio", N_AUDIO_TOKENS)]
+
+
+def test_bytes_that_are_no_sound_are_a_clear_error(hearing: media.Projector) -> None:
+    m = hearing.marker
+    with pytest.raises(media.MediaError, match="media item 0 does not decode"):
+        hearing.tokenize(m, [b"this is not a sound at all"])
+    with pytest.raises(media.MediaError, match="media item 0 does not decode"):
+        hearing.tokenize(m, [TONE_THEN_NOISE[:40]])  # a cut WAV: its header only
+    with pytest.raises(media.MediaError, match="media item 0 does not decode"):
+        hearing.tokenize(m, [wav([])])  # a WAV of no samples
+    with pytest.raises(media.MediaError, match="media item 0 is image, which this model does not take"):
+        hearing.tokenize(m, [RED])
+
+
+def test_a_one_sample_sound_is_a_clear_error_not_an_abort(hearing: media.Projector) -> None:
+    """libmtmd asserts a sound has more than one sample: unguarded, this
+    request would abort the process."""
+    with pytest.raises(media.MediaError, match="one sample"):
+        hearing.tokenize(hearing.marker, [wav([0.25])])
+    with hearing.tokenize(hearing.marker, [wav([0.25, -0.25])]) as two:  # two samples: padded, heard
+        assert [c.n_tokens for c in two.chunks if c.kind == "audio"] == [N_AUDIO_TOKENS]
+
+
+def test_a_sound_for_a_projector_without_hearing_is_a_clear_error(projector: media.Projector) -> None:
+    with pytest.raises(media.MediaError, match="media item 0 does not decode"):
+        projector.tokenize(projector.marker, [TONE_THEN_NOISE])
+
+
+def test_an_audio_projector_this_llama_cpp_would_abort_on_does_not_load(model: LlamaModelFile, tmp_path: Path) -> None:
+    """Ultravox's own stack factor, 8: libmtmd counts ceil(3000 / 8) // 2 =
+    187 tokens per window, its graph computes ceil(1500 / 8) = 188 rows, and
+    the first encode aborts the process. Refused at load instead."""
+    path = write_audio_mmproj(tmp_path / "mmproj-audio-stack8.gguf", stack=8)
+    with pytest.raises(media.ProjectorError, match="stack factor 8 .* count 187 tokens .* compute 188"):
+        media.Projector(str(path), model, use_gpu=False)

@@ -15,8 +15,9 @@ from typing import IO, Any
 MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-#: keys kept (arrays, e.g. the vocabulary, are skipped)
-_WANTED = ("general.", "split.", "tokenizer.chat_template")
+#: keys kept (arrays, e.g. the vocabulary, are skipped); ``clip.``: a
+#: multimodal projector's (engine/media.py checks what libmtmd cannot run)
+_WANTED = ("general.", "split.", "tokenizer.chat_template", "clip.")
 #: ggml type -> (elements per block, bytes per block), as ggml_blck_size/ggml_type_size say
 _TYPES = {
     0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 36),

@@ -10,9 +10,12 @@ encodes into its embeddings, one row of the text model's width per token,
 which the text model then takes in place of token ids.
 
 Errors: :class:`ProjectorError` for a projector that does not load, or does
-not fit its model (another embedding width), or a llama-cpp-python built
-without libmtmd; :class:`MediaError` (an :class:`AdmissionError`, a clean 400
-upstream) for bytes that do not decode or a marker count that does not match.
+not fit its model (another embedding width), or one this llama.cpp would
+abort on (an audio encoder's frame stacking it miscounts), or a
+llama-cpp-python built without libmtmd; :class:`MediaError` (an
+:class:`AdmissionError`, a clean 400 upstream) for bytes that do not decode,
+a sound too short for libmtmd, or a marker count that does not match.
+A sound is one audio chunk per 30 s window (a longer one is several).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .gguf import NotGGUF, check
 from .llama import LlamaModelFile, default_threads, init_backend, lib
 from .types import AdmissionError
 
@@ -35,6 +39,12 @@ log = logging.getLogger("turbospark.engine")
 
 #: mtmd_input_chunk_type
 CHUNK_KINDS = {0: "text", 1: "image", 2: "audio"}
+#: projector types whose Whisper-style audio encoder stacks frames
+#: (clip-model.h's audio_has_stack_frames)
+STACKING_TYPES = ("ultravox", "voxtral", "meralion")
+#: a Whisper window: 30 s of 10 ms mel frames (mtmd-audio.cpp), halved by
+#: the encoder's strided convolution
+WHISPER_FRAMES = 3000
 
 _load_lock = threading.Lock()  # one projector loads at a time: its errors are read from the log
 _log_lock = threading.Lock()
@@ -122,6 +132,7 @@ class Projector:
     ) -> None:
         if not os.path.isfile(path):
             raise ProjectorError(f"projector file not found: {path}")
+        _check_projector(path)
         init_backend()
         M = mtmd()
         _route_log(M)
@@ -189,12 +200,20 @@ class Projector:
         bitmap = M.mtmd_helper_bitmap_init_from_buf(self.ptr, buf, len(data), False)
         if not bitmap:
             # libmtmd's helper: images stb_image reads (PNG, JPEG, GIF, BMP, ...);
-            # sound as WAV, MP3 or FLAC, where the projector takes sound
+            # sound as WAV, MP3 or FLAC, where the projector takes sound (a
+            # sound of no samples does not decode either)
             raise MediaError(f"media item {index} does not decode as an image or sound this model takes")
         kind = "audio" if M.mtmd_bitmap_is_audio(bitmap) else "image"
+        why = None
         if (kind == "audio" and not self.audio) or (kind == "image" and not self.vision):
+            why = f"media item {index} is {kind}, which this model does not take"
+        elif kind == "audio" and M.mtmd_bitmap_get_nx(bitmap) < 2:
+            # mtmd_tokenize asserts more than one sample (mtmd.cpp: GGML_ASSERT(buf.size()
+            # > sizeof(float))): a one-sample WAV would abort the process
+            why = f"media item {index} is a sound of one sample, too short to hear"
+        if why:
             M.mtmd_bitmap_free(bitmap)
-            raise MediaError(f"media item {index} is {kind}, which this model does not take")
+            raise MediaError(why)
         return bitmap
 
     def close(self) -> None:
@@ -207,6 +226,32 @@ class Projector:
 
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.close()
+
+
+def _check_projector(path: str) -> None:
+    """Refuse, at load, a projector libmtmd would load and then abort the
+    process on. For a frame-stacking audio projector of stack factor ``s``,
+    libmtmd counts a Whisper window's tokens as ``ceil(3000 / s) // 2``
+    (clip.cpp's clip_n_output_tokens) while its graph yields ``ceil(1500 /
+    s)`` rows; where they differ (``s`` = 8, Ultravox's own: 187 and 188)
+    the first encode ends in GGML_ABORT("Invalid number of output tokens")."""
+    try:
+        meta = check(path).meta
+    except NotGGUF as e:
+        raise ProjectorError(f"the projector {path} does not load: {e}") from None
+    if not meta.get("clip.has_audio_encoder"):
+        return
+    kind = meta.get("clip.projector_type") or meta.get("clip.audio.projector_type")
+    stack = meta.get("clip.audio.projector.stack_factor")
+    if kind not in STACKING_TYPES or not isinstance(stack, int) or stack <= 0:
+        return
+    counted = -(-WHISPER_FRAMES // stack) // 2
+    computed = -(-(WHISPER_FRAMES // 2) // stack)
+    if counted != computed:
+        raise ProjectorError(
+            f"the projector {path} does not load: its {kind} audio encoder's stack factor {stack} "
+            f"makes this llama.cpp count {counted} tokens per 30 s window but compute {computed}"
+        )
 
 
 class MediaPrompt:
