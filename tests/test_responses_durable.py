@@ -114,26 +114,3 @@ def test_a_chain_continues_warm_after_a_restart_with_cache_dir(tmp_path):
         stop(proc)
     gen = _made(second_log, third.id)
     assert gen["reusedPrefixTokens"] > 0, gen  # the chain's KV, read back from --cache-dir
-
-
-def test_a_second_server_on_one_state_dir_is_refused(tmp_path):
-    """One server per state file: a second would mark the first's running
-    responses cut when it starts. It is refused (exit 2, naming the folder)
-    and the first goes on; once the first has stopped, the folder is free."""
-    state = str(tmp_path / "state")
-    first, url = serve("--state-dir", state)
-    try:
-        second = subprocess.run(
-            turbospark("serve", "--port", "0", "--state-dir", state), capture_output=True, text=True, timeout=120
-        )
-        assert second.returncode == 2, second.stderr
-        assert "another turbospark process keeps its responses in" in second.stderr and state in second.stderr
-        answer = client(url).responses.create(model="m", input="Say hi.", max_output_tokens=4)
-        assert answer.status in ("completed", "incomplete") and answer.output_text  # (the first goes on)
-    finally:
-        stop(first)
-    again, url = serve("--state-dir", state)  # free again
-    try:
-        assert client(url).responses.retrieve(answer.id).id == answer.id
-    finally:
-        stop(again)

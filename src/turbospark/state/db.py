@@ -2,16 +2,13 @@
 is a function run there, in order, so concurrent requests never lose a row
 and the event loop never waits on the disk. The file holds every tenant's
 prompts: its folder is made 0700 and the file, its ``-wal`` and ``-shm``
-0600, whatever the umask (a file an older version made 0644 is tightened).
-One process at a time uses a file (a ``flock`` on ``<file>.lock``): a second
-server would mark the first's running responses cut at its start."""
+0600, whatever the umask (a file an older version made 0644 is tightened)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextlib
-import fcntl
 import os
 import sqlite3
 from collections.abc import Callable, Mapping
@@ -63,30 +60,11 @@ class Database:
         self._migrations = dict(migrations or {})
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="turbospark-state")
         self._db: sqlite3.Connection | None = None
-        self._lock: int | None = None
         try:
             self._pool.submit(self._open, schema, version).result()
         except BaseException:
-            self._unlock()
             self._pool.shutdown(wait=False)
             raise
-
-    def _take_lock(self, folder: str) -> None:
-        """This process's hold on the file, or :class:`StateError`."""
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise StateError(
-                f"another turbospark process keeps its responses in {folder} (one server per --state-dir)"
-            ) from None
-        self._lock = fd
-
-    def _unlock(self) -> None:
-        if self._lock is not None:
-            os.close(self._lock)  # (the flock goes with it)
-            self._lock = None
 
     def _open(self, schema: str, version: int) -> None:
         folder = os.path.dirname(self.path) or "."
@@ -94,7 +72,6 @@ class Database:
             private_folder(folder)
             if not os.access(folder, os.W_OK):
                 raise StateError(f"the state folder {folder} is not writable (--state-dir)")
-            self._take_lock(folder)
             private_file(self.path)  # (SQLite gives -wal and -shm the file's own mode)
             db = sqlite3.connect(self.path, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
@@ -148,4 +125,3 @@ class Database:
 
         self._pool.submit(shut).result()
         self._pool.shutdown(wait=True)
-        self._unlock()
