@@ -322,3 +322,14 @@ def test_clients_stuck_at_the_deadline_do_not_hold_the_shutdown(tmp_path):
     assert_log_complete(events)
     finished = [e for e in events if e["kind"] == "requestFinished"]
     assert len(finished) == 2 and all(SHUTTING_DOWN in (e.get("error") or "") for e in finished), finished
+
+
+def test_a_signal_as_soon_as_it_says_listening_drains(tmp_path):
+    """The banner ("listening on") comes once the signal handlers are in
+    place: a SIGTERM sent the moment it is read drains and exits 0, never the
+    default action's death (-15, no event log flushed)."""
+    proc, _, log = serve(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    err = finish(proc)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert "shutting down" in err and log.exists()

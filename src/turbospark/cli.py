@@ -214,8 +214,8 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         assembly.close()
         return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
-    _print_banner(args, sock.getsockname()[1], auth, policy)
-    _run(args, assembly, sock)
+    port = sock.getsockname()[1]
+    _run(args, assembly, sock, lambda: _print_banner(args, port, auth, policy))
     return 0
 
 
@@ -401,8 +401,9 @@ def _print_banner(args: argparse.Namespace, port: int, auth: Any, policy: Any) -
     )
 
 
-def _run(args: argparse.Namespace, assembly: Any, sock: Any) -> None:
-    """Serve until a signal, then drain and close everything."""
+def _run(args: argparse.Namespace, assembly: Any, sock: Any, started: Callable[[], None]) -> None:
+    """Serve until a signal, then drain and close everything; ``started``
+    (the banner) once connections are taken and a signal drains."""
     from .server import LiveUvicorn, uvicorn_config
 
     server = LiveUvicorn(
@@ -414,6 +415,7 @@ def _run(args: argparse.Namespace, assembly: Any, sock: Any) -> None:
         assembly.drain,
         args.drain_timeout,
         config_file=assembly.state.config,
+        on_started=started,
     )
     try:
         server.run(sockets=[sock])

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import uvicorn
@@ -192,8 +192,12 @@ class LiveUvicorn(uvicorn.Server):
         drain: Drain | None = None,
         drain_timeout: float = DEFAULT_DRAIN_SECONDS,
         config_file: ConfigReloader | None = None,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(config)
+        #: told once the server accepts connections, its signal handlers in
+        #: place (``turbospark serve``'s banner: a signal after it drains)
+        self.on_started = on_started
         self.live = live
         self.registry = registry
         self.drain = drain
@@ -210,6 +214,8 @@ class LiveUvicorn(uvicorn.Server):
             self.registry.start()
         if self.config_file is not None:
             self.config_file.start()
+        if self.on_started is not None and self.started:
+            self.on_started()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.live.close()
