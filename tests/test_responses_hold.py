@@ -72,8 +72,11 @@ def test_the_store_is_private_whatever_the_umask(tmp_path):
 
 
 def test_a_short_ttl_expires_on_time_without_the_clean_up(tmp_path):
-    """Kept 0.5 s: read back before, not found after (no clean-up ran in between)."""
-    store = ResponseStore(str(tmp_path), ttl=0.5)
+    """Kept 0.5 s: read back before, not found after (no clean-up ran in
+    between). The store's own clock is moved, so a slow box cannot make the
+    reads "before" come after the TTL."""
+    now = [time.time()]
+    store = ResponseStore(str(tmp_path), ttl=0.5, clock=lambda: now[0])
     try:
 
         async def before() -> tuple:
@@ -83,7 +86,7 @@ def test_a_short_ttl_expires_on_time_without_the_clean_up(tmp_path):
 
         conv, response, found = asyncio.run(before())
         assert response is not None and found is not None
-        time.sleep(0.6)  # (time itself is what is waited on: each read above kept it 0.5 s more at most)
+        now[0] += 0.6  # (past the TTL: each read above kept it 0.5 s more at most)
 
         async def after() -> tuple:
             return (
