@@ -19,6 +19,7 @@ convolution kernel ``(hidden, 3, patch, patch)``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,18 @@ BLOCKS = 2
 PROJ_HIDDEN = 128
 #: what one image becomes: one embedding per patch (the class token is dropped)
 N_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2
+
+
+def add_encoder(writer: Any, modality: str, hidden: int, ffn: int, blocks: int, heads: int, out: int) -> None:
+    """The encoder's shape as clip.cpp reads it (``clip.vision.*`` or
+    ``clip.audio.*``); ``out``: the text model's width it projects to."""
+    key = f"clip.{modality}"
+    writer.add_uint32(f"{key}.embedding_length", hidden)
+    writer.add_uint32(f"{key}.feed_forward_length", ffn)
+    writer.add_uint32(f"{key}.block_count", blocks)
+    writer.add_uint32(f"{key}.attention.head_count", heads)
+    writer.add_float32(f"{key}.attention.layer_norm_epsilon", 1e-5)
+    writer.add_uint32(f"{key}.projection_dim", out)
 
 
 def write_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0) -> Path:
@@ -58,12 +71,7 @@ def write_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0) -> Path:
     writer.add_string("clip.projector_type", "mlp")
     writer.add_uint32("clip.vision.image_size", IMAGE_SIZE)
     writer.add_uint32("clip.vision.patch_size", PATCH_SIZE)
-    writer.add_uint32("clip.vision.embedding_length", HIDDEN)
-    writer.add_uint32("clip.vision.feed_forward_length", FFN)
-    writer.add_uint32("clip.vision.block_count", BLOCKS)
-    writer.add_uint32("clip.vision.attention.head_count", HEADS)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
-    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
+    add_encoder(writer, "vision", HIDDEN, FFN, BLOCKS, HEADS, n_embd_text)
     writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
     writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
     writer.add_bool("clip.use_gelu", False)  # quick GELU, as CLIP

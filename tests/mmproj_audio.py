@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .mmproj import add_encoder
+
 #: Whisper's front end, fixed by libmtmd for this projector type
 SAMPLE_RATE = 16000
 WINDOW_FRAMES = 3000  # 30 s of 10 ms mel frames
@@ -81,12 +83,7 @@ def write_audio_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0, stack:
     writer.add_bool("clip.has_audio_encoder", True)
     writer.add_string("clip.projector_type", "ultravox")
     writer.add_uint32("clip.audio.num_mel_bins", N_MEL)
-    writer.add_uint32("clip.audio.embedding_length", HIDDEN)
-    writer.add_uint32("clip.audio.feed_forward_length", FFN)
-    writer.add_uint32("clip.audio.block_count", BLOCKS)
-    writer.add_uint32("clip.audio.attention.head_count", HEADS)
-    writer.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
-    writer.add_uint32("clip.audio.projection_dim", n_embd_text)
+    add_encoder(writer, "audio", HIDDEN, FFN, BLOCKS, HEADS, n_embd_text)
     writer.add_uint32("clip.audio.projector.stack_factor", stack)
 
     # the convolutions are F16, as convert_hf_to_gguf.py writes Whisper's
