@@ -105,3 +105,19 @@ def test_a_background_stream_and_its_reader_stay_alive(srv: Server):
         lines = [line for line in r.iter_lines() if line]
     assert r.status_code == 200 and ": keep-alive" in lines, lines
     assert any('"response.completed"' in line for line in lines if line.startswith("data: "))
+
+
+def test_the_real_model_keeps_a_long_prefill_alive():
+    """The bundled model prefilling a long prompt (about a thousand tokens: far
+    longer than the 20 ms keep-alive on any CPU) sends keep-alive comment
+    lines before its first token, and the answer then streams whole."""
+    story = " ".join(f"Line {i}: the quiet library kept its windows open in summer." for i in range(60))
+    with Server(observer=ListObserver(), sse_keepalive=0.02, model_defaults={"ctx": 4096, "parallel": 1}) as real:
+        body = {"model": "m", "stream": True, "max_tokens": 4,
+                "messages": [{"role": "user", "content": story + "\nSummarize."}]}  # fmt: skip
+        with httpx.stream("POST", real.url + "/v1/chat/completions", json=body, timeout=120) as r:
+            lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200
+    first_text = next(i for i, line in enumerate(lines) if '"content":"' in line and '"content":""' not in line)
+    assert ": keep-alive" in lines[:first_text], lines[:first_text]
+    assert lines[-1] == "data: [DONE]"
