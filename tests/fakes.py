@@ -44,7 +44,8 @@ class ScriptedModel:
     scripts: list[Script] = field(default_factory=lambda: [Script(["Hello", " world"])])
     supports_chat: bool = True
     supports_embeddings: bool = False
-    vision: Any = None
+    vision: bool = False
+    audio: bool = False
     default_reasoning: Any = None
     default_system: str | None = None
     default_sampling: dict[str, Any] = field(default_factory=dict)
@@ -144,7 +145,13 @@ class ScriptedModel:
     def encode(self, texts: list[str], truncate: bool = False) -> list[list[float]]:
         raise AdmissionError("the scripted model does not embed", "model")
 
-    def generate(self, prompt_ids: list[int], config: GenerationConfig, images: Any, cancel: CancelFlag) -> Run:
+    def media_prompt(self, text: str, media: list[bytes], chat: bool) -> Any:
+        raise AdmissionError("the scripted model takes no media", "messages")
+
+    def render_media_chat(self, messages: Any, media: list[bytes], tools: Any = None, **kw: Any) -> Any:
+        raise AdmissionError("the scripted model takes no media", "messages")
+
+    def generate(self, prompt_ids: list[int], config: GenerationConfig, media: Any, cancel: CancelFlag) -> Run:
         """Plays the next script on a task feeding the same channel the
         scheduler thread feeds."""
         channel = Channel(asyncio.get_running_loop())
@@ -154,10 +161,10 @@ class ScriptedModel:
         return Run(channel)
 
     def generate_many(
-        self, prompt_ids: list[int], configs: list[GenerationConfig], images: Any, cancel: CancelFlag
+        self, prompt_ids: list[int], configs: list[GenerationConfig], media: Any, cancel: CancelFlag
     ) -> list[Run]:
         """No shared prefill: one script played per choice."""
-        return [self.generate(prompt_ids, config, images, cancel) for config in configs]
+        return [self.generate(prompt_ids, config, media, cancel) for config in configs]
 
     async def _play(
         self, prompt_ids: list[int], config: GenerationConfig, cancel: CancelFlag, put: Callable[[Any], None]

@@ -34,6 +34,8 @@ class Capabilities:
     embeddings: bool = False
     #: images in a prompt
     vision: bool = False
+    #: sound in a prompt
+    audio: bool = False
     #: its chat template handles thinking apart from the answer; None: not
     #: known here (a remote engine knows its own model)
     thinking: bool | None = False

@@ -76,15 +76,30 @@ def prepare(backend: Backend, req: ChatRequest) -> Prepared:
             )
     if req.tool_choice in ("required", "named") and not tool_names(req.tools):
         raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
-    if req.images and not backend.capabilities.vision:
+    _check_media(backend, req)
+    return backend.prepare(req)
+
+
+def _check_media(backend: Backend, req: ChatRequest) -> None:
+    """Media the model cannot take are refused, never answered as if seen."""
+    images = max(req.images, sum(1 for m in req.media if m.kind == "image"))
+    sounds = sum(1 for m in req.media if m.kind == "audio")
+    if images and not backend.capabilities.vision:
         refused = AdmissionError(
             f"model {backend.model_id!r} takes no images (it has no vision support); "
-            f"this request has {req.images} image(s): send text only, or use a model with vision",
-            req.images_field,
+            f"this request has {images} image(s): send text only, or use a model with vision",
+            next((m.field for m in req.media if m.kind == "image"), req.images_field),
         )
         refused.code = "images_not_supported"
         raise refused
-    return backend.prepare(req)
+    if sounds and not backend.capabilities.audio:
+        refused = AdmissionError(
+            f"model {backend.model_id!r} takes no sound (it has no audio support); "
+            f"this request has {sounds} sound(s): send text only, or use a model with audio input",
+            next(m.field for m in req.media if m.kind == "audio"),
+        )
+        refused.code = "audio_not_supported"
+        raise refused
 
 
 # --------------------------------------------------------------- generating

@@ -9,11 +9,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.types import GenerationConfig, RawDecodeResult, StopReason, TokenProb
+from ..engine.types import MEDIA_MARKER, GenerationConfig, RawDecodeResult, StopReason, TokenProb
 from ..tools import calls as toolcalls
 
 DEFAULT_MAX_TOKENS = 256
 EFFORTS_OFF = ("none", "off", "disabled")
+
+
+@dataclass(frozen=True)
+class Media:
+    """One image or sound of a request, in the order its markers
+    (:data:`MEDIA_MARKER`) stand in the messages' text or the raw prompt.
+
+    ``data`` holds the item's encoded bytes (PNG, JPEG, ...; WAV, MP3); an
+    item named by a remote URL has ``url`` instead until the server fetches
+    it (only with ``--allow-media-urls``). ``field`` is where it came in,
+    for a refusal's ``param``."""
+
+    kind: str  # "image" or "audio"
+    data: bytes = b""
+    url: str | None = None
+    field: str = "messages"
+
+
+def media_text(text: str) -> str:
+    """A client's text as it may stand beside media markers: any copy of
+    the marker in it is broken, so only the dialect's own markers count."""
+    return text.replace(MEDIA_MARKER, MEDIA_MARKER.replace("\ue000", ""))
 
 
 @dataclass
@@ -81,6 +103,10 @@ class ChatRequest:
     #: vision refuses them: never answered as if it had seen them)
     images: int = 0
     images_field: str = "messages"
+    #: the prompt's media, in marker order (:class:`Media`): each stands
+    #: where a :data:`MEDIA_MARKER` stands in the messages' text (or the raw
+    #: prompt)
+    media: list[Media] = field(default_factory=list)
 
     def is_raw(self) -> bool:
         """A prompt given as text or ids, not as messages (no chat template)."""
@@ -115,6 +141,9 @@ class Prepared:
     #: what a remote backend sends upstream, less the sampling fields (a
     #: local backend leaves it None and runs ``prompt_ids``)
     body: dict[str, Any] | None = None
+    #: the prompt's media as the local engine prepared them (its
+    #: ``MediaPrompt``: ``prompt_ids`` hold their placeholders), else None
+    media: Any = None
 
 
 @dataclass

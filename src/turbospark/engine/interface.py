@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .channel import Run
+from .media import MediaPrompt
 from .slotcontrol import SlotControl
 from .types import CancelFlag, Embeddings, GenerationConfig
 
@@ -58,7 +59,27 @@ class ChatModel(Protocol):
         ...
 
     @property
-    def vision(self) -> bool: ...
+    def vision(self) -> bool:
+        """Images are read (a projector that takes them is loaded)."""
+        ...
+
+    @property
+    def audio(self) -> bool:
+        """Sound is heard (a projector that takes it is loaded)."""
+        ...
+
+    def media_prompt(self, text: str, media: list[bytes], chat: bool) -> MediaPrompt:
+        """A prompt's text with ``MEDIA_MARKER`` once per item, and the
+        items' bytes, tokenized (its ``ids`` hold the media placeholders):
+        a rendered chat (``chat``: special tokens parsed) or a raw prompt."""
+        ...
+
+    def render_media_chat(
+        self, messages: list[dict[str, Any]], media: list[bytes], tools: list[dict[str, Any]] | None = None, **kw: Any
+    ) -> MediaPrompt:
+        """:meth:`render_chat` for messages whose text holds media markers."""
+        ...
+
     @property
     def failure(self) -> str | None:
         """Why its engine died (it then serves nothing more), else None."""
@@ -89,9 +110,11 @@ class ChatModel(Protocol):
     def default_max_new(self, n_prompt: int, default: int) -> int: ...
     def reserve(self, config: GenerationConfig) -> Callable[[], None]: ...
     def load(self) -> dict[str, Any]: ...
-    def generate(self, prompt_ids: list[int], config: GenerationConfig, images: Any, cancel: CancelFlag) -> Run: ...
+    def generate(
+        self, prompt_ids: list[int], config: GenerationConfig, media: MediaPrompt | None, cancel: CancelFlag
+    ) -> Run: ...
     def generate_many(
-        self, prompt_ids: list[int], configs: list[GenerationConfig], images: Any, cancel: CancelFlag
+        self, prompt_ids: list[int], configs: list[GenerationConfig], media: MediaPrompt | None, cancel: CancelFlag
     ) -> list[Run]: ...
     def encode(self, texts: list[str], truncate: bool = False) -> Embeddings: ...
     def close(self) -> None: ...

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .types import CancelFlag, GenerationConfig, RawDecodeResult, StopReason
+
+if TYPE_CHECKING:
+    from .media import MediaPrompt
 
 
 class JobOutput(Protocol):
@@ -37,11 +40,16 @@ class Job:
     #: when this job's prompt is in the KV, each in a slot of its own with
     #: a copy of that KV, sampling its first token from the same logits
     siblings: list[Job] = field(default_factory=list)
+    #: the prompt's media (its ids hold their placeholders), or None
+    media: MediaPrompt | None = None
 
 
 def cancelled_result(job: Job) -> RawDecodeResult:
     """The result of a job cancelled before it sampled anything."""
+    media = job.media
     return RawDecodeResult(
+        media_items=len(media.spans) if media else 0,
+        media_tokens=media.media_tokens if media else 0,
         prompt_tokens=len(job.prompt),
         new_tokens=0,
         prefill_seconds=0.0,

@@ -363,6 +363,29 @@ class Batch:
         return self.capacity - self.n
 
 
+class EmbdBatch(Batch):
+    """A llama_batch of embeddings (media chunks' rows) instead of token
+    ids: llama.cpp takes one or the other in a batch."""
+
+    def __init__(self, capacity: int, n_embd: int) -> None:
+        super().__init__(capacity)
+        self.embd = np.zeros((capacity, n_embd), dtype=np.float32)
+        self.struct.token = ctypes.POINTER(ctypes.c_int32)()
+        self.struct.embd = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+    def add_rows(self, rows: np.ndarray, pos0: int, seq: int, output_last: bool) -> int:
+        """Add a run of one sequence's embedding rows; returns the index of the last."""
+        i, k = self.n, len(rows)
+        self.embd[i : i + k] = rows
+        self.pos[i : i + k] = np.arange(pos0, pos0 + k, dtype=np.int32)
+        self.seq_ids[i : i + k, 0] = seq
+        self.logits[i : i + k] = 0
+        if output_last:
+            self.logits[i + k - 1] = 1
+        self.n = i + k
+        return i + k - 1
+
+
 class LlamaContext:
     """One llama_context (KV memory + compute) over a loaded model."""
 
@@ -403,6 +426,10 @@ class LlamaContext:
         batch.struct.n_tokens = batch.n
         rc: int = lib().llama_decode(self.ptr, batch.struct)
         return rc
+
+    def set_causal(self, causal: bool) -> None:
+        """Causal attention on or off (a non-causal media chunk's decode)."""
+        lib().llama_set_causal_attn(self.ptr, causal)
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(lib().llama_memory_seq_rm(self.mem, seq, p0, p1))

@@ -21,6 +21,7 @@ A sound is one audio chunk per 30 s window (a longer one is several).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
 import os
 import threading
@@ -33,7 +34,7 @@ import numpy as np
 
 from .gguf import NotGGUF, check
 from .llama import LlamaModelFile, default_threads, init_backend, lib
-from .types import AdmissionError
+from .types import MEDIA_MARKER, AdmissionError
 
 log = logging.getLogger("turbospark.engine")
 
@@ -108,6 +109,37 @@ def _route_log(M: Any) -> None:
 
 
 @dataclass(frozen=True)
+class Span:
+    """Where one media chunk stands in a prompt's ids: positions
+    ``[start, end)`` hold its placeholders (see :func:`placeholders`)."""
+
+    start: int
+    end: int
+    kind: str
+    #: the SHA-256 of the item's bytes
+    id: str
+    #: its index among the prompt's chunks (what :meth:`MediaPrompt.encode` takes)
+    chunk: int
+    #: decoded whole, with causal attention off (Gemma 3's images)
+    non_causal: bool = False
+
+    @property
+    def n_tokens(self) -> int:
+        return self.end - self.start
+
+
+def placeholders(media_id: str, n: int) -> list[int]:
+    """The ids standing for a media chunk's ``n`` tokens in a prompt's ids:
+    negative (never a vocabulary token), int32 (the host tier keeps records
+    as int32), and drawn from the item's hash, so a record of the same item
+    at the same place matches it token by token (prefix reuse, the host tier,
+    ``--cache-dir`` across restarts) and another item's does not."""
+    seed = int(media_id[:32], 16) if media_id else 0
+    draws = np.random.default_rng(seed).integers(1, 2**31 - 1, size=n, dtype=np.int64)
+    return [-int(v) for v in draws]
+
+
+@dataclass(frozen=True)
 class Chunk:
     """One piece of a tokenized media prompt."""
 
@@ -128,7 +160,7 @@ class Projector:
         model: LlamaModelFile,
         n_threads: int = 0,
         use_gpu: bool | None = None,
-        marker: str | None = None,
+        marker: str = MEDIA_MARKER,
     ) -> None:
         if not os.path.isfile(path):
             raise ProjectorError(f"projector file not found: {path}")
@@ -142,12 +174,19 @@ class Projector:
         params.use_gpu = bool(lib().llama_supports_gpu_offload()) if use_gpu is None else use_gpu
         params.n_threads = n_threads or default_threads()
         params.print_timings = False
-        self._marker = (marker or M.mtmd_default_marker().decode()).encode()
+        self._marker = marker.encode()
         params.media_marker = self._marker
         self.ptr = self._load(M, path, params)
         self._encode_lock = threading.Lock()
         self.vision = bool(M.mtmd_support_vision(self.ptr))
         self.audio = bool(M.mtmd_support_audio(self.ptr))
+        if M.mtmd_decode_use_mrope(self.ptr):
+            # (Qwen2-VL-style models place image tokens by 2-D positions the
+            # scheduler's batches do not carry)
+            self.close()
+            raise ProjectorError(
+                f"the projector {path} needs M-RoPE positions (Qwen2-VL style), which turbospark does not feed yet"
+            )
         #: the marker that stands for one media item in a prompt's text
         self.marker = self._marker.decode()
         #: the width of one media embedding: the text model's input width
@@ -195,6 +234,19 @@ class Projector:
             for bitmap in bitmaps:
                 M.mtmd_bitmap_free(bitmap)
 
+    def prompt(self, text: str, media: Sequence[bytes], add_bos: bool, chat: bool, batch: int) -> MediaPrompt:
+        """:meth:`tokenize` for a model whose batches hold ``batch`` tokens:
+        a chunk decoded whole (non-causal) must fit one (0: unchecked)."""
+        prompt = self.tokenize(text, media, add_special=add_bos, parse_special=chat)
+        big = next((s for s in prompt.spans if s.non_causal and s.n_tokens > batch), None) if batch else None
+        if big is not None:
+            prompt.close()
+            raise MediaError(
+                f"a media item of {big.n_tokens} tokens is decoded whole, "
+                f"which needs --batch of at least that (it is {batch})"
+            )
+        return prompt
+
     def _bitmap(self, M: Any, data: bytes, index: int) -> Any:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         bitmap = M.mtmd_helper_bitmap_init_from_buf(self.ptr, buf, len(data), False)
@@ -203,6 +255,8 @@ class Projector:
             # sound as WAV, MP3 or FLAC, where the projector takes sound (a
             # sound of no samples does not decode either)
             raise MediaError(f"media item {index} does not decode as an image or sound this model takes")
+        # its id: the bytes' hash (the chunk's, and its placeholders' seed)
+        M.mtmd_bitmap_set_id(bitmap, hashlib.sha256(data).hexdigest().encode())
         kind = "audio" if M.mtmd_bitmap_is_audio(bitmap) else "image"
         why = None
         if (kind == "audio" and not self.audio) or (kind == "image" and not self.vision):
@@ -226,6 +280,15 @@ class Projector:
 
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.close()
+
+
+def check_ids(prompt_ids: list[int], media: MediaPrompt | None, projector: Projector | None) -> None:
+    """A prompt's ids go with their media: the ones this model's projector
+    prepared for exactly these ids, and no placeholder without them."""
+    if media is not None and (media.projector is not projector or media.ids != prompt_ids):
+        raise AdmissionError("the prompt's media were prepared for another model or prompt", "messages")
+    if media is None and any(t < 0 for t in prompt_ids):
+        raise AdmissionError("the prompt names a negative token id", "prompt")
 
 
 def _check_projector(path: str) -> None:
@@ -263,6 +326,36 @@ class MediaPrompt:
         self.ptr = ptr
         M = mtmd()
         self.chunks: list[Chunk] = [self._chunk(M, i) for i in range(M.mtmd_input_chunks_size(ptr))]
+        #: the prompt's ids: text tokens, and placeholders where media goes
+        self.ids: list[int] = []
+        #: where each media chunk stands in ``ids``
+        self.spans: list[Span] = []
+        for i, c in enumerate(self.chunks):
+            if c.kind == "text":
+                self.ids.extend(c.tokens)
+                continue
+            media_id = c.id or ""
+            whole = bool(M.mtmd_decode_use_non_causal(projector.ptr, M.mtmd_input_chunks_get(ptr, i)))
+            self.spans.append(Span(len(self.ids), len(self.ids) + c.n_tokens, c.kind, media_id, i, whole))
+            self.ids.extend(placeholders(media_id, c.n_tokens))
+
+    @property
+    def media_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.spans)
+
+    def span_at(self, pos: int) -> Span | None:
+        """The media span holding position ``pos``, if any."""
+        for s in self.spans:
+            if s.start <= pos < s.end:
+                return s
+        return None
+
+    def cut(self, n: int) -> int:
+        """``n`` reused positions, moved back to the start of a media chunk
+        they end inside (a chunk is fed whole: a non-causal one must be, and
+        a record cut inside one is rare enough not to keep)."""
+        span = self.span_at(n) if n > 0 else None
+        return span.start if span is not None and span.start < n else n
 
     def _chunk(self, M: Any, index: int) -> Chunk:
         chunk = M.mtmd_input_chunks_get(self.ptr, index)
@@ -299,6 +392,12 @@ class MediaPrompt:
         if getattr(self, "ptr", None):
             mtmd().mtmd_input_chunks_free(self.ptr)
             self.ptr = None
+
+    def __del__(self) -> None:  # (a request's prompt is dropped with it)
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - (at interpreter exit)
+            pass
 
     def __enter__(self) -> MediaPrompt:
         return self

@@ -21,6 +21,7 @@ from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
 from .hostcache import cache_folder, default_budget_mib
 from .jobs import Job
 from .llama import CACHE_TYPES, FLASH_ATTN, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
+from .media import MediaPrompt, Projector, check_ids
 from .memory import KvPlan, plan_kv
 from .sampling import lazy_grammar
 from .scheduler import Scheduler
@@ -86,6 +87,8 @@ class ModelOptions:
     #: where the model comes from when it is pulled (a reference such as
     #: ``org/repo:Q4_K_M``; the config's ``pull`` key), else None
     pull: str | None = None
+    #: a multimodal projector GGUF beside it (images, sound: ``--mmproj``)
+    mmproj: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -106,8 +109,6 @@ class LlamaChatModel:
     #: the sampler applies ``config.grammar`` (engine/sampling.py)
     enforces_grammars = True
     supports_embeddings = True
-    #: images are not read (no multimodal projector is loaded)
-    vision = False
     default_reasoning: str | None = None
 
     def __init__(self, opts: ModelOptions, progress: Callable[[float], None] | None = None) -> None:
@@ -124,6 +125,7 @@ class LlamaChatModel:
         self.default_reasoning = opts.default_reasoning
         self.default_sampling = dict(opts.sampling)
         self._embedder: Embedder | None = None  # created on first encode()
+        self.projector: Projector | None = None
         self._embedder_lock = threading.Lock()
         self._closed = False
         bos = self.file.token_text(self.file.bos) if self.file.bos >= 0 else ""
@@ -138,10 +140,12 @@ class LlamaChatModel:
         try:
             if self.supports_chat:
                 self._open_chat()
+                if opts.mmproj:
+                    self.projector = Projector(opts.mmproj, self.file, opts.threads)
             else:
                 self.embedder()
         except Exception:
-            self.file.close()
+            self._close_engine()
             raise
 
     def _open_chat(self) -> None:
@@ -205,6 +209,36 @@ class LlamaChatModel:
         self.file.grammar_matcher(lazy_grammar(grammar, trigger))
 
     @property
+    def vision(self) -> bool:  # (a projector that takes images is loaded)
+        return self.projector is not None and self.projector.vision
+
+    @property
+    def audio(self) -> bool:  # (a projector that takes sound is loaded)
+        return self.projector is not None and self.projector.audio
+
+    def render_media_chat(
+        self,
+        messages: list[dict[str, Any]],
+        media: list[bytes],
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> MediaPrompt:
+        """:meth:`render_chat` for messages whose text holds media markers."""
+        return self.media_prompt(self.chat_text(messages, tools, **template_kwargs), media, chat=True)
+
+    def media_prompt(self, text: str, media: list[bytes], chat: bool) -> MediaPrompt:
+        """Text holding ``MEDIA_MARKER`` once per item, and the items' bytes,
+        tokenized (off the engine thread: images are decoded here); ``chat``:
+        a rendered chat (special tokens parsed), else a raw prompt."""
+        if self.projector is None:
+            raise AdmissionError(f"model {self.model_id!r} has no projector: it takes no images or sound", "messages")
+        self._check_length(text)
+        bos = self.template.bos_token if chat else ""
+        add_bos = self.file.add_bos and not (bos and text.startswith(bos))
+        batch = self.ctx.opts.n_batch if self.ctx is not None else 0
+        return self.projector.prompt(text, media, add_bos, chat, batch)
+
+    @property
     def vocab_size(self) -> int:
         return self.file.n_vocab
 
@@ -244,6 +278,8 @@ class LlamaChatModel:
             "quantization": md.get("general.file_type", ""),
             "chat_template": self.template.source,
             "sampling": dict(self.default_sampling),
+            "mmproj": self.opts.mmproj if self.projector is not None else None,
+            "modalities": {"vision": self.vision, "audio": self.audio},
         }
 
     def slot_control(self) -> SlotControl | None:
@@ -352,37 +388,40 @@ class LlamaChatModel:
         return max(1, min(default, self.max_context - n_prompt))
 
     # -- generation ----------------------------------------------------------
-    def generate(self, prompt_ids: list[int], config: GenerationConfig, images: Any, cancel: CancelFlag) -> Run:
+    def generate(
+        self, prompt_ids: list[int], config: GenerationConfig, media: MediaPrompt | None, cancel: CancelFlag
+    ) -> Run:
         """Submit one generation to the scheduler; the returned :class:`Run`
         yields its progress, then its result (call it on the event loop).
-        Refusals (no room, no chat context, images) raise here, before any
-        engine work."""
-        if images:
-            raise AdmissionError("this model does not accept images", "images")
+        ``media``: the prompt's media (from :meth:`media_prompt`; its ids
+        are ``prompt_ids``). Refusals (no room, no chat context) raise here,
+        before any engine work."""
         if self.scheduler is None:
             raise AdmissionError(f"model {self.model_id!r} serves embeddings only", "model")
+        check_ids(prompt_ids, media, self.projector)
         self.check_admission(len(prompt_ids), config.max_new_tokens)
         channel = Channel(asyncio.get_running_loop(), MAX_UNREAD, lambda unread: cancel.fail(ReaderBehind(unread)))
-        self.scheduler.submit(Job(list(prompt_ids), config, cancel, channel))
+        self.scheduler.submit(Job(list(prompt_ids), config, cancel, channel, media=media))
         return Run(channel)
 
     def generate_many(
-        self, prompt_ids: list[int], configs: list[GenerationConfig], images: Any, cancel: CancelFlag
+        self, prompt_ids: list[int], configs: list[GenerationConfig], media: MediaPrompt | None, cancel: CancelFlag
     ) -> list[Run]:
         """:meth:`generate` for the choices of one request (OpenAI ``n``):
         one run per config, the prompt prefilled once and its KV copied to
         the others (see ``steps.Stepper._fork``). They share ``cancel``."""
         if len(configs) == 1:
-            return [self.generate(prompt_ids, configs[0], images, cancel)]
-        if images:
-            raise AdmissionError("this model does not accept images", "images")
+            return [self.generate(prompt_ids, configs[0], media, cancel)]
         if self.scheduler is None:
             raise AdmissionError(f"model {self.model_id!r} serves embeddings only", "model")
+        check_ids(prompt_ids, media, self.projector)
         for config in configs:
             self.check_admission(len(prompt_ids), config.max_new_tokens)
         loop = asyncio.get_running_loop()
         channels = [Channel(loop, MAX_UNREAD, lambda unread: cancel.fail(ReaderBehind(unread))) for _ in configs]
-        jobs = [Job(list(prompt_ids), config, cancel, channel) for config, channel in zip(configs, channels)]
+        jobs = [
+            Job(list(prompt_ids), config, cancel, channel, media=media) for config, channel in zip(configs, channels)
+        ]
         jobs[0].siblings = jobs[1:]
         self.scheduler.submit(jobs[0])
         return [Run(channel) for channel in channels]
@@ -391,14 +430,14 @@ class LlamaChatModel:
         self,
         prompt_ids: list[int],
         config: GenerationConfig,
-        images: Any,
+        media: MediaPrompt | None,
         cancel: CancelFlag,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> RawDecodeResult:
         """:meth:`generate` run to its end (for tests and benchmarks; the
         server iterates the run itself). Cancelling the awaiting task sets
         ``cancel``; the engine stops at its next step."""
-        run = self.generate(prompt_ids, config, images, cancel)
+        run = self.generate(prompt_ids, config, media, cancel)
         try:
             return await run.result(on_progress)
         except asyncio.CancelledError:
@@ -451,8 +490,14 @@ class LlamaChatModel:
             embedder, self._embedder = self._embedder, None
         if embedder is not None:
             embedder.close()
+        self._close_engine()
+
+    def _close_engine(self) -> None:
+        """The scheduler, then the projector, the context and the file."""
         if self.scheduler is not None:
             self.scheduler.close()
+        if self.projector is not None:
+            self.projector.close()  # (before the model it was loaded beside)
         if self.ctx is not None:
             self.ctx.close()
         self.file.close()

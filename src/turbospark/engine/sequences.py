@@ -22,6 +22,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from .admission import WaitList
 from .detok import IndentStop, StopMatcher, Utf8Stream
@@ -69,6 +71,9 @@ class Seq:
         "miss_at",
         "indent",
         "task_id",
+        "rows",
+        "encoded",
+        "encode_seconds",
     )
 
     def __init__(
@@ -109,6 +114,29 @@ class Seq:
         self.miss_at: int | None = None
         #: its task id (llama-server's ``id_task`` in ``/slots``)
         self.task_id = 0
+        #: media chunks encoded and not yet wholly fed (chunk index -> rows)
+        self.rows: dict[int, Any] = {}
+        #: media chunks this run encoded, and the seconds that took
+        self.encoded = 0
+        self.encode_seconds = 0.0
+
+
+@dataclass(slots=True)
+class Feed:
+    """One sequence's part of a step: the tokens it feeds, which outputs it
+    wants (``all``: a decoder's token and its drafts; ``last``: a prompt's
+    final chunk; ``none``: a chunk mid-prompt), the drafted tokens among
+    them, where its first output lands in the batch (-1: none), and for a
+    media chunk its rows (``mediasteps``)."""
+
+    seq: Seq
+    tokens: list[int]
+    logits: str
+    drafts: list[int] = field(default_factory=list)
+    first: int = -1
+    #: a media chunk's embedding rows, fed in place of ``tokens`` (its
+    #: placeholders: what the slot's record then holds)
+    rows: Any = None
 
 
 def task_view(seq: Seq) -> TaskView:
@@ -179,7 +207,12 @@ def _intervals(seq: Seq) -> tuple[float, float]:
 
 def _result(seq: Seq, reason: StopReason) -> RawDecodeResult:
     prefill_s, decode_s = _intervals(seq)
+    media = seq.job.media
     return RawDecodeResult(
+        media_items=len(media.spans) if media else 0,
+        media_tokens=media.media_tokens if media else 0,
+        media_encoded=seq.encoded,
+        media_encode_seconds=seq.encode_seconds,
         prompt_tokens=len(seq.job.prompt),
         new_tokens=seq.new_tokens,
         prefill_seconds=prefill_s,
@@ -226,6 +259,9 @@ class Running:
             end_job(job, cancelled_result(job))
             return
         placed = self._slots.prepare(job, slot, extension)
+        if job.media is not None and job.media.cut(placed.reused) < placed.reused:
+            # (a record that ends inside a media chunk: the chunk is fed whole)
+            placed = placed._replace(reused=self._slots.trim(slot, job.prompt, job.media.cut(placed.reused)))
         try:
             chain = SamplerChain(self.model, job.config)
         except Exception as exc:
@@ -250,7 +286,9 @@ class Running:
         seq.miss_at = miss_at
         seq.task_id = next(self._task_ids)
         if self.speculative and job.config.speculative:
-            seq.drafter = NgramDrafter(job.prompt, k_max=self.draft_max)
+            # (a media chunk's placeholders are never drafted)
+            history = [t for t in job.prompt if t >= 0] if job.media is not None else job.prompt
+            seq.drafter = NgramDrafter(history, k_max=self.draft_max)
         self.active.append(seq)
         return seq
 

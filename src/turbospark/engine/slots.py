@@ -240,6 +240,16 @@ class SlotStore:
         slot.session_key = cfg.session_key
         return Placement(reuse, reused_from, evicted, miss_at)
 
+    def trim(self, slot: Slot, prompt: list[int], n: int) -> int:
+        """Keep only the first ``n`` positions of ``slot``'s KV (its record
+        the prompt's first ``n``); returns the tokens it holds (0 when the
+        memory cannot drop a part: it is then emptied)."""
+        if not self.ctx.seq_rm(slot.seq_id, n, -1):
+            self.ctx.seq_rm(slot.seq_id)
+            n = 0
+        slot.tokens = prompt[:n]
+        return n
+
     def evict(self, slot: Slot, extension: bool) -> bool:
         """Whether taking ``slot`` for another conversation (not an
         ``extension`` of its own) evicts the state it holds; that state

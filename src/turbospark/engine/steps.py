@@ -17,30 +17,17 @@ Only the scheduler thread runs this: it owns the context.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from .admission import WaitList
 from .jobs import Job, end_job
 from .llama import Batch, LlamaContext, LlamaModelFile
+from .media import Span
+from .mediasteps import MediaFeeds, media_span, text_room
 from .sampling import SamplerChain
-from .sequences import Running, Seq, hand_out
+from .sequences import Feed, Running, Seq, hand_out
 from .slots import Slot, SlotStore
 from .speculative import TIMING_LOCK, Calibration, StepCosts
 from .types import AdmissionError, EngineError, PromptProgress, StopReason, TokenProb
-
-
-@dataclass(slots=True)
-class Feed:
-    """One sequence's part of a step: the tokens it feeds, which outputs it
-    wants (``all``: a decoder's token and its drafts; ``last``: a prompt's
-    final chunk; ``none``: a chunk mid-prompt), the drafted tokens among
-    them, and where its first output lands in the batch (-1: none)."""
-
-    seq: Seq
-    tokens: list[int]
-    logits: str
-    drafts: list[int] = field(default_factory=list)
-    first: int = -1
 
 
 class Stepper:
@@ -69,6 +56,7 @@ class Stepper:
         self._slots = slots
         self._wait_list = wait_list
         self._batch = Batch(ctx.opts.n_batch)
+        self._media = MediaFeeds(ctx, running)
         self._pieces = model.pieces
         self._eog = model.eog_tokens
 
@@ -81,20 +69,24 @@ class Stepper:
             return
         chosen: list[Feed] = []
         room = self._add_decoders(chosen, batch.capacity)
-        pure_decode = self._add_prefills(chosen, room)
+        decoders = len(chosen)
+        reached: list[tuple[Seq, Span]] = []
+        pure_decode = self._add_prefills(chosen, room, reached)
+        media = self._media.choose(reached, decoders, self.prefill_chunk) if reached else []
         self._write(chosen)
-        if not chosen:
-            return
-        t0 = time.perf_counter()
-        rc = self.ctx.decode(batch)
-        dt = time.perf_counter() - t0
-        if pure_decode and rc == 0:
-            self.step_costs.observe(batch.n, dt)
-        if rc != 0:
-            self._failed(chosen, rc)
-            return
-        self._advance(chosen)
-        for feed in chosen:
+        if chosen:
+            t0 = time.perf_counter()
+            rc = self.ctx.decode(batch)
+            dt = time.perf_counter() - t0
+            if pure_decode and not media and rc == 0:
+                self.step_costs.observe(batch.n, dt)
+            if rc != 0:
+                self._failed(chosen, rc)
+                chosen = []
+            else:
+                self._advance(chosen)
+        self._media.decode(media, self._advance, self._failed)
+        for feed in chosen + media:
             seq = feed.seq
             if (seq.out or seq.probs_out) and not seq.finished:
                 hand_out(seq, 1)
@@ -127,9 +119,11 @@ class Stepper:
                 room -= 1 + len(drafts)
         return room
 
-    def _add_prefills(self, chosen: list[Feed], room: int) -> bool:
+    def _add_prefills(self, chosen: list[Feed], room: int, reached: list[tuple[Seq, Span]]) -> bool:
         """Then prefill chunks in the ``room`` left (``chosen`` holds one
-        feed per decoder so far); returns whether the step is pure decode."""
+        feed per decoder so far); a sequence whose next position is a media
+        chunk goes to ``reached`` instead (``mediasteps``). Returns whether
+        the step is pure decode."""
         pure_decode = True
         decoders = len(chosen)
         # Beside decoders a prompt goes in prefill_chunk pieces, so their next
@@ -139,10 +133,17 @@ class Stepper:
         prefilling = len(self._active) - decoders
         chunk_limit = self.prefill_chunk if decoders else max(self.prefill_chunk, room // max(1, prefilling))
         for seq in self._active:
-            if seq.decoding or room <= 0:
+            if seq.decoding:
+                continue
+            span = media_span(seq)
+            if span is not None:
+                reached.append((seq, span))
+                pure_decode = False
+                continue
+            if room <= 0:
                 continue
             remaining = len(seq.pending) - seq.fed
-            take = min(remaining, room, chunk_limit)
+            take = min(text_room(seq), room, chunk_limit)
             chunk = seq.pending[seq.fed : seq.fed + take]
             chosen.append(Feed(seq, chunk, "last" if take == remaining else "none"))
             room -= take

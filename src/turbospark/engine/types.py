@@ -8,6 +8,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Where one media item (an image, a sound) stands in a prompt's text: a
+#: message's content or a raw prompt holds it once per item, in order, and the
+#: engine puts the item's tokens there (``engine/media.py``). The private-use
+#: character in it keeps a client's text from forming it by accident;
+#: llama-server's own marker (``<__media__>``) is its dialect's to translate.
+MEDIA_MARKER = "<__media_\ue000__>"
+
 
 class StopReason(str, enum.Enum):
     """Why a generation ended. The values are the event contract's strings."""
@@ -210,6 +217,13 @@ class RawDecodeResult:
     #: tokens of reasoning, when the engine counted them (a remote engine's
     #: ``completion_tokens_details``); None: counted from the text
     reasoning_tokens: int | None = None
+    #: media in the prompt (images, sounds: each libmtmd chunk one item) and
+    #: their tokens (part of ``prompt_tokens``); how many of them this run
+    #: encoded (a reused prefix holds the rest) and the seconds that took
+    media_items: int = 0
+    media_tokens: int = 0
+    media_encoded: int = 0
+    media_encode_seconds: float = 0.0
 
 
 @dataclass(slots=True)

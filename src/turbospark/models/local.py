@@ -30,6 +30,7 @@ class LocalBackend:
             chat=engine.supports_chat,
             embeddings=engine.supports_embeddings,  # (a llama.cpp chat model embeds too)
             vision=engine.vision,
+            audio=engine.audio,
             thinking=template_thinks(engine.template_source),
             resident=True,
         )
@@ -81,12 +82,12 @@ class LocalBackend:
         return self.engine.reserve(config)
 
     def start(self, prepared: Prepared, config: GenerationConfig, cancel: CancelFlag) -> Run:
-        return self.engine.generate(prepared.prompt_ids, config, None, cancel)
+        return self.engine.generate(prepared.prompt_ids, config, prepared.media, cancel)
 
     def start_many(self, prepared: Prepared, configs: list[GenerationConfig], cancel: CancelFlag) -> list[Run]:
         """The choices of one request: one prefill, its KV shared
         (``LlamaChatModel.generate_many``)."""
-        return self.engine.generate_many(prepared.prompt_ids, configs, None, cancel)
+        return self.engine.generate_many(prepared.prompt_ids, configs, prepared.media, cancel)
 
     def encode(self, texts: list[str], truncate: bool = False) -> Embeddings:
         return self.engine.encode(texts, truncate)

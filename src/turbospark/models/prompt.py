@@ -10,7 +10,7 @@ Blocking: runs on a worker thread."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..core.request import EFFORTS_OFF, ChatRequest, FillIn, Prepared
 from ..engine.interface import ChatModel
@@ -27,24 +27,46 @@ def _thinking(model: ChatModel, req: ChatRequest) -> bool:
 
 
 def render(model: ChatModel, req: ChatRequest) -> list[int]:
-    """The prompt token ids exactly as :func:`prepare` prefills them."""
-    ids, _, _ = _render(model, req)
-    return ids
+    """The prompt token ids exactly as :func:`prepare` prefills them (a
+    media chunk's tokens as its placeholders)."""
+    return _render(model, req).ids
 
 
-def _render(model: ChatModel, req: ChatRequest) -> tuple[list[int], str | None, bool]:
-    """(prompt ids, tool syntax or None, whether thinking is on)."""
+class _Rendered(NamedTuple):
+    ids: list[int]
+    syntax: str | None = None
+    think: bool = False
+    #: the engine's ``MediaPrompt`` when the prompt has media (``ids`` are its)
+    media: Any = None
+
+
+def _media_bytes(req: ChatRequest) -> list[bytes]:
+    """The request's media, each fetched by now (the route fetches URLs)."""
+    for m in req.media:
+        if m.url is not None and not m.data:
+            raise AdmissionError(f"the media at '{m.field}' was not fetched", m.field)
+    return [m.data for m in req.media]
+
+
+def _render(model: ChatModel, req: ChatRequest) -> _Rendered:
+    """The prompt ids, the tool syntax or None, whether thinking is on, and
+    the prompt's media as the engine prepared them."""
+    if req.media and (req.fill_in is not None or req.prompt_ids is not None):
+        raise AdmissionError("media go with a text prompt or messages, not a token-id or fill-in prompt", "prompt")
     if req.fill_in is not None:
-        return fim_ids(model, req.fill_in), None, False
+        return _Rendered(fim_ids(model, req.fill_in))
     if req.prompt_ids is not None:
         bad = next((t for t in req.prompt_ids if not 0 <= t < model.vocab_size), None)
         if bad is not None:
             raise AdmissionError(f"the prompt names token {bad}, but the vocabulary has {model.vocab_size}", "prompt")
-        return list(req.prompt_ids), None, False
+        return _Rendered(list(req.prompt_ids))
     if req.prompt is not None:
         if req.prompt == "":
             raise AdmissionError("the prompt is empty", "prompt")
-        return model.prompt_ids(req.prompt), None, False
+        if req.media:
+            media = model.media_prompt(req.prompt, _media_bytes(req), chat=False)
+            return _Rendered(media.ids, media=media)
+        return _Rendered(model.prompt_ids(req.prompt))
     if not req.messages:
         raise AdmissionError("'messages' must contain at least one message", "messages")
     source = model.template_source
@@ -61,7 +83,7 @@ def _render(model: ChatModel, req: ChatRequest) -> tuple[list[int], str | None, 
     if (tools or has_history_calls) and not template_knows_tools(source):
         messages, offered = inline_tools(messages, tools, syntax or "hermes"), None
     try:
-        return model.render_chat(messages, tools=offered, **kwargs), syntax, think
+        return _chat(model, req, messages, offered, kwargs)._replace(syntax=syntax, think=think)
     except TemplateError as refused:
         # system entries inside the conversation (Claude Code sends them) where
         # the template takes one only at the start: folded where it can (into
@@ -70,9 +92,22 @@ def _render(model: ChatModel, req: ChatRequest) -> tuple[list[int], str | None, 
         if folded is None:
             raise
         try:
-            return model.render_chat(folded, tools=offered, **kwargs), syntax, think
+            return _chat(model, req, folded, offered, kwargs)._replace(syntax=syntax, think=think)
         except TemplateError:
             raise refused from None  # (the conversation the client sent is what was refused)
+
+
+def _chat(
+    model: ChatModel,
+    req: ChatRequest,
+    messages: list[dict[str, Any]],
+    offered: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> _Rendered:
+    if not req.media:
+        return _Rendered(model.render_chat(messages, tools=offered, **kwargs))
+    media = model.render_media_chat(messages, _media_bytes(req), tools=offered, **kwargs)
+    return _Rendered(media.ids, media=media)
 
 
 def fim_ids(model: ChatModel, fill: FillIn) -> list[int]:
@@ -292,7 +327,7 @@ def prepare_local(model: ChatModel, req: ChatRequest) -> Prepared:
 
 
 def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
-    ids, syntax, think = _render(model, req)
+    ids, syntax, think, media = _render(model, req)
     raw = req.is_raw()
     if not ids:
         raise AdmissionError("the prompt is empty", "prompt" if raw else "messages")
@@ -339,5 +374,15 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
     # (a second attempt may be held to one call by a grammar, unless the
     # model may reason first: the call would be its reasoning)
     return Prepared(
-        ids, config, req, syntax, offered, not raw, think_open, warnings, call_grammar, may_force_call=not thinks_first
+        ids,
+        config,
+        req,
+        syntax,
+        offered,
+        not raw,
+        think_open,
+        warnings,
+        call_grammar,
+        may_force_call=not thinks_first,
+        media=media,
     )
