@@ -18,6 +18,7 @@ convolution kernel ``(hidden, 3, patch, patch)``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,32 @@ PROJ_HIDDEN = 128
 N_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2
 
 
+@dataclass(frozen=True)
+class Tower:
+    """A vision tower's sizes (the projector's inner width included) and
+    the type its weight matrices are written in."""
+
+    image_size: int = IMAGE_SIZE
+    patch_size: int = PATCH_SIZE
+    hidden: int = HIDDEN
+    ffn: int = FFN
+    heads: int = HEADS
+    blocks: int = BLOCKS
+    proj_hidden: int = PROJ_HIDDEN
+    dtype: str = "float32"
+
+    @property
+    def n_tokens(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+#: the tests' tower (about 750 KB)
+TINY = Tower()
+#: a CLIP ViT-B/14 at 224 pixels, LLaVA-1.5's shape at base size (about 170
+#: MB in f16): what a real encode costs, for the benchmark (bench/media.py)
+BASE = Tower(224, 14, 768, 3072, 12, 12, 2048, "float16")
+
+
 def add_encoder(writer: Any, modality: str, hidden: int, ffn: int, blocks: int, heads: int, out: int) -> None:
     """The encoder's shape as clip.cpp reads it (``clip.vision.*`` or
     ``clip.audio.*``); ``out``: the text model's width it projects to."""
@@ -50,15 +77,19 @@ def add_encoder(writer: Any, modality: str, hidden: int, ffn: int, blocks: int, 
     writer.add_uint32(f"{key}.projection_dim", out)
 
 
-def write_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0) -> Path:
+def write_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0, tower: Tower = TINY) -> Path:
     """Write the projector GGUF to ``path`` and return it."""
     import gguf  # a test dependency (pyproject's "test" extra)
 
     rng = np.random.default_rng(seed)
+    t = tower
 
     def weight(*shape: int) -> np.ndarray:
         # scaled like a trained layer's so activations neither vanish nor blow up
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def linear(out: int, inp: int) -> np.ndarray:
+        return weight(out, inp).astype(t.dtype)
 
     def bias(n: int) -> np.ndarray:
         return (rng.standard_normal(n) * 0.02).astype(np.float32)
@@ -69,36 +100,36 @@ def write_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0) -> Path:
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_bool("clip.has_audio_encoder", False)
     writer.add_string("clip.projector_type", "mlp")
-    writer.add_uint32("clip.vision.image_size", IMAGE_SIZE)
-    writer.add_uint32("clip.vision.patch_size", PATCH_SIZE)
-    add_encoder(writer, "vision", HIDDEN, FFN, BLOCKS, HEADS, n_embd_text)
+    writer.add_uint32("clip.vision.image_size", t.image_size)
+    writer.add_uint32("clip.vision.patch_size", t.patch_size)
+    add_encoder(writer, "vision", t.hidden, t.ffn, t.blocks, t.heads, n_embd_text)
     writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
     writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
     writer.add_bool("clip.use_gelu", False)  # quick GELU, as CLIP
 
-    n_pos = N_IMAGE_TOKENS + 1  # the patches and the class token
-    writer.add_tensor("v.patch_embd.weight", weight(HIDDEN, 3, PATCH_SIZE, PATCH_SIZE))
-    writer.add_tensor("v.class_embd", weight(HIDDEN))
-    writer.add_tensor("v.position_embd.weight", weight(n_pos, HIDDEN))
-    writer.add_tensor("v.pre_ln.weight", np.ones(HIDDEN, np.float32))
-    writer.add_tensor("v.pre_ln.bias", np.zeros(HIDDEN, np.float32))
-    for i in range(BLOCKS):
+    n_pos = t.n_tokens + 1  # the patches and the class token
+    writer.add_tensor("v.patch_embd.weight", weight(t.hidden, 3, t.patch_size, t.patch_size))
+    writer.add_tensor("v.class_embd", weight(t.hidden))
+    writer.add_tensor("v.position_embd.weight", weight(n_pos, t.hidden))
+    writer.add_tensor("v.pre_ln.weight", np.ones(t.hidden, np.float32))
+    writer.add_tensor("v.pre_ln.bias", np.zeros(t.hidden, np.float32))
+    for i in range(t.blocks):
         blk = f"v.blk.{i}"
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            writer.add_tensor(f"{blk}.{name}.weight", weight(HIDDEN, HIDDEN))
-            writer.add_tensor(f"{blk}.{name}.bias", bias(HIDDEN))
+            writer.add_tensor(f"{blk}.{name}.weight", linear(t.hidden, t.hidden))
+            writer.add_tensor(f"{blk}.{name}.bias", bias(t.hidden))
         for norm in ("ln1", "ln2"):
-            writer.add_tensor(f"{blk}.{norm}.weight", np.ones(HIDDEN, np.float32))
-            writer.add_tensor(f"{blk}.{norm}.bias", np.zeros(HIDDEN, np.float32))
-        # FFN differs from HIDDEN, so the loader's check for old files with
+            writer.add_tensor(f"{blk}.{norm}.weight", np.ones(t.hidden, np.float32))
+            writer.add_tensor(f"{blk}.{norm}.bias", np.zeros(t.hidden, np.float32))
+        # the FFN width differs from the hidden one, so the loader's check for old files with
         # up and down swapped (ffn_down's input width == n_embd) stays quiet
-        writer.add_tensor(f"{blk}.ffn_up.weight", weight(FFN, HIDDEN))
-        writer.add_tensor(f"{blk}.ffn_up.bias", bias(FFN))
-        writer.add_tensor(f"{blk}.ffn_down.weight", weight(HIDDEN, FFN))
-        writer.add_tensor(f"{blk}.ffn_down.bias", bias(HIDDEN))
-    writer.add_tensor("mm.0.weight", weight(PROJ_HIDDEN, HIDDEN))
-    writer.add_tensor("mm.0.bias", bias(PROJ_HIDDEN))
-    writer.add_tensor("mm.2.weight", weight(n_embd_text, PROJ_HIDDEN))
+        writer.add_tensor(f"{blk}.ffn_up.weight", linear(t.ffn, t.hidden))
+        writer.add_tensor(f"{blk}.ffn_up.bias", bias(t.ffn))
+        writer.add_tensor(f"{blk}.ffn_down.weight", linear(t.hidden, t.ffn))
+        writer.add_tensor(f"{blk}.ffn_down.bias", bias(t.hidden))
+    writer.add_tensor("mm.0.weight", linear(t.proj_hidden, t.hidden))
+    writer.add_tensor("mm.0.bias", bias(t.proj_hidden))
+    writer.add_tensor("mm.2.weight", linear(n_embd_text, t.proj_hidden))
     writer.add_tensor("mm.2.bias", bias(n_embd_text))
 
     writer.write_header_to_file()
