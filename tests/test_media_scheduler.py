@@ -182,3 +182,32 @@ def test_the_host_tier_keeps_an_image_by_its_hash_and_owner(mmproj: Path) -> Non
         assert stranger.reused_prefix_tokens == 0 and stranger.media_encoded == 1
     finally:
         m.close()
+
+
+def test_a_cancel_during_the_encode_frees_the_slot(model: LlamaChatModel) -> None:
+    """The client leaves while the projector encodes (the engine thread is
+    in libmtmd: the cancel lands as the encode returns); the sequence ends
+    cancelled at the next step, its slot free and its record only what was
+    fed before the image."""
+    prompt = model.media_prompt(QUESTION, [png(20, 20, (90, 90, 9))], chat=True)
+    cancel = CancelFlag()
+    real = prompt.encode
+    encoded: list[int] = []
+
+    def encode_then_cancel(index: int) -> object:
+        rows = real(index)
+        encoded.append(index)
+        cancel.cancel("the client went away")
+        return rows
+
+    prompt.encode = encode_then_cancel  # type: ignore[method-assign]
+
+    async def go() -> RawDecodeResult:
+        return await model.generate(prompt.ids, greedy(owner="leaver"), prompt, cancel).result()
+
+    result = asyncio.run(go())
+    assert encoded and result.reason is StopReason.CANCELLED and result.new_tokens == 0
+    assert model.load()["running"] == 0
+    slot = next(s for s in model.scheduler.slots if s.owner == "leaver")  # type: ignore[union-attr]
+    assert not slot.busy and len(slot.tokens) <= prompt.spans[0].start
+    assert run(model, QUESTION, [RED], greedy(owner="leaver")).new_tokens == 8

@@ -72,8 +72,8 @@ class MediaFeeds:
             if take > room or take <= 0:
                 continue  # next step
             rows = self._rows(seq, span)
-            if rows is None:
-                continue
+            if rows is None or seq.job.cancel.cancelled:
+                continue  # (a cancel during the encode: nothing more is fed)
             offset = seq.n_past - span.start
             last = seq.n_past + take == len(seq.job.prompt)
             tokens = seq.pending[seq.fed : seq.fed + take]
