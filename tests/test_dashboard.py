@@ -65,7 +65,7 @@ def test_dashboard_dom_and_screenshot(dashed):
         assert (cells[6], cells[7]) == (str(g.prompt_tokens), str(g.new_tokens))
         # reused, and where the prompt left the cache ("miss at")
         miss = "–" if g.prefix_miss_at is None else str(g.prefix_miss_at)
-        assert (cells[13], cells[14]) == (str(g.reused_prefix_tokens), miss), cells
+        assert (cells[15], cells[16]) == (str(g.reused_prefix_tokens), miss), cells
     assert generated(seen, streamed).prefix_miss_at is not None
     assert re.search(r'<b id="requests">3</b>', dom) and re.search(r'<b id="errors">1</b>', dom)
     assert re.search(r'<b id="state" class="live">live</b>', dom)

@@ -147,6 +147,14 @@ class Generated(ServerEvent):
     #: which of the request's choices (OpenAI ``n``) this run was; they run
     #: side by side, so their times overlap. Omitted for the first (0)
     choice: int = 0
+    #: the prompt's media (images, sounds: one per item) and their tokens,
+    #: which ``prompt_tokens`` includes; how many of them this run encoded
+    #: (a reused prefix held the rest: 0 when it held them all) and the
+    #: projector's seconds for that. All four omitted without media
+    media_items: int = 0
+    media_tokens: int = 0
+    media_encoded: int = 0
+    media_encode_seconds: float = 0.0
     _optional: ClassVar[frozenset[str]] = frozenset({"reused_from"})
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,6 +163,8 @@ class Generated(ServerEvent):
             del out["draftedTokens"], out["acceptedTokens"]
         if not self.choice:
             del out["choice"]
+        if not self.media_items:
+            del out["mediaItems"], out["mediaTokens"], out["mediaEncoded"], out["mediaEncodeSeconds"]
         return out
 
 

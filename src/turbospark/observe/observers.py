@@ -164,6 +164,10 @@ class Reporter:
                 reused_from=result.reused_from,
                 prefix_miss_at=result.prefix_miss_at,
                 choice=self.choice,
+                media_items=result.media_items,
+                media_tokens=result.media_tokens,
+                media_encoded=result.media_encoded,
+                media_encode_seconds=result.media_encode_seconds,
             ),
         )
 

@@ -288,6 +288,11 @@ def _attributes(req: _Request, op: str | None) -> dict[str, Any]:
         if u.drafted_tokens:
             a["turbospark.speculative.drafted_tokens"] = u.drafted_tokens
             a["turbospark.speculative.accepted_tokens"] = u.accepted_tokens
+        if u.media_items:  # (their tokens are in gen_ai.usage.input_tokens)
+            a["turbospark.media.items"] = u.media_items
+            a["turbospark.media.tokens"] = u.media_tokens
+            a["turbospark.media.encoded"] = u.media_encoded
+            a["turbospark.media.encode_seconds"] = u.media_encode_seconds
         overhead = u.overhead_ms(req.duration_ms)
         if overhead is not None:
             a["turbospark.overhead_seconds"] = overhead / 1000.0

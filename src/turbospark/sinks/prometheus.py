@@ -16,6 +16,8 @@ Timing semantics, all from events:
   first ``generated`` minus its ``decodeSeconds`` (first → last token) minus
   the receipt of ``requestStarted``. ``generated`` carries no TTFT field on
   purpose;
+* media encode: ``generated``'s ``mediaEncodeSeconds``, observed only for
+  a generation that encoded media (a prefix that held them is no encode);
 * end-to-end latency and errors at ``requestFinished``, which ends every
   request when its response is really over (streams included): a request
   with status ≥ 400 or an ``error`` (a failed stream keeps its 200, a client
@@ -112,6 +114,7 @@ class PrometheusSink:
         self._declare_request_counters(r)
         self._declare_token_counters(r)
         self._declare_latency_histograms(r)
+        self._declare_media_metrics(r)
         self.models_loaded = Gauge(
             "turbospark_models_loaded", "Models resident (modelAttached minus modelDetached).", registry=r
         )
@@ -217,6 +220,31 @@ class PrometheusSink:
             registry=r,
         )
 
+    def _declare_media_metrics(self, r: CollectorRegistry) -> None:
+        """Images and sounds in prompts: items, their tokens, encodes and encode time."""
+        self.media_items = Counter(
+            "turbospark_media_items", "Media items (images, sounds) in generations' prompts.", ["model"], registry=r
+        )
+        self.media_tokens = Counter(
+            "turbospark_media_tokens",
+            "Prompt tokens that media items took (counted in turbospark_prompt_tokens too).",
+            ["model"],
+            registry=r,
+        )
+        self.media_encoded = Counter(
+            "turbospark_media_encoded",
+            "Media items the projector encoded (the others came with a reused prefix's KV).",
+            ["model"],
+            registry=r,
+        )
+        self.media_encode = Histogram(
+            "turbospark_media_encode_time_seconds",
+            "Projector seconds per generation that encoded media (within its prefill time).",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
     # -- wiring ----------------------------------------------------------------
     def watch(self, models: Registry) -> None:
         """Report requests running/waiting of ``models`` (a ``Registry``) at
@@ -292,6 +320,12 @@ class PrometheusSink:
             self.drafted.labels(m).inc(g.drafted_tokens)
             self.accepted.labels(m).inc(g.accepted_tokens)
         self.queue_time.labels(m).observe(g.queue_seconds)
+        if g.media_items:
+            self.media_items.labels(m).inc(g.media_items)
+            self.media_tokens.labels(m).inc(g.media_tokens)
+            self.media_encoded.labels(m).inc(g.media_encoded)
+            if g.media_encoded:
+                self.media_encode.labels(m).observe(g.media_encode_seconds)
         with self._lock:
             o = self._open.get(g.id)
             if o is None:

@@ -10,6 +10,8 @@ Where the numbers come from (CONTRACT §2):
 - token counts and queue/prefill/decode times from ``generated`` (engine
   truth, each request's own wall-clock intervals), summed in a
   :class:`~turbospark.views.usage.Usage` (a guardrail re-ask is a second one);
+  media (items, their tokens — inside the prompt tokens —, the items encoded
+  rather than reused, encode time) from ``generated`` too;
 - status, wall duration and error from ``requestFinished``, which ends every
   request when its response is really over, streams included; a request with
   status ≥ 400 or an ``error`` (a failed stream, a client that left) is an
@@ -79,7 +81,8 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "stopReason": _text,
         **dict.fromkeys(("promptTokens", "newTokens", "reusedPrefixTokens", "draftedTokens", "acceptedTokens"), _int),
         **dict.fromkeys(("prefixMissAt", "choice"), _int),
-        **dict.fromkeys(("queueSeconds", "prefillSeconds", "decodeSeconds"), _number),
+        **dict.fromkeys(("mediaItems", "mediaTokens", "mediaEncoded"), _int),
+        **dict.fromkeys(("queueSeconds", "prefillSeconds", "decodeSeconds", "mediaEncodeSeconds"), _number),
     },
     "requestFinished": {"id": _int, "status": _int, "durationMs": _number, "error": _text},
     "modelPull": {
@@ -193,6 +196,7 @@ class RequestRecord:
             "evicted": bool(u.evictions),
             "draftedTokens": u.drafted_tokens,
             "acceptedTokens": u.accepted_tokens,
+            **u.media_dict(),
             "generations": u.generations,
             "stopReason": self.stop_reason,
             "responseId": self.response_id,
@@ -221,6 +225,7 @@ class ModelTotals:
             "prefillSeconds": u.prefill_seconds,
             "queueSeconds": u.queue_seconds,
             "decodeTokPerSec": u.decode_tok_per_sec,
+            **u.media_dict(),
         }
 
 
@@ -559,6 +564,7 @@ class Fold:
             "evictions": u.evictions,
             "draftedTokens": u.drafted_tokens,
             "acceptedTokens": u.accepted_tokens,
+            **u.media_dict(),
             "models": list(self.models),
             "modelStates": {m: {"state": st, "reason": why} for m, (st, why) in self.unwell.items()},
             "perModel": {name: t.to_dict() for name, t in sorted(self.per_model.items())},

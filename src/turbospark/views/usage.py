@@ -1,5 +1,5 @@
 """The one accumulator of engine numbers: a request's, a model's or the
-server's tokens, times, reuse and drafts, summed over ``generated`` events
+server's tokens, times, reuse, drafts and media, summed over ``generated`` events
 (a guardrail re-ask is a second one). The fold (views, report) and the OTel
 sink use it, so every view derives rates and overhead the same way.
 """
@@ -27,6 +27,13 @@ class Usage:
     evictions: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    #: media in the prompts (their tokens are in ``prompt_tokens``), the
+    #: items the projector encoded (not taken from a reused prefix) and the
+    #: seconds that took
+    media_items: int = 0
+    media_tokens: int = 0
+    media_encoded: int = 0
+    media_encode_seconds: float = 0.0
     #: the first generation's ``prefixMissAt`` (where its prompt left the cache)
     prefix_miss_at: int | None = None
     #: (queue, prefill, decode) seconds of the choices after the first
@@ -54,6 +61,11 @@ class Usage:
         self.evictions += bool(e.get("sessionSlotEvicted", False))
         self.drafted_tokens += int(e.get("draftedTokens", 0))
         self.accepted_tokens += int(e.get("acceptedTokens", 0))
+        if e.get("mediaItems"):
+            self.media_items += int(e["mediaItems"])
+            self.media_tokens += int(e.get("mediaTokens", 0))
+            self.media_encoded += int(e.get("mediaEncoded", 0))
+            self.media_encode_seconds += float(e.get("mediaEncodeSeconds", 0.0))
 
     @property
     def engine_seconds(self) -> float:
@@ -64,6 +76,19 @@ class Usage:
     def decode_tok_per_sec(self) -> float | None:
         """Summed tokens over summed decode time (re-asks included)."""
         return ratio(self.new_tokens, self.decode_seconds)
+
+    @property
+    def media_encode_ms(self) -> float:
+        return self.media_encode_seconds * 1000.0
+
+    def media_dict(self) -> dict[str, Any]:
+        """The media numbers as the views' JSON names them (encode in ms)."""
+        return {
+            "mediaItems": self.media_items,
+            "mediaTokens": self.media_tokens,
+            "mediaEncoded": self.media_encoded,
+            "mediaEncodeMs": self.media_encode_ms,
+        }
 
     @property
     def reuse_ratio(self) -> float | None:
@@ -104,4 +129,5 @@ class Usage:
             "evictions": self.evictions,
             "draftedTokens": self.drafted_tokens,
             "acceptedTokens": self.accepted_tokens,
+            **self.media_dict(),
         }

@@ -34,6 +34,8 @@ COLUMNS = (
     ("stream", "stream"),
     ("prompt", "prompt"),
     ("new", "new"),
+    ("media", "media"),
+    ("encoded", "encoded"),
     ("prefill ms", "prefill"),
     ("decode ms", "decode"),
     ("queued ms", "queued"),
@@ -66,6 +68,14 @@ def _models_text(f: Fold) -> Text:
     return out if f.models else Text("–", style="bold")
 
 
+def _media_band(f: Fold) -> list[tuple[str, Text | str, str]]:
+    """The band's media entry, once any request had media."""
+    u = f.usage
+    if not u.media_items:
+        return []
+    return [("media", f"{u.media_items} ({u.media_tokens} tok, {u.media_encoded} encoded)", "")]
+
+
 def status_text(rec: RequestRecord) -> Text:
     if rec.status is None:
         return Text(rec.state, style="blue")
@@ -87,6 +97,7 @@ def row_cells(rec: RequestRecord) -> list[Any]:
         "–" if rec.stream is None else "yes" if rec.stream else "no",
         str(rec.usage.prompt_tokens) if gen else "–",
         str(rec.usage.new_tokens) if gen else "–",
+        *media_cells(rec),
         _num(rec.usage.request_seconds[1] * 1000.0) if gen else "–",
         _num(rec.usage.request_seconds[2] * 1000.0) if gen else "–",
         _num(rec.queued_ms),
@@ -97,6 +108,16 @@ def row_cells(rec: RequestRecord) -> list[Any]:
         ("yes" if rec.usage.evictions else "no") if gen else "–",
         _turn(rec),
     ]
+
+
+def media_cells(rec: RequestRecord) -> tuple[str, str]:
+    """A request's media: items and their tokens (inside its prompt
+    tokens), then the items the projector encoded (the rest came with a
+    reused prefix) and the milliseconds that took; ``–`` without media."""
+    u = rec.usage
+    if not u.media_items:
+        return "–", "–"
+    return f"{u.media_items} · {u.media_tokens} tok", f"{u.media_encoded} · {u.media_encode_ms:.1f} ms"
 
 
 def _turn(rec: RequestRecord) -> str:
@@ -113,7 +134,7 @@ def details_text(rec: RequestRecord) -> Text:
     if rec.chain_text is not None:  # (a response id is the server's, never a client's)
         out.append(f"{printable(rec.response_id)}: {printable(rec.chain_text)}\n", style="bold cyan")
     for key, value in rec.to_dict().items():
-        if key in ("id", "chainText") or value is None:
+        if key in ("id", "chainText") or value is None or (key.startswith("media") and not rec.usage.media_items):
             continue
         if isinstance(value, float):
             value = f"{value:.2f}"
@@ -257,7 +278,7 @@ class ConsoleApp(App[None]):
         if self.model_filter:
             filters.append(f"model {printable(self.model_filter)}")
         band = Text()
-        for label, value, vstyle in (
+        entries: list[tuple[str, Text | str, str]] = [
             ("state", state, style),
             ("address", self.url, ""),
             ("models", _models_text(f), ""),
@@ -267,8 +288,10 @@ class ConsoleApp(App[None]):
             ("decode tok/s", _num(f.usage.decode_tok_per_sec), ""),
             ("prefix reuse", "–" if f.usage.reuse_ratio is None else f"{f.usage.reuse_ratio:.0%}", ""),
             ("evictions", str(f.usage.evictions), ""),
+            *_media_band(f),
             ("log gaps", str(f.dropped_events), "yellow" if f.dropped_events else ""),
-        ):
+        ]
+        for label, value, vstyle in entries:
             band.append(f"{label} ", style="dim")
             if isinstance(value, Text):
                 band.append(value)
