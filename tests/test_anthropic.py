@@ -14,7 +14,7 @@ from turbospark import Server
 from turbospark.dialects import anthropic as msgs
 from turbospark.dialects.common import BadRequest
 from turbospark.engine.detok import StopMatcher
-from turbospark.engine.types import StopReason
+from turbospark.engine.types import MEDIA_MARKER, StopReason
 
 from .fakes import Script, ScriptedModel
 from .support import assert_anthropic_error, post_body, sse_frames
@@ -598,8 +598,9 @@ def test_translation_of_tool_turns_and_dropped_blocks():
             ],
         }
     )
-    messages, warnings, images = msgs.to_messages(body)
+    messages, warnings, media = msgs.to_messages(body)
     fn = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    error = {"is_error": True}
     assert messages == [
         {"role": "system", "content": "A\nB"},
         {"role": "user", "content": "weather?"},
@@ -608,11 +609,12 @@ def test_translation_of_tool_turns_and_dropped_blocks():
             "content": "Checking.",
             "tool_calls": [{"id": "t1", "type": "function", "function": fn, **fn}],
         },
-        {"role": "tool", "content": "timeout", "tool_call_id": "t1", "name": "get_weather", "is_error": True},
+        # (the result's image where it stood: a screenshot reaches a model with vision)
+        {"role": "tool", "content": f"timeout{MEDIA_MARKER}", "tool_call_id": "t1", "name": "get_weather"} | error,
         # consecutive user turns are one turn
         {"role": "user", "content": "try again\n\nplease"},
     ]
-    assert warnings == [] and images == 1  # (a model without vision refuses it: core.generation.prepare)
+    assert warnings == [] and [m.field for m in media] == ["messages[2].content[0].content[1].source.data"]
 
 
 def test_text_documents_are_read_and_others_dropped():

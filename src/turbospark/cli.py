@@ -314,8 +314,13 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
     from .engine.memory import MemoryRefused
     from .models.registry import RegistryError
     from .pull.store import StoreError
+    from .serving.media import MediaPolicy
     from .sinks.otel import otel_wanted
 
+    try:
+        media = MediaPolicy.of(args.allow_media_urls or (), args.max_images)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
     display = _LoadDisplay()
     responses = _response_store(args)
     try:
@@ -338,6 +343,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
             slot_save_path=args.slot_save_path,
             default_model=args.default_model,
             strict_model_names=bool(args.strict_model_names),
+            media=media,
             remote_key_envs=args.remote_key_env,
             model_defaults=args.model_defaults,
             progress_for=display.progress_for,

@@ -242,6 +242,22 @@ SERVE: tuple[Option, ...] = (
         metavar="BYTES",
     ),
     _server(
+        "--allow-media-urls",
+        "fetch the images a request names by an http(s) URL, from these hosts only (comma-separated or "
+        "repeated: images.example.com, *.example.com, host:port, '*' = any public host); never from "
+        "loopback or private addresses, except an IP address named here (default: no URL is fetched: a 400)",
+        "allow_media_urls",
+        action="append",
+        metavar="HOST[,HOST...]",
+    ),
+    _server(
+        "--max-images",
+        "the most images and sounds one request may carry (default 16); more are a 400",
+        type=int,
+        metavar="N",
+        fallback=16,
+    ),
+    _server(
         "--models-dir",
         "the model store pulled models land in (the first one; default: the user cache's "
         "turbospark/models); admin attach may load GGUF files from any (repeatable; default: the "

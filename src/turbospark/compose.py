@@ -35,6 +35,7 @@ from .pull.puller import Puller
 from .pull.specs import on_demand
 from .pull.store import Store
 from .serving.drain import Drain
+from .serving.media import MediaPolicy
 from .serving.state import ServerState
 from .sinks.live import LiveEvents
 from .sinks.prometheus import PrometheusSink
@@ -105,6 +106,7 @@ def assemble(
     slot_save_path: str | None = None,
     default_model: str | None = None,
     strict_model_names: bool = False,
+    media: MediaPolicy | None = None,
 ) -> Assembly:
     """Open the sinks, register (and load) the models, build the app.
     Raises what loading raises (a bad model, no memory, a name clash; an
@@ -114,7 +116,8 @@ def assemble(
     it is given and then owns, included). ``store_dir``: where pulled models
     live (None: this server pulls nothing). ``default_model``: the id of
     the model serving a name no model answers to (None: the first of
-    ``models``); ``strict_model_names``: such a name is a 404 instead."""
+    ``models``); ``strict_model_names``: such a name is a 404 instead.
+    ``media``: media URLs fetched and media per request (``serving.media``)."""
     try:
         sinks = _open_sinks(tracing, otlp_endpoint, event_log, event_log_max_bytes)
     except BaseException:
@@ -153,6 +156,7 @@ def assemble(
         puller=puller,
         responses=responses,
         slot_save_path=os.path.abspath(os.path.expanduser(slot_save_path)) if slot_save_path else None,
+        media=media or MediaPolicy(),
     )
     state.drain.on_cut(registry.stop_waiting)  # loads waiting for room end at the deadline
     app = build_app(state, auth, policy)

@@ -14,6 +14,8 @@
     allowed_hosts = ["llm.internal"]         # Host names besides loopback and the bound address
     cors_origins = ["http://localhost:3000"] # web pages that may call the API ("*": any)
     max_body = 33554432                      # bytes (default 32 MiB)
+    allow_media_urls = ["images.example.com"] # hosts image URLs are fetched from (default: none)
+    max_images = 16                          # images and sounds one request may carry
     models_dirs = ["/srv/models"]            # where admin attach may load GGUF files from
     remote_key_envs = ["GPU_BOX_KEY"]        # variables an attach body may name in api_key_env
     drain_timeout = 30                       # seconds requests in flight get at SIGTERM
@@ -150,6 +152,8 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "allowed_hosts": (list,),
     "cors_origins": (list,),
     "max_body": (int,),
+    "allow_media_urls": (list,),
+    "max_images": (int,),
     "models_dirs": (list,),
     "remote_key_envs": (list,),
     "drain_timeout": (int, float),
@@ -185,6 +189,7 @@ NON_NEGATIVE = {
     "max_resident",
     "drain_timeout",
     "sse_keepalive",
+    "max_images",
 }
 
 

@@ -30,6 +30,7 @@ from .models.loading import ModelArg
 from .models.registry import STALL_TIMEOUT, Registry
 from .observe import Observer
 from .serving.drain import CUT_GRACE_SECONDS, DEFAULT_DRAIN_SECONDS, Drain
+from .serving.media import MediaPolicy
 from .sinks.live import LiveEvents
 from .state.responses import ResponseStore
 from .web.middleware import BODY_TIMEOUT, SEND_TIMEOUT, ClientTimeouts
@@ -46,7 +47,10 @@ class Server:
     slot files (``POST /slots/{id}?action=save|restore``; None: refused).
     ``default_model``: the id of the model serving a name no model answers
     to (None: the first of ``models``); ``strict_model_names``: such a name
-    is a 404 instead (docs/MODELS.md)."""
+    is a 404 instead (docs/MODELS.md). ``allow_media_urls``: the hosts
+    (``host``, ``host:port``, ``*.example.com``) image URLs in requests are
+    fetched from (none, the default: such a URL is a 400); ``max_images``:
+    the most images and sounds one request may carry (default 16)."""
 
     def __init__(
         self,
@@ -81,6 +85,8 @@ class Server:
         slot_save_path: str | None = None,
         default_model: str | None = None,
         strict_model_names: bool = False,
+        allow_media_urls: Iterable[str] = (),
+        max_images: int | None = None,
     ) -> None:
         self.send_timeout, self.body_timeout = send_timeout, body_timeout
         self.host = host
@@ -89,6 +95,7 @@ class Server:
         keys = [*api_keys, *(read_key_file(api_key_file) if api_key_file else [])]
         self.auth = Auth(tuple(keys), tuple(admin_keys), metrics_open=not metrics_auth)
         check_bind(host, self.auth)  # the same rule as `turbospark serve`
+        media = MediaPolicy.of(allow_media_urls, max_images)  # (a bad host: ValueError)
         self.assembly = assemble(
             list(models) if models is not None else [DEFAULT_MODEL],
             auth=self.auth,
@@ -107,6 +114,7 @@ class Server:
             slot_save_path=slot_save_path,
             default_model=default_model,
             strict_model_names=strict_model_names,
+            media=media,
         )
         self.registry = self.assembly.registry
         self.observer = self.assembly.observer

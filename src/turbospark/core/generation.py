@@ -61,6 +61,7 @@ from .answer import (
     ToolCallDelta,
 )
 from .backend import Backend
+from .media import top_field
 from .request import ChatRequest, Final, Prepared
 
 
@@ -76,27 +77,28 @@ def prepare(backend: Backend, req: ChatRequest) -> Prepared:
             )
     if req.tool_choice in ("required", "named") and not tool_names(req.tools):
         raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
-    _check_media(backend, req)
+    refuse_media(backend, req)
     return backend.prepare(req)
 
 
-def _check_media(backend: Backend, req: ChatRequest) -> None:
-    """Media the model cannot take are refused, never answered as if seen."""
-    images = max(req.images, sum(1 for m in req.media if m.kind == "image"))
-    sounds = sum(1 for m in req.media if m.kind == "audio")
+def refuse_media(backend: Backend, req: ChatRequest) -> None:
+    """Media the model cannot take are refused, never answered as if seen
+    (``param``: the field they came in, ``messages``, ``input``, ``images``)."""
+    images = [m for m in req.media if m.kind == "image"]
+    sounds = [m for m in req.media if m.kind == "audio"]
     if images and not backend.capabilities.vision:
         refused = AdmissionError(
             f"model {backend.model_id!r} takes no images (it has no vision support); "
-            f"this request has {images} image(s): send text only, or use a model with vision",
-            next((m.field for m in req.media if m.kind == "image"), req.images_field),
+            f"this request has {len(images)} image(s): send text only, or use a model with vision",
+            top_field(images[0].field),
         )
         refused.code = "images_not_supported"
         raise refused
     if sounds and not backend.capabilities.audio:
         refused = AdmissionError(
             f"model {backend.model_id!r} takes no sound (it has no audio support); "
-            f"this request has {sounds} sound(s): send text only, or use a model with audio input",
-            next(m.field for m in req.media if m.kind == "audio"),
+            f"this request has {len(sounds)} sound(s): send text only, or use a model with audio input",
+            top_field(sounds[0].field),
         )
         refused.code = "audio_not_supported"
         raise refused

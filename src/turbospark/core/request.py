@@ -23,8 +23,8 @@ class Media:
 
     ``data`` holds the item's encoded bytes (PNG, JPEG, ...; WAV, MP3); an
     item named by a remote URL has ``url`` instead until the server fetches
-    it (only with ``--allow-media-urls``). ``field`` is where it came in,
-    for a refusal's ``param``."""
+    it (only with ``--allow-media-urls``). ``field`` is where it came in
+    (``messages[0].content[1].image_url``), for a refusal's ``param``."""
 
     kind: str  # "image" or "audio"
     data: bytes = b""
@@ -99,13 +99,10 @@ class ChatRequest:
     n: int = 1
     #: client stamps taken out of the prompt (``dialects/stamps.py``)
     normalized: int = 0
-    #: images in the prompt, and the field they came in (a model without
-    #: vision refuses them: never answered as if it had seen them)
-    images: int = 0
-    images_field: str = "messages"
     #: the prompt's media, in marker order (:class:`Media`): each stands
     #: where a :data:`MEDIA_MARKER` stands in the messages' text (or the raw
-    #: prompt)
+    #: prompt); a model that cannot take them refuses them (never answered
+    #: as if it had seen them)
     media: list[Media] = field(default_factory=list)
 
     def is_raw(self) -> bool:

@@ -19,21 +19,20 @@ from the KV cache; together they are the engine's prompt token count.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
-from ..core.request import ChatRequest, Final, Prepared
-from ..engine.types import GenerationConfig, StopReason
+from ..core.request import ChatRequest, Final, Media, Prepared, media_text
+from ..engine.types import MEDIA_MARKER, GenerationConfig, StopReason
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, argument_pieces, check_json_schema, check_tool_schemas, new_id, sse_event
 from .errors import Failure, anthropic_error
+from .media import decode_base64
 from .render import SSE
 from .translate import SAMPLING, Translation, copy_sampling, pick
 from .translate import ToolChoice as Choice
@@ -117,16 +116,19 @@ class MessagesRequest(CountTokensRequest):
 
 # ---------------------------------------------------------------- content in
 class _Translation:
-    """Accumulates internal messages and warnings for one request."""
+    """Accumulates internal messages, their media and warnings for one request."""
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
-        self.images = 0
+        #: the media of the messages, in the order their markers stand
+        self.media: list[Media] = []
         self.documents = 0
         self.tool_names: dict[str, str] = {}  # tool_use id -> tool name
 
-    def append(self, msg: dict[str, Any]) -> None:
-        """Consecutive turns of one role are one turn (Anthropic's rule)."""
+    def append(self, msg: dict[str, Any], media: list[Media] | None = None) -> None:
+        """Consecutive turns of one role are one turn (Anthropic's rule); the
+        turn's media (``media``, in its text's order) follow those before it."""
+        self.media.extend(media or ())
         prev = self.messages[-1] if self.messages else None
         if prev is not None and msg["role"] != "tool" and prev["role"] == msg["role"]:
             if msg["content"]:
@@ -159,9 +161,10 @@ def _str_field(part: dict[str, Any], name: str, where: str) -> str:
     return value
 
 
-def _check_image(part: dict[str, Any], where: str) -> None:
-    """Validated like Anthropic does, even though the pixels are dropped:
-    a malformed block is the client's bug and should say so."""
+def _image(part: dict[str, Any], where: str) -> Media:
+    """An image block, validated as Anthropic does: ``base64`` data of an
+    image media type, or an http(s) ``url`` (fetched by the server only
+    with ``--allow-media-urls``)."""
     source = part.get("source")
     if not isinstance(source, dict):
         raise BadRequest(f"'{where}.source' must be an object", f"{where}.source")
@@ -174,39 +177,47 @@ def _check_image(part: dict[str, Any], where: str) -> None:
                 f"{where}.source.media_type",
             )
         data = _str_field(source, "data", f"{where}.source")
-        try:
-            base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise BadRequest(f"'{where}.source.data' is not valid base64", f"{where}.source.data") from None
-    elif kind == "url":
+        return Media("image", decode_base64(data, f"{where}.source.data"), field=f"{where}.source.data")
+    if kind == "url":
         url = _str_field(source, "url", f"{where}.source")
-        if not url.startswith(("http://", "https://")):
+        if not url.lower().startswith(("http://", "https://")):
             raise BadRequest(f"'{where}.source.url' must be an http(s) URL", f"{where}.source.url")
-    else:
-        raise BadRequest(
-            f"unsupported image source type {kind!r} in '{where}.source'; expected 'base64' or 'url'",
-            f"{where}.source.type",
-        )
+        return Media("image", url=url, field=f"{where}.source.url")
+    files = " (there is no Files API on this server: send the image as base64)" if kind == "file" else ""
+    raise BadRequest(
+        f"unsupported image source type {kind!r} in '{where}.source'; expected 'base64' or 'url'{files}",
+        f"{where}.source.type",
+    )
 
 
-def _document_text(part: dict[str, Any], where: str, tr: _Translation) -> str:
+def _joined(pieces: list[str]) -> str:
+    """Text pieces one per line; a media marker stands against its neighbours."""
+    out = ""
+    for i, piece in enumerate(pieces):
+        if i and MEDIA_MARKER not in (piece, pieces[i - 1]):
+            out += "\n"
+        out += piece
+    return out
+
+
+def _document_text(part: dict[str, Any], where: str, tr: _Translation, media: list[Media]) -> str:
     """Plain-text documents are read; PDFs and URLs are dropped with a warning."""
     source = part.get("source")
     if not isinstance(source, dict):
         raise BadRequest(f"'{where}.source' must be an object", f"{where}.source")
     if source.get("type") == "text":
-        return _str_field(source, "data", f"{where}.source")
+        return media_text(_str_field(source, "data", f"{where}.source"))
     if source.get("type") == "content":
-        return _text_blocks(source.get("content"), f"{where}.source.content", tr)
+        return _text_blocks(source.get("content"), f"{where}.source.content", tr, media)
     tr.documents += 1
     return ""
 
 
-def _text_blocks(content: Any, where: str, tr: _Translation) -> str:
+def _text_blocks(content: Any, where: str, tr: _Translation, media: list[Media]) -> str:
     """Text of a string or of text/image/document blocks (system prompts,
-    tool results, document content)."""
+    tool results, document content); each image a marker (its item in ``media``)."""
     if isinstance(content, str):
-        return content
+        return media_text(content)
     if not isinstance(content, list):
         raise BadRequest(f"'{where}' must be a string or a list of content blocks", where)
     out: list[str] = []
@@ -214,19 +225,19 @@ def _text_blocks(content: Any, where: str, tr: _Translation) -> str:
         at = f"{where}[{i}]"
         part, kind = _block(raw, at)
         if kind == "text":
-            out.append(_str_field(part, "text", at))
+            out.append(media_text(_str_field(part, "text", at)))
         elif kind == "image":
-            _check_image(part, at)
-            tr.images += 1
+            media.append(_image(part, at))
+            out.append(MEDIA_MARKER)
         elif kind == "document":
-            text = _document_text(part, at, tr)
+            text = _document_text(part, at, tr, media)
             if text:
                 out.append(text)
         elif kind == "search_result":
-            out.append(_text_blocks(part.get("content"), f"{at}.content", tr))
+            out.append(_text_blocks(part.get("content"), f"{at}.content", tr, media))
         else:
             raise BadRequest(f"unsupported content block type {kind!r} in '{at}'", f"{at}.type")
-    return "\n".join(out)
+    return _joined(out)
 
 
 def _system_text(system: str | list[Any] | None, tr: _Translation) -> str:
@@ -237,7 +248,7 @@ def _system_text(system: str | list[Any] | None, tr: _Translation) -> str:
             _, kind = _block(raw, f"system[{i}]")
             if kind != "text":
                 raise BadRequest(f"'system[{i}]' must be a text block, not {kind!r}", f"system[{i}].type")
-    return _text_blocks(system, "system", tr)
+    return _text_blocks(system, "system", tr, [])
 
 
 def _tool_call(part: dict[str, Any], where: str, tr: _Translation) -> dict[str, Any]:
@@ -253,22 +264,24 @@ def _tool_call(part: dict[str, Any], where: str, tr: _Translation) -> dict[str, 
     return {"id": call_id, "type": "function", "function": fn, **fn}
 
 
-def _tool_message(part: dict[str, Any], where: str, tr: _Translation) -> dict[str, Any]:
+def _tool_message(part: dict[str, Any], where: str, tr: _Translation) -> None:
+    """A ``tool_result`` block as a ``tool`` message (its images, such as
+    Claude Code's screenshots, in place)."""
     call_id = _str_field(part, "tool_use_id", where)
     is_error = part.get("is_error", False)
     if not isinstance(is_error, bool):
         raise BadRequest(f"'{where}.is_error' must be a boolean", f"{where}.is_error")
-    content = part.get("content", "")
+    media: list[Media] = []
     msg: dict[str, Any] = {
         "role": "tool",
-        "content": _text_blocks(content, f"{where}.content", tr),
+        "content": _text_blocks(part.get("content", ""), f"{where}.content", tr, media),
         "tool_call_id": call_id,
     }
     if call_id in tr.tool_names:
         msg["name"] = tr.tool_names[call_id]
     if is_error:
         msg["is_error"] = True
-    return msg
+    tr.append(msg, media)
 
 
 def _turn(m: InputMessage, i: int, tr: _Translation) -> None:
@@ -277,15 +290,16 @@ def _turn(m: InputMessage, i: int, tr: _Translation) -> None:
         tr.append({"role": "system", "content": _system_text(m.content, tr)})
         return
     if isinstance(m.content, str):
-        tr.append({"role": m.role, "content": m.content})
+        tr.append({"role": m.role, "content": media_text(m.content)})
         return
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    media: list[Media] = []
     for j, raw in enumerate(m.content):
         at = f"{where}[{j}]"
         part, kind = _block(raw, at)
         if kind == "text":
-            texts.append(_str_field(part, "text", at))
+            texts.append(media_text(_str_field(part, "text", at)))
         elif kind in DROPPED_BLOCKS and m.role == "assistant":
             continue
         elif kind == "tool_use" and m.role == "assistant":
@@ -293,29 +307,29 @@ def _turn(m: InputMessage, i: int, tr: _Translation) -> None:
         elif kind == "tool_result" and m.role == "user":
             # Tool results answer the previous assistant turn, so they go
             # before whatever the user wrote alongside them.
-            tr.append(_tool_message(part, at, tr))
+            _tool_message(part, at, tr)
         elif kind == "image" and m.role == "user":
-            _check_image(part, at)
-            tr.images += 1
+            media.append(_image(part, at))
+            texts.append(MEDIA_MARKER)
         elif kind == "document" and m.role == "user":
-            text = _document_text(part, at, tr)
+            text = _document_text(part, at, tr, media)
             if text:
                 texts.append(text)
         elif kind == "search_result" and m.role == "user":
-            texts.append(_text_blocks(part.get("content"), f"{at}.content", tr))
+            texts.append(_text_blocks(part.get("content"), f"{at}.content", tr, media))
         else:
             raise BadRequest(f"unsupported content block type {kind!r} in a {m.role} message at '{at}'", f"{at}.type")
     has_tool_results = any(isinstance(p, dict) and p.get("type") == "tool_result" for p in m.content)
     if texts or calls or not has_tool_results:
-        msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts)}
+        msg: dict[str, Any] = {"role": m.role, "content": _joined(texts)}
         if calls:
             msg["tool_calls"] = calls
-        tr.append(msg)
+        tr.append(msg, media)
 
 
-def to_messages(body: CountTokensRequest) -> tuple[list[dict[str, Any]], list[str], int]:
+def to_messages(body: CountTokensRequest) -> tuple[list[dict[str, Any]], list[str], list[Media]]:
     """The conversation as internal messages, warnings for the client, and
-    how many image blocks it has (a model without vision refuses them)."""
+    its images in the order their markers stand in the messages."""
     tr = _Translation()
     system = _system_text(body.system, tr)
     if system:
@@ -327,7 +341,7 @@ def to_messages(body: CountTokensRequest) -> tuple[list[dict[str, Any]], list[st
             "this model does not support assistant prefill: the last message must have the 'user' role",
             f"messages[{len(body.messages) - 1}].role",
         )
-    return tr.messages, tr.warnings(), tr.images
+    return tr.messages, tr.warnings(), tr.media
 
 
 def to_tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]] | None, list[str]]:
@@ -404,7 +418,7 @@ def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]
     """The prompt half (count_tokens renders exactly what a real request
     would): messages, tools, tool choice, thinking switch, output schema."""
     choice, name, parallel = tool_choice(body.tool_choice)
-    messages, warnings, images = to_messages(body)
+    messages, warnings, media = to_messages(body)
     tools, tool_warnings = to_tools(body.tools)
     check_tool_schemas(
         [
@@ -423,7 +437,7 @@ def to_prompt_request(body: CountTokensRequest) -> tuple[ChatRequest, list[str]]
         parallel_tool_calls=parallel,
         reasoning=reasoning_effort(body),
         json_schema=output_schema(body),
-        images=images,
+        media=media,
     )
     return req, warnings + tool_warnings
 

@@ -3,7 +3,9 @@ and pure translations, so editors and tools written for llama-server
 (llama.vscode's ``/infill``, scripts using ``/completion`` or
 ``/tokenize``) work unchanged.
 
-- ``POST /completion``: a raw prompt (a string, or token ids) →
+- ``POST /completion``: a raw prompt (a string, token ids, or
+  ``{"prompt_string", "multimodal_data"}``: images and sound at its
+  ``<__media__>`` markers) →
   ``{"content", "stop", "stop_type", "tokens_predicted",
   "tokens_evaluated", "tokens_cached", "timings", ...}``; streamed, one
   ``data: {"content": ..., "stop": false}`` per piece and a last frame with
@@ -33,13 +35,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.answer import Delta
-from ..core.request import ChatRequest, FillIn, Final, Prepared
+from ..core.request import ChatRequest, FillIn, Final, Media, Prepared, media_text
 from ..engine.slotcontrol import SlotAction, SlotState
-from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenTimings
+from ..engine.types import MEDIA_MARKER, GenerationConfig, PromptProgress, StopReason, TokenTimings
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, constrain, sse_data
 from .errors import Failure, llamacpp_error
+from .media import base64_item
 from .openai_chat import timings
 from .render import SSE, Unsent, prompt_progress, token_timings
 from .translate import (
@@ -53,6 +56,8 @@ from .translate import (
     stop_strings,
 )
 
+#: llama-server's media marker (libmtmd's ``mtmd_default_marker()``)
+MTMD_MARKER = "<__media__>"
 #: llama-server's default when ``n_predict`` is -1 or absent is "until the
 #: end"; a server that must answer on a budget uses the context's room
 UNLIMITED = -1
@@ -73,7 +78,9 @@ class CompletionBody(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
-    prompt: str | list[int | str] = ""
+    #: text, token ids, or ``{"prompt_string", "multimodal_data"}`` (text
+    #: with llama-server's media marker, and each item's base64)
+    prompt: str | list[int | str | dict[str, Any]] | dict[str, Any] = ""
     n_predict: int | None = Field(default=None, ge=-1)
     #: (below 0: greedy, as llama-server takes it)
     temperature: float | None = None
@@ -207,21 +214,52 @@ def _budget(body: CompletionBody, req: ChatRequest) -> None:
     constrain(req, body.grammar, body.json_schema)
 
 
-def prompt_of(prompt: str | list[int | str]) -> tuple[str | None, list[int] | None]:
-    """(text, token ids): a string, or a list of token ids (strings in a
-    mixed list are refused: tokenise them with /tokenize)."""
+def prompt_of(prompt: str | list[Any] | dict[str, Any]) -> tuple[str | None, list[int] | None, list[Media]]:
+    """(text, token ids, media): a string, a list of token ids (strings in a
+    mixed list are refused: tokenise them with /tokenize), or one multimodal
+    prompt (:func:`multimodal_prompt`; also as a list of one)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], dict):
+        prompt = prompt[0]
+    if isinstance(prompt, dict):
+        text, media = multimodal_prompt(prompt)
+        return text, None, media
     if isinstance(prompt, str):
-        return prompt, None
+        return prompt, None, []
+    if any(isinstance(t, dict) for t in prompt):
+        raise BadRequest("several prompts in one request are not supported: send one prompt per request", "prompt")
     if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return None, [int(t) for t in prompt]
+        return None, [int(t) for t in prompt], []
     raise BadRequest("'prompt' must be a string or a list of token ids", "prompt")
 
 
+def multimodal_prompt(prompt: dict[str, Any]) -> tuple[str, list[Media]]:
+    """llama-server's ``{"prompt_string": "... <__media__> ...",
+    "multimodal_data": [base64, ...]}``: the items in order, one per
+    marker (its marker becomes the engine's :data:`MEDIA_MARKER`)."""
+    text, data = prompt.get("prompt_string"), prompt.get("multimodal_data") or []
+    if not isinstance(text, str):
+        raise BadRequest("'prompt.prompt_string' must be a string", "prompt.prompt_string")
+    if not isinstance(data, list) or not all(isinstance(d, str) for d in data):
+        raise BadRequest("'prompt.multimodal_data' must be a list of base64 strings", "prompt.multimodal_data")
+    if not data:
+        return text, []
+    markers = text.count(MTMD_MARKER)
+    if markers != len(data):
+        raise BadRequest(
+            f"'prompt.prompt_string' has {markers} media marker(s) ({MTMD_MARKER}) for "
+            f"{len(data)} item(s) of 'prompt.multimodal_data': one marker stands for each, in order",
+            "prompt.multimodal_data",
+        )
+    media = [base64_item(d, f"prompt.multimodal_data[{i}]") for i, d in enumerate(data)]
+    return media_text(text).replace(MTMD_MARKER, MEDIA_MARKER), media
+
+
 def translate_completion(body: CompletionBody) -> Translation:
-    """``/completion``: a raw prompt (no template)."""
+    """``/completion``: a raw prompt (no template), with media where its
+    object form carries them."""
     warnings: list[str] = []
-    text, ids = prompt_of(body.prompt)
-    req = ChatRequest(prompt=text, prompt_ids=ids, config=_config(body, warnings))
+    text, ids, media = prompt_of(body.prompt)
+    req = ChatRequest(prompt=text, prompt_ids=ids, config=_config(body, warnings), media=media)
     _budget(body, req)
     return Translation(req, warnings, bool(body.stream))
 
@@ -231,7 +269,9 @@ def translate_infill(body: InfillBody) -> Translation:
     by the core (``generation.fim_ids``)."""
     warnings: list[str] = []
     if not isinstance(body.prompt, str):
-        raise BadRequest("'prompt' of /infill must be text (it follows the middle marker)", "prompt")
+        raise BadRequest(
+            "'prompt' of /infill must be text (it follows the middle marker; /infill takes no media)", "prompt"
+        )
     budget = body.n_predict if body.n_predict is not None else UNLIMITED
     files = [(f.filename if f.filename is not None else "tmp", f.text) for f in body.input_extra]
     fill = FillIn(body.input_prefix, body.input_suffix, files, body.prompt, budget=budget)
@@ -435,7 +475,10 @@ def props(info: dict[str, Any], parallel: int, template: str) -> dict[str, Any]:
 
 def renderer(body: CompletionBody, tr: Translation, prepared: Prepared, served: Served) -> CompletionRenderer:
     """``/completion`` and ``/infill`` answers, with the settings they ran with."""
-    prompt = body.prompt if isinstance(body.prompt, str) else ""
+    given = body.prompt[0] if isinstance(body.prompt, list) and len(body.prompt) == 1 else body.prompt
+    prompt = given if isinstance(given, str) else ""
+    if isinstance(given, dict) and isinstance(given.get("prompt_string"), str):
+        prompt = given["prompt_string"]
     settings = generation_settings(body, served.max_context, prepared.config)
     return CompletionRenderer(
         body.model or served.model, tr.stream, prompt, prepared.config.stop, settings, body.response_fields

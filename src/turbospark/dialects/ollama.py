@@ -19,8 +19,6 @@ Ollama's own sampling defaults apply (``top_k`` 40, ``top_p`` 0.9,
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import math
@@ -34,13 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.backend import Backend
-from ..core.request import ChatRequest, FillIn, Final, Prepared
+from ..core.request import ChatRequest, FillIn, Final, Media, Prepared, media_text
 from ..engine.types import GenerationConfig, StopReason
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, RendererFactory, Served
 from .common import BadRequest, check_json_schema, ndjson
 from .errors import Failure, ollama_error
+from .media import base64_item, placed
 from .openai_chat import HistoryToolCall, check_tools
 from .render import NDJSON
 from .translate import (
@@ -276,16 +275,10 @@ def _nothing(stream: bool, warnings: list[str], keep_alive: float | None) -> Tra
     return Translation(None, warnings, stream, extras, keep_alive)
 
 
-def _images(images: list[str] | None, where: str) -> list[str]:
-    """Ollama's images are base64 (Ollama itself refuses anything else with
-    a 400); a ``data:`` URL prefix is tolerated. They are only counted."""
-    for j, image in enumerate(images or ()):
-        data = image.split(",", 1)[1] if image.startswith("data:") and "," in image else image
-        try:
-            base64.b64decode(data.replace("\n", "").replace("\r", ""), validate=True)
-        except (binascii.Error, ValueError):
-            raise BadRequest(f"'{where}[{j}]' is not valid base64 image data", f"{where}[{j}]") from None
-    return list(images or ())
+def _images(images: list[str] | None, where: str) -> list[Media]:
+    """Ollama's images: base64 (Ollama itself refuses anything else with a
+    400; a ``data:`` URL prefix is tolerated)."""
+    return [base64_item(image, f"{where}[{j}]") for j, image in enumerate(images or ())]
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -327,18 +320,18 @@ def translate_chat(body: ChatBody) -> Translation:
     _common_checks(body, warnings)
     if not body.messages:
         return _nothing(stream, warnings, keep_alive_seconds(body.keep_alive))
-    images = 0
+    media: list[Media] = []
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(body.messages):
-        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
-        images += len(_images(m.images, f"messages[{i}].images"))
+        content, items = placed(media_text(m.content or ""), _images(m.images, f"messages[{i}].images"))
+        msg: dict[str, Any] = {"role": m.role, "content": content}
+        media += items
         if m.tool_calls:
             msg["tool_calls"] = tool_calls_for_template(m.tool_calls, f"messages[{i}].tool_calls")
         if m.tool_name:
             msg["name"] = m.tool_name
         messages.append(msg)
-    req = _request(body, warnings, messages=messages, tools=check_tools(body.tools))
-    req.images = images
+    req = _request(body, warnings, messages=messages, tools=check_tools(body.tools), media=media)
     return Translation(req, warnings, stream, keep_alive=keep_alive_seconds(body.keep_alive))
 
 
@@ -347,6 +340,8 @@ def translate_generate(body: GenerateBody) -> Translation:
     warnings: list[str] = []
     _common_checks(body, warnings)
     if body.suffix:  # insert: fill in between prompt and suffix (a FIM model's tokens)
+        if body.images:
+            raise BadRequest("'images' cannot go with 'suffix': an insert takes text only", "images")
         if body.system:
             warnings.append("'system' ignored: an insert ('suffix') has no template")
         req = _request(body, warnings, fill_in=FillIn(body.prompt or "", body.suffix))
@@ -355,19 +350,18 @@ def translate_generate(body: GenerateBody) -> Translation:
         return _nothing(stream, warnings, keep_alive_seconds(body.keep_alive))
     if body.template:
         warnings.append("'template' ignored: the model's own chat template is used")
-    images = len(_images(body.images, "images"))
+    prompt, media = placed(media_text(body.prompt or ""), _images(body.images, "images"))
     if body.context:
         warnings.append("'context' ignored: send the conversation with /api/chat instead")
     if body.raw:
         if body.system:
             warnings.append("'system' ignored: raw prompts have no template")
-        req = _request(body, warnings, prompt=body.prompt)
+        req = _request(body, warnings, prompt=prompt, media=media)
     else:
         messages = [{"role": "system", "content": body.system}] if body.system else []
-        if body.prompt:
-            messages.append({"role": "user", "content": body.prompt})
-        req = _request(body, warnings, messages=messages)
-    req.images, req.images_field = images, "images"
+        if prompt:  # (the images go before the prompt, or at its [img] tags)
+            messages.append({"role": "user", "content": prompt})
+        req = _request(body, warnings, messages=messages, media=media)
     return Translation(req, warnings, stream, keep_alive=keep_alive_seconds(body.keep_alive))
 
 

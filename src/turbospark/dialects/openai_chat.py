@@ -15,7 +15,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
-from ..core.request import ChatRequest, Final, Prepared
+from ..core.request import ChatRequest, Final, Media, Prepared
 from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb, TokenTimings
 from ..tools.calls import ToolCall
 from . import base
@@ -27,10 +27,10 @@ from .common import (
     constrain,
     new_id,
     sse_data,
-    text_of,
     unix_time,
 )
 from .errors import Failure, openai_error
+from .media import content_text
 from .render import SSE, prompt_progress, token_timings
 from .translate import (
     ToolChoice,
@@ -161,7 +161,9 @@ def sampling(body: Any, config: GenerationConfig) -> None:
         config.ignore_eos = True
 
 
-def to_messages(messages: list[Message], images: list[Any]) -> list[dict[str, Any]]:
+def to_messages(messages: list[Message], media: list[Media]) -> list[dict[str, Any]]:
+    """The messages as the template reads them; each image or sound part a
+    marker in its message's text, its item appended to ``media``."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
@@ -171,7 +173,7 @@ def to_messages(messages: list[Message], images: list[Any]) -> list[dict[str, An
             raise BadRequest(f"'messages[{i}].content' is required for role {m.role!r}", f"messages[{i}].content")
         msg: dict[str, Any] = {
             "role": role,
-            "content": text_of(m.content, images=images, where=f"messages[{i}].content"),
+            "content": content_text(m.content, media, f"messages[{i}].content", role),
         }
         if m.name:
             msg["name"] = m.name
@@ -190,8 +192,8 @@ def translate(body: ChatCompletionRequest) -> Translation:
             f"unknown reasoning_effort {body.reasoning_effort!r}; expected one of: {', '.join(REASONING_EFFORTS)}",
             "reasoning_effort",
         )
-    images: list[Any] = []
-    messages = to_messages(body.messages, images)
+    media: list[Media] = []
+    messages = to_messages(body.messages, media)
     config = GenerationConfig()
     sampling(body, config)
     config.logprobs = logprobs_setting(body.logprobs, body.top_logprobs)
@@ -208,7 +210,7 @@ def translate(body: ChatCompletionRequest) -> Translation:
         reasoning=body.reasoning_effort,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         n=choices(body.n),
-        images=len(images),
+        media=media,
     )
     req.tool_choice, req.tool_name, _ = tool_choice(body.tool_choice)
     check_tool_schemas(

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
-from ..core.request import ChatRequest, Final, Prepared
+from ..core.request import ChatRequest, Final, Media, Prepared
 from ..engine.types import GenerationConfig, StopReason, TokenProb
 from ..tools.calls import ToolCall
 from . import base
@@ -40,11 +40,11 @@ from .common import (
     check_tool_schemas,
     new_id,
     sse_event,
-    text_of,
     unix_time,
     validation_error,
 )
 from .errors import Failure, openai_error
+from .media import content_text
 from .openai_chat import OPENAI_CORS_PREFIXES, REASONING_EFFORTS
 from .render import SSE
 from .translate import (
@@ -173,18 +173,18 @@ def _check(model: type[BaseModel], data: Any, where: str) -> Any:
         raise BadRequest(message, param) from None
 
 
-def _content(content: str | list[Any], images: list[Any], where: str) -> str:
+def _content(content: str | list[Any], media: list[Media], where: str, role: str) -> str:
     """Message content to text; ``refusal`` parts (assistant turns sent back)
-    count as text, image parts go to ``images``."""
+    count as text, each image or sound part a marker (its item in ``media``)."""
     if isinstance(content, list):
         content = [
             {"type": "text", "text": p.get("refusal")} if isinstance(p, dict) and p.get("type") == "refusal" else p
             for p in content
         ]
-    return text_of(content, images=images, where=where)
+    return content_text(content, media, where, role)
 
 
-def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any]]:
+def to_messages(body: ResponsesRequest, media: list[Media]) -> list[dict[str, Any]]:
     """``instructions`` + ``input`` to chat messages. Function calls become an
     assistant turn's ``tool_calls`` (consecutive calls share one turn), their
     outputs become ``tool`` messages."""
@@ -208,7 +208,7 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
         if kind == "message":
             item = _check(MessageItem, raw, where)
             role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": _content(item.content, images, f"{where}.content")})
+            out.append({"role": role, "content": _content(item.content, media, f"{where}.content", role)})
         elif kind == "function_call":
             call = _check(FunctionCallItem, raw, where)
             call_names[call.call_id] = call.name
@@ -224,7 +224,8 @@ def to_messages(body: ResponsesRequest, images: list[Any]) -> list[dict[str, Any
             last.setdefault("tool_calls", []).extend(tool_calls_for_template([wire]))
         elif kind == "function_call_output":
             result = _check(FunctionCallOutputItem, raw, where)
-            msg: dict[str, Any] = {"role": "tool", "content": _content(result.output, images, f"{where}.output")}
+            output = _content(result.output, media, f"{where}.output", "tool")
+            msg: dict[str, Any] = {"role": "tool", "content": output}
             if result.call_id is not None:
                 msg["tool_call_id"] = result.call_id
                 if result.call_id in call_names:
@@ -368,8 +369,8 @@ def translate(body: ResponsesRequest) -> Translation:
     _refuse_unsupported(body)
     choice, name, _ = tool_choice(body.tool_choice)
     warnings: list[str] = []
-    images: list[Any] = []
-    messages = to_messages(body, images)
+    media: list[Media] = []
+    messages = to_messages(body, media)
     tools, echo_tools = to_tools(body.tools, warnings)
     check_tool_schemas(
         [
@@ -396,8 +397,7 @@ def translate(body: ResponsesRequest) -> Translation:
         tool_name=name,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         reasoning=body.reasoning.effort if body.reasoning else None,
-        images=len(images),
-        images_field="input",
+        media=media,
     )
     structured_output(body.text.format if body.text else None, req)
     return Translation(req, warnings, bool(body.stream), {"tools": echo_tools})

@@ -59,7 +59,12 @@ class ProjectorError(RuntimeError):
 
 
 class MediaError(AdmissionError):
-    """Media bytes, or a prompt, that the projector refuses."""
+    """Media bytes, or a prompt, that the projector refuses (``index``: the
+    item's, where one item is refused)."""
+
+    def __init__(self, message: str, param: str | None = None, index: int | None = None) -> None:
+        super().__init__(message, param)
+        self.index = index
 
 
 def mtmd() -> Any:
@@ -254,7 +259,7 @@ class Projector:
             # libmtmd's helper: images stb_image reads (PNG, JPEG, GIF, BMP, ...);
             # sound as WAV, MP3 or FLAC, where the projector takes sound (a
             # sound of no samples does not decode either)
-            raise MediaError(f"media item {index} does not decode as an image or sound this model takes")
+            raise MediaError(f"media item {index} does not decode as an image or sound this model takes", index=index)
         # its id: the bytes' hash (the chunk's, and its placeholders' seed)
         M.mtmd_bitmap_set_id(bitmap, hashlib.sha256(data).hexdigest().encode())
         kind = "audio" if M.mtmd_bitmap_is_audio(bitmap) else "image"
@@ -267,7 +272,7 @@ class Projector:
             why = f"media item {index} is a sound of one sample, too short to hear"
         if why:
             M.mtmd_bitmap_free(bitmap)
-            raise MediaError(why)
+            raise MediaError(why, index=index)
         return bitmap
 
     def close(self) -> None:

@@ -9,11 +9,14 @@ Blocking: runs on a worker thread."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+from ..core.media import check_media
 from ..core.request import EFFORTS_OFF, ChatRequest, FillIn, Prepared
 from ..engine.interface import ChatModel
+from ..engine.media import MediaError
 from ..engine.template import TemplateError, fold_inner_system
 from ..engine.types import AdmissionError, ContextOverflow
 from ..tools import calls as toolcalls
@@ -41,11 +44,28 @@ class _Rendered(NamedTuple):
 
 
 def _media_bytes(req: ChatRequest) -> list[bytes]:
-    """The request's media, each fetched by now (the route fetches URLs)."""
+    """The request's media, each fetched by now (the route fetches URLs),
+    checked before the engine decodes any (``core.media``: a format taken
+    here, an image's declared size)."""
     for m in req.media:
         if m.url is not None and not m.data:
             raise AdmissionError(f"the media at '{m.field}' was not fetched", m.field)
+    check_media(req.media)
     return [m.data for m in req.media]
+
+
+@contextlib.contextmanager
+def _named(req: ChatRequest) -> Iterator[None]:
+    """An item the engine refuses, named by the field it came in."""
+    try:
+        yield
+    except MediaError as exc:
+        if exc.index is None or not 0 <= exc.index < len(req.media):
+            raise
+        field = req.media[exc.index].field
+        named = MediaError(str(exc).replace(f"media item {exc.index}", f"'{field}'", 1), field, exc.index)
+        named.code = "invalid_media"
+        raise named from None
 
 
 def _render(model: ChatModel, req: ChatRequest) -> _Rendered:
@@ -64,7 +84,8 @@ def _render(model: ChatModel, req: ChatRequest) -> _Rendered:
         if req.prompt == "":
             raise AdmissionError("the prompt is empty", "prompt")
         if req.media:
-            media = model.media_prompt(req.prompt, _media_bytes(req), chat=False)
+            with _named(req):
+                media = model.media_prompt(req.prompt, _media_bytes(req), chat=False)
             return _Rendered(media.ids, media=media)
         return _Rendered(model.prompt_ids(req.prompt))
     if not req.messages:
@@ -106,7 +127,8 @@ def _chat(
 ) -> _Rendered:
     if not req.media:
         return _Rendered(model.render_chat(messages, tools=offered, **kwargs))
-    media = model.render_media_chat(messages, _media_bytes(req), tools=offered, **kwargs)
+    with _named(req):
+        media = model.render_media_chat(messages, _media_bytes(req), tools=offered, **kwargs)
     return _Rendered(media.ids, media=media)
 
 

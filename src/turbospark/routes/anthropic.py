@@ -14,12 +14,14 @@ from starlette.routing import Route
 
 from ..core.backend import Backend
 from ..dialects import anthropic as msgs
+from ..serving import media
 from .common import (
     JSONResponse,
     dispatch,
     normalize,
     off_loop,
     read_body,
+    state_of,
 )
 from .generic import response_headers
 
@@ -31,7 +33,8 @@ async def count_tokens(request: Request) -> Response:
     normalize(req, request)  # counted as the real request will be prefilled
 
     async def count(model: Backend) -> int:
-        return await off_loop(model.count_prompt, req)
+        ready = await media.counted(state_of(request).media, model, req)  # (URLs fetched; none it cannot take)
+        return await off_loop(model.count_prompt, ready)
 
     n, _ = await dispatch(request).run(body.model, "chat", count, req.normalized)
     return JSONResponse({"input_tokens": n}, headers=response_headers(msgs.Dialect, request, warnings))

@@ -17,6 +17,7 @@ from ..core.backend import Backend
 from ..dialects import openai_responses as oa
 from ..dialects.common import BadRequest
 from ..dialects.render import SSE_KEEP_ALIVE
+from ..serving import media
 from ..state.responses import OPEN, ResponseStore, Stored
 from .common import JSONResponse, dispatch, normalize, off_loop, read_body, state_of, streaming_response
 from .stored import open_turn, tenant_of
@@ -143,7 +144,8 @@ async def input_tokens(request: Request) -> Response:
     req = normalize(tr.request, request)
 
     async def count(model: Backend) -> int:
-        return await off_loop(model.count_prompt, req)
+        ready = await media.counted(state_of(request).media, model, req)  # (URLs fetched; none it cannot take)
+        return await off_loop(model.count_prompt, ready)
 
     n, _ = await dispatch(request).run(body.model, "chat", count, req.normalized)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})

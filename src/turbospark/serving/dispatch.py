@@ -21,6 +21,7 @@ from ..models.registry import Capability, Route, RoutingError
 from ..models.replicas import routing_key
 from ..observe import Reporter, RequestRouted, record
 from ..upstream.client import UpstreamError
+from . import media
 from .context import RequestContext
 from .state import ServerState
 
@@ -94,10 +95,12 @@ class Dispatch:
         return await self.route(requested, "chat", streamed, req.normalized, key_of(req))
 
     async def prepare_and_admit(self, model: Backend, req: ChatRequest, prepare_fn: Prepare = prepare) -> Prepared:
-        """Template, tokenise and compile grammars on a worker thread (never
-        on the event loop: a 4 MB prompt takes seconds), then take a place on
-        the model's wait list: a full list is a 503 before the first byte,
+        """The media made ready (``media.ready``: refused where the model
+        takes none, URLs fetched), then template, tokenise and compile
+        grammars on a worker thread (never on the event loop: a 4 MB prompt
+        takes seconds), then take a place on the model's wait list: a full list is a 503 before the first byte,
         streams included. The place is released with the response if never used."""
+        await media.ready(self.state.media, model, req)
         prepared = await asyncio.to_thread(prepare_fn, model, req)
         self.ctx.hold(model.reserve(prepared.config))
         return prepared

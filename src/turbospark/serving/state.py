@@ -12,6 +12,7 @@ from ..models.registry import Registry
 from ..observe import Observer, RequestIds
 from .background import BackgroundRuns
 from .drain import Drain
+from .media import MediaPolicy
 
 if TYPE_CHECKING:
     from ..pull.puller import Puller
@@ -74,3 +75,5 @@ class ServerState:
     background: BackgroundRuns = field(default_factory=BackgroundRuns)
     #: the config file, when the server was started with one (None: without)
     config: ConfigControl | None = None
+    #: media URLs fetched (``--allow-media-urls``) and media per request (``--max-images``)
+    media: MediaPolicy = field(default_factory=MediaPolicy)
