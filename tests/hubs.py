@@ -707,6 +707,7 @@ class FakeHub(_FakeServer):
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_V1 = "application/vnd.docker.container.image.v1+json"
 LAYER_MODEL = "application/vnd.ollama.image.model"
+LAYER_PROJECTOR = "application/vnd.ollama.image.projector"
 LAYER_TEMPLATE = "application/vnd.ollama.image.template"
 LAYER_SYSTEM = "application/vnd.ollama.image.system"
 LAYER_PARAMS = "application/vnd.ollama.image.params"
@@ -761,11 +762,15 @@ class FakeRegistry(_FakeServer):
         family: str = "llama",
         file_type: str = "Q4_K_M",
         model_type: str = "135M",
+        projector: Content | None = None,
     ) -> dict[str, Any]:
         """Publish ``namespace/name:tag``: the GGUF (a path streamed from disk, or
-        bytes) as the model layer, then the template, system, params (JSON) and
-        license layers that are given. Returns the manifest."""
+        bytes) as the model layer, then the projector (a multimodal model's
+        mmproj GGUF), template, system, params (JSON) and license layers that
+        are given. Returns the manifest."""
         layers = [self._add_blob(LAYER_MODEL, Blob.of(gguf))]
+        if projector is not None:
+            layers.append(self._add_blob(LAYER_PROJECTOR, Blob.of(projector)))
         texts = [(LAYER_TEMPLATE, template), (LAYER_SYSTEM, system), (LAYER_LICENSE, license)]
         layers += [self._add_blob(kind, Blob.of(text.encode())) for kind, text in texts if text is not None]
         if params is not None:

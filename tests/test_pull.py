@@ -23,6 +23,7 @@ from turbospark import ListObserver, Server
 
 from .ggufsplit import split_gguf
 from .hubs import FakeHub, FakeRegistry, file_sha256, pulls_from
+from .mmproj import write_mmproj
 from .support import wait_until
 
 REPO = "test-org/SmolLM2-GGUF"
@@ -46,7 +47,7 @@ def hubs(tmp_path_factory):
     hf, reg = FakeHub().start(), FakeRegistry().start()
     hf.add_file(REPO, MAIN, gguf)
     hf.add_file(REPO, "SmolLM2-135M-Instruct-Q8_0.gguf", gguf)
-    hf.add_file(REPO, "mmproj-SmolLM2-f16.gguf", b"GGUF" + bytes(60))
+    hf.add_file(REPO, "mmproj-SmolLM2-f16.gguf", write_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj.gguf"))
     hf.add_file("test-org/NoDefault-GGUF", "x-Q5_K_M.gguf", gguf)
     hf.add_file("test-org/NoDefault-GGUF", "x-Q8_0.gguf", gguf)
     hf.add_file("test-org/Evil-GGUF", "../../escape-Q4_K_M.gguf", b"GGUF" + bytes(60))  # a hostile listing
@@ -153,8 +154,9 @@ def test_hugging_face_quant_choice_mmproj_and_chat(served, hubs):
     # knows the size: the views draw a bar at once)
     told = [e for e in events.events if e.kind == "modelPull" and REPO in e.model]
     assert {e.model for e in told} == {f"{REPO}:Q4_K_M"} and [told[0].phase, told[-1].phase] == ["started", "finished"]
-    assert told[0].total == told[-1].completed == os.path.getsize(bundled()) + 64
-    chat(srv, f"{REPO}:Q4_K_M")
+    projector = os.path.getsize(store / "hf" / REPO / "mmproj-SmolLM2-f16.gguf")
+    assert told[0].total == told[-1].completed == os.path.getsize(bundled()) + projector
+    chat(srv, f"{REPO}:Q4_K_M")  # (loaded with its projector: tests/test_media_models.py)
     chat(srv, f"hf.co/{REPO}:Q4_K_M")  # the name as pulled, Ollama's way
 
     # a quant named (any case) is the one fetched

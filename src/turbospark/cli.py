@@ -88,6 +88,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     opts.extend(given_models)
     for alias in args.alias or []:
         _add_alias(opts, alias)
+    _add_projectors(opts, given_models, args.mmproj or [], bool(args.no_mmproj))
     args.default_model = _default_model(args.config_loaded, given_models, opts)
     for o in _local_options(opts):
         for attr, value in given.items():
@@ -129,12 +130,13 @@ def _option_for(arg: str, base: dict[str, Any], store_dirs: list[str]) -> Any:
         store.close()
 
 
-def _pull_resolver(store_dirs: list[str] | None) -> Callable[[str], str]:
+def _pull_resolver(store_dirs: list[str] | None) -> Callable[[str], tuple[str, str | None]]:
     """A config section's ``pull``: the GGUF it names, pulled into the store
     (the first ``--models-dir``, else the user cache's) with a progress bar
-    when missing. Raises ``PullFailed`` (a ``ValueError``)."""
+    when missing, and the projector pulled beside it (None: none). Raises
+    ``PullFailed`` (a ``ValueError``)."""
 
-    def resolve(reference: str) -> str:
+    def resolve(reference: str) -> tuple[str, str | None]:
         from .pull.bar import Bar
         from .pull.commands import PullFailed, ensure, store_at
         from .pull.store import StoreError
@@ -144,7 +146,9 @@ def _pull_resolver(store_dirs: list[str] | None) -> Callable[[str], str]:
         except StoreError as exc:
             raise PullFailed(str(exc)) from None
         try:
-            return ensure(reference, store, Bar(sys.stderr)).path
+            pulled = ensure(reference, store, Bar(sys.stderr))
+            mmproj = pulled.model.mmproj if pulled.model is not None else None
+            return pulled.path, store.path(mmproj) if mmproj else None
         finally:
             store.close()
 
@@ -169,6 +173,8 @@ def _read_config(args: argparse.Namespace, aliases: bool = True) -> tuple[Any, d
             target, sep, _ = alias.partition("=")
             if (sep and target in ids) or (not sep and not args.model and len(cfg.models) == 1):
                 _add_alias(cfg.models, alias)
+        if not args.model and not args.no_mmproj:  # (the file's one model's --mmproj)
+            _add_projectors(cfg.models, [], args.mmproj or [], False)
     return cfg, {**model_defaults(), **model_fields(cfg.defaults), **given}
 
 
@@ -187,6 +193,34 @@ def _add_alias(opts: list[Any], alias: str) -> None:
         if chosen is None:
             raise ConfigError(f"--alias {alias}: no model with id {target!r}")
     chosen.aliases = (*chosen.aliases, name)
+
+
+def _add_projectors(opts: list[Any], given_models: list[Any], given: list[tuple[int, str]], off: bool) -> None:
+    """``--mmproj FILE``: the projector of the ``--model`` it follows
+    (``given``: each file with how many ``--model`` came before it); given
+    before any ``--model``, of the one model served."""
+    from .config import ConfigError
+
+    if given and off:
+        raise ConfigError("--mmproj and --no-mmproj contradict each other: give one or the other")
+    chosen: set[int] = set()
+    for after, path in given:
+        if not os.path.isfile(path):
+            raise ConfigError(f"--mmproj {path}: no such file")
+        local = _local_options(opts)
+        if after:
+            target = given_models[after - 1]
+        elif len(opts) == 1 and len(local) == 1:
+            target = local[0]
+        else:
+            raise ConfigError(
+                f"--mmproj {path} comes before any --model, and {len(opts)} models are served: "
+                "give it after the --model it belongs to"
+            )
+        if id(target) in chosen:
+            raise ConfigError(f"--mmproj {path}: that model has a --mmproj already (one projector a model)")
+        chosen.add(id(target))
+        target.mmproj = os.path.abspath(path)
 
 
 class _Refused(Exception):
@@ -306,6 +340,9 @@ class _LoadDisplay:
             file=sys.stderr,
         )
         print(f"    {info['kv_cache']}; speculative: {'ngram' if info['speculative'] else 'off'}", file=sys.stderr)
+        if info.get("mmproj"):
+            takes = [what for key, what in (("vision", "images"), ("audio", "sound")) if info["modalities"].get(key)]
+            print(f"    projector {os.path.basename(info['mmproj'])}: takes {' and '.join(takes)}", file=sys.stderr)
 
 
 def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: Any) -> Any:

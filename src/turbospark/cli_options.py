@@ -9,8 +9,9 @@ model and on the defaults of one attached later; ``[defaults]`` and the
 model sections give it in the file), a server setting (``server``: the
 ``[server]`` key that gives it when the flag is not, then ``fallback``; a
 repeatable flag adds to the file's list), or neither (the models to serve,
-``--verbose``). Every ``serve`` flag defaults to None ("not given"), so the
-file's value is kept unless the flag says otherwise.
+``--verbose``; ``--mmproj``, which belongs to the ``--model`` it follows).
+Every ``serve`` flag defaults to None ("not given"), so the file's value is
+kept unless the flag says otherwise.
 """
 
 from __future__ import annotations
@@ -65,6 +66,21 @@ def _body_timeout() -> float:
     return BODY_TIMEOUT
 
 
+class AfterModel(argparse.Action):
+    """A per-model flag (``--mmproj FILE``): each value kept with how many
+    ``--model`` flags came before it, so it belongs to the ``--model`` it
+    follows (0: none came before; then it is the one model's served)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        given = [*(getattr(namespace, self.dest, None) or []), (len(getattr(namespace, "model", None) or []), values)]
+        setattr(namespace, self.dest, given)
+
+
+ActionClass = type[argparse.Action]
+
+
 @dataclass(frozen=True)
 class Option:
     """One command-line option (argparse's arguments), and where its value
@@ -75,14 +91,16 @@ class Option:
     type: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
-    #: ``append`` (repeatable) or ``store_true``; None: one value
-    action: str | None = None
+    #: ``append`` (repeatable), ``store_true`` or an argparse action (:class:`AfterModel`); None: one value
+    action: str | ActionClass | None = None
     #: argparse's default (a ``serve`` option has none: None is "not given")
     default: Any = None
     #: the model option it sets
     model: str | None = None
     #: for a choice that sets a boolean model option: the choice meaning True
     true_choice: str | None = None
+    #: a ``store_true`` flag that turns its model option off (sets it to None)
+    clears: bool = False
     #: the model option's value when neither the flag nor the file gives one
     model_default: Any = None
     #: the ``[server]`` key that gives it when the flag is not given
@@ -125,6 +143,20 @@ SERVE: tuple[Option, ...] = (
         ("--model", "-m"),
         "GGUF path, packaged model name, or a model to pull first: org/repo:QUANT, ollama:name[:tag] (repeatable)",
         action="append",
+    ),
+    Option(
+        ("--mmproj",),
+        "a multimodal projector GGUF (images, sound) for the --model it follows (given before any --model: "
+        "for the one model served); a pulled model brings its own",
+        action=AfterModel,
+        metavar="FILE",
+    ),
+    Option(
+        ("--no-mmproj",),
+        "load no projector: pulled models' own, --mmproj and the config file's are left off (text only)",
+        action="store_true",
+        model="mmproj",
+        clears=True,
     ),
     Option(("--config",), "turbospark.toml with server settings and models", metavar="FILE"),
     _server(
@@ -417,7 +449,10 @@ def model_values(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for o in SERVE:
         value = getattr(args, o.dest)
-        if o.model is not None and value is not None:
+        if o.clears:
+            if value:
+                out[str(o.model)] = None
+        elif o.model is not None and value is not None:
             out[o.model] = value == o.true_choice if o.true_choice is not None else value
     return out
 

@@ -42,6 +42,12 @@
     pull = "org/repo:Q4_K_M"  # no model: the file this reference names (load_config's pull resolver)
     ctx = 8192
 
+    [models.eyes]             # a model with a multimodal projector (images, sound)
+    model = "models/SmolVLM-256M-Instruct-Q8_0.gguf"
+    mmproj = "models/mmproj-SmolVLM-256M-Instruct-f16.gguf"   # relative to this file
+                              # (a pulled model brings its own; mmproj = false leaves it off,
+                              # here or in [defaults])
+
     [models.embed]
     model = "smollm2-135m"
     kind = "embedding"
@@ -118,6 +124,7 @@ MODEL_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "keep_alive": ("keep_alive", (int, float)),
     "gpu_layers": ("gpu_layers", (int,)),
     "pull": ("pull", (str,)),
+    "mmproj": ("mmproj", (str, bool)),
 }
 #: sampling defaults of a model (``ModelOptions.sampling``): a request that
 #: does not set the field gets the value -> (accepted types, least, most)
@@ -136,7 +143,11 @@ SECTION_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     **MODEL_KEYS,
     **{k: ("sampling", types) for k, (types, _, _) in SAMPLING_KEYS.items()},
 }
-DEFAULT_KEYS = {k: v for k, v in SECTION_KEYS.items() if k not in ("model", "aliases", "pull")}
+#: (a projector belongs to one model: ``[defaults]`` may only turn them off)
+DEFAULT_KEYS = {
+    **{k: v for k, v in SECTION_KEYS.items() if k not in ("model", "aliases", "pull")},
+    "mmproj": ("mmproj", (bool,)),
+}
 SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "host": (str,),
     "port": (int,),
@@ -197,7 +208,8 @@ NON_NEGATIVE = {
 #: seam the pull feature plugs into (``load_config(path, pull=...)``); it
 #: may raise (ValueError, OSError, LookupError, ConfigError: the message is
 #: shown naming the key and the file)
-PullResolver = Callable[[str], str]
+#: (or the GGUF and the projector pulled beside it: ``(path, mmproj or None)``)
+PullResolver = Callable[[str], str | tuple[str, str | None]]
 
 
 def no_pull(reference: str) -> str:
@@ -244,6 +256,8 @@ def model_fields(values: dict[str, Any]) -> dict[str, Any]:
         attr = SECTION_KEYS[key][0]
         if attr == "sampling":
             out.setdefault("sampling", {})[key] = float(value) if float in SAMPLING_KEYS[key][0] else value
+        elif key == "mmproj":  # a file, or false: none (a pulled model's left off)
+            out[attr] = value or None
         else:
             out[attr] = tuple(value) if key == "aliases" else value
     return out
@@ -269,6 +283,10 @@ def _check(file: str, where: str, key: str, value: Any, types: tuple[type, ...])
             raise ConfigError(f"{file}: {where}.{key} must be {span}")
     if key == "pull" and (not value.strip() or any(c.isspace() for c in value)):
         raise ConfigError(f"{file}: {where}.pull must be a model reference such as 'org/repo:Q4_K_M'")
+    if key == "mmproj" and (value is True or value == ""):
+        raise ConfigError(
+            f"{file}: {where}.mmproj must be a projector GGUF's path, or false to leave a pulled model's off"
+        )
 
 
 def _section(file: str, name: str, table: Any, allowed: dict[str, Any]) -> dict[str, Any]:
@@ -357,15 +375,30 @@ def _local(at: _Where, where: str, model_id: str, table: Any) -> ModelOptions:
     merged = {**at.defaults, **values}
     if "cache_dir" in merged:  # relative to the file, like every path in it
         merged["cache_dir"] = os.path.join(at.base, os.path.expanduser(merged["cache_dir"]))
-    kwargs: dict[str, Any] = {"path": _gguf(at, where, merged.pop("model", None), values.get("pull")), "id": model_id}
+    path, pulled_mmproj = _gguf(at, where, merged.pop("model", None), values.get("pull"))
+    mmproj = merged.pop("mmproj", None)  # a file, false (none), or not given: the one pulled beside it
+    kwargs: dict[str, Any] = {"path": path, "id": model_id}
     kwargs.update(model_fields(merged))
+    kwargs["mmproj"] = pulled_mmproj if mmproj is None else _projector(at, where, mmproj) if mmproj else None
+    if kwargs.get("kind") == "embedding":
+        if isinstance(mmproj, str):
+            raise ConfigError(f"{at.file}: {where}.mmproj: an embedding model takes no projector")
+        kwargs["mmproj"] = None
     return ModelOptions(**kwargs)
 
 
-def _gguf(at: _Where, where: str, target: str | None, reference: str | None) -> str:
+def _projector(at: _Where, where: str, value: str) -> str:
+    """A section's ``mmproj``: a projector GGUF, relative to the file."""
+    path = os.path.join(at.base, os.path.expanduser(value))
+    if not os.path.isfile(path):
+        raise ConfigError(f"{at.file}: {where}.mmproj: no such file {path}")
+    return path
+
+
+def _gguf(at: _Where, where: str, target: str | None, reference: str | None) -> tuple[str, str | None]:
     """The GGUF file a section's ``model`` names (a path, a packaged model,
     or a reference to pull, as ``serve --model`` takes), else the one its
-    ``pull`` reference resolves to."""
+    ``pull`` reference resolves to; and the projector pulled beside it."""
     key = f"{where}.model"
     if target is None:
         if reference is None:
@@ -384,7 +417,7 @@ def _gguf(at: _Where, where: str, target: str | None, reference: str | None) -> 
             f"{at.file}: {key}: {exc}; nor is it a model to pull (org/repo:QUANT, hf.co/org/repo:QUANT, "
             "ollama:name[:tag], a URL; or give pull = a reference)"
         ) from None
-    return gguf
+    return gguf, None
 
 
 def _is_reference(target: str) -> bool:
@@ -400,21 +433,22 @@ def _is_reference(target: str) -> bool:
     return not (ref.source == "hf" and not ref.file and ref.repo.lower().endswith(".gguf"))
 
 
-def _pulled(at: _Where, key: str, reference: str) -> str:
+def _pulled(at: _Where, key: str, reference: str) -> tuple[str, str | None]:
     """The GGUF a reference names, pulled when the store lacks it (the
-    file's :data:`PullResolver`)."""
+    file's :data:`PullResolver`), and its projector."""
     try:
-        target = at.pull(reference)
+        found = at.pull(reference)
     except ConfigError as exc:
         raise ConfigError(f"{at.file}: {key}: {exc}") from None
     except (ValueError, OSError, LookupError) as exc:
         raise ConfigError(f"{at.file}: {key}: {reference!r} could not be resolved: {exc}") from None
+    target, mmproj = found if isinstance(found, tuple) else (found, None)
     candidate = target if os.path.isabs(target) else os.path.join(at.base, target)
     try:
         gguf, _ = resolve_model(candidate if os.path.isfile(candidate) else target)
     except ModelNotFound as exc:
         raise ConfigError(f"{at.file}: {key}: {exc}") from None
-    return gguf
+    return gguf, mmproj
 
 
 def _remote_or_group(at: _Where, where: str, model_id: str, table: dict[str, Any]) -> RemoteOptions | GroupOptions:

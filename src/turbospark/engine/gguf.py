@@ -166,3 +166,19 @@ def check_model(path: str) -> None:
             check(part)
         except NotGGUF as exc:
             raise NotGGUF(f"the model file {os.path.basename(part)} is not usable: {exc}") from None
+
+
+def projector_info(path: str) -> dict[str, Any]:
+    """A projector GGUF's ``general.*`` and ``clip.*`` keys, read from its
+    header (Ollama's ``projector_info``); empty when it cannot be read."""
+    try:
+        meta = header(path).meta
+    except (NotGGUF, OSError):
+        return {}
+    return {k: v for k, v in meta.items() if k.startswith(("general.", "clip."))}
+
+
+def projector_modalities(info: dict[str, Any]) -> dict[str, bool]:
+    """What a projector takes, as its header says (:func:`projector_info`):
+    ``{"vision": …, "audio": …}``, as libmtmd reads ``clip.has_*_encoder``."""
+    return {"vision": bool(info.get("clip.has_vision_encoder")), "audio": bool(info.get("clip.has_audio_encoder"))}

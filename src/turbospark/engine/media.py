@@ -55,7 +55,19 @@ _errors: list[str] | None = None  # error lines while a projector loads
 
 
 class ProjectorError(RuntimeError):
-    """A projector that cannot be used with this model (or at all)."""
+    """A projector that cannot be used with this model (or at all). Its
+    message names the file by its path (for the operator); ``public`` says
+    the same naming it by its file name only (for a client: no folder of
+    the server's)."""
+
+    def __init__(self, message: str, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = public or message
+
+
+def _refused(path: str, why: str) -> ProjectorError:
+    """``the projector PATH WHY``; its public form names the file only."""
+    return ProjectorError(f"the projector {path} {why}", f"the projector {os.path.basename(path)} {why}")
 
 
 class MediaError(AdmissionError):
@@ -168,7 +180,8 @@ class Projector:
         marker: str = MEDIA_MARKER,
     ) -> None:
         if not os.path.isfile(path):
-            raise ProjectorError(f"projector file not found: {path}")
+            name = os.path.basename(path)
+            raise ProjectorError(f"projector file not found: {path}", f"projector file not found: {name}")
         _check_projector(path)
         init_backend()
         M = mtmd()
@@ -189,9 +202,7 @@ class Projector:
             # (Qwen2-VL-style models place image tokens by 2-D positions the
             # scheduler's batches do not carry)
             self.close()
-            raise ProjectorError(
-                f"the projector {path} needs M-RoPE positions (Qwen2-VL style), which turbospark does not feed yet"
-            )
+            raise _refused(path, "needs M-RoPE positions (Qwen2-VL style), which turbospark does not feed yet")
         #: the marker that stands for one media item in a prompt's text
         self.marker = self._marker.decode()
         #: the width of one media embedding: the text model's input width
@@ -211,7 +222,12 @@ class Projector:
             # the first line of each error, once
             lines = [e.splitlines()[0].split("error: ", 1)[-1] for e in errors]
             why = "; ".join(dict.fromkeys(lines)) or "unknown error"
-            raise ProjectorError(f"the projector {path} does not load beside {self.model.path}: {why}")
+            # (clip's own lines may name the file: the client's form names no folder)
+            plain = why.replace(os.path.dirname(path) + os.sep, "")
+            raise ProjectorError(
+                f"the projector {path} does not load beside {self.model.path}: {why}",
+                f"the projector {os.path.basename(path)} does not load beside this model: {plain}",
+            )
         return ptr
 
     def tokenize(
@@ -306,7 +322,7 @@ def _check_projector(path: str) -> None:
     try:
         meta = check(path).meta
     except NotGGUF as e:
-        raise ProjectorError(f"the projector {path} does not load: {e}") from None
+        raise _refused(path, f"does not load: {e}") from None
     if not meta.get("clip.has_audio_encoder"):
         return
     kind = meta.get("clip.projector_type") or meta.get("clip.audio.projector_type")
@@ -316,9 +332,10 @@ def _check_projector(path: str) -> None:
     counted = -(-WHISPER_FRAMES // stack) // 2
     computed = -(-(WHISPER_FRAMES // 2) // stack)
     if counted != computed:
-        raise ProjectorError(
-            f"the projector {path} does not load: its {kind} audio encoder's stack factor {stack} "
-            f"makes this llama.cpp count {counted} tokens per 30 s window but compute {computed}"
+        raise _refused(
+            path,
+            f"does not load: its {kind} audio encoder's stack factor {stack} "
+            f"makes this llama.cpp count {counted} tokens per 30 s window but compute {computed}",
         )
 
 

@@ -156,6 +156,20 @@ class Entry:
             return self.kind == "chat"
         return True  # llama.cpp models embed; chat models too
 
+    def modalities(self) -> dict[str, bool]:
+        """What it takes besides text, ``{"vision": …, "audio": …}``: a
+        loaded model's capabilities; else what its last load said, or its
+        projector's header before any load (``info["modalities"]``). A
+        group takes what every replica takes."""
+        if self.group is not None:
+            each = [r.entry.modalities() for r in self.group.replicas]
+            return {k: all(m[k] for m in each) for k in ("vision", "audio")}
+        if self.model is not None:
+            caps = self.model.capabilities
+            return {"vision": caps.vision, "audio": caps.audio}
+        known = self.info.get("modalities") or {}
+        return {"vision": bool(known.get("vision")), "audio": bool(known.get("audio"))}
+
 
 @dataclass
 class Route:

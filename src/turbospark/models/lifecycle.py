@@ -14,6 +14,7 @@ from typing import Any
 
 from ..core.backend import Backend
 from ..engine.gguf import NotGGUF
+from ..engine.media import ProjectorError
 from ..observe import ModelAttached, Observer, now_ms, record
 from .entry import Entry, ModelSpec, RoutingError, info_of
 from .failures import note_failure, refuse_reload
@@ -96,6 +97,11 @@ class Lifecycle:
             if entry.failure is not None:
                 note_failure(entry, f"reload failed: {exc}")
             raise RoutingError(503, f"model {entry.id!r} cannot be loaded: {exc}", "model_unloadable") from None
+        except ProjectorError as exc:  # its projector: named by its file's name, no folder of the server's
+            log.warning("%s cannot be loaded: %s", entry.id, exc)
+            if entry.failure is not None:
+                note_failure(entry, f"reload failed: {exc.public}")
+            raise RoutingError(503, f"model {entry.id!r} cannot be loaded: {exc.public}", "model_unloadable") from None
         except Exception as exc:
             if entry.failure is not None:  # a failed model's reload failed too
                 note_failure(entry, f"reload failed: {exc}")

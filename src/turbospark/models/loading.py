@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.backend import Backend
+from ..engine.gguf import projector_info, projector_modalities
 from ..engine.model import LlamaChatModel, ModelOptions, derive_id
 from ..upstream.model import RemoteModel, RemoteOptions
 from .catalog import CATALOG, GGUF_MAGIC, cache_dir, resolve_model
@@ -214,7 +215,25 @@ def spec_for(opts: ModelOptions) -> ModelSpec:
         options=dataclasses.replace(opts, id=model_id),
         keep_alive=opts.keep_alive,
         path=opts.path,
+        facts=projector_facts(opts.mmproj),
     )
+
+
+def projector_facts(mmproj: str | None) -> dict[str, Any]:
+    """What the listings show of a model's projector before it is loaded:
+    its file, and what it takes as its header says (``modalities``)."""
+    if not mmproj:
+        return {}
+    return {"mmproj": mmproj, "modalities": projector_modalities(projector_info(mmproj))}
+
+
+def attachable_projector(arg: str, folders: Iterable[str]) -> str:
+    """An attach request's ``mmproj``: a GGUF file under one of ``folders``
+    (as :func:`attachable` checks a model's; a packaged model's name is
+    none). Raises :class:`NotAttachable`."""
+    if arg in CATALOG:
+        raise NotAttachable(arg)
+    return attachable(arg, folders)[0]
 
 
 def attach_group(

@@ -1,6 +1,7 @@
 """A pulled model as the registry loads it: its options (the server's
 defaults, then the presets its source gave: Ollama's ``num_ctx``, system
-prompt ...) and the facts the listings show before it is loaded."""
+prompt ..., and the projector pulled beside it) and the facts the listings
+show before it is loaded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from ..engine.model import ModelOptions
 from ..models.entry import ModelSpec
-from ..models.loading import spec_for
+from ..models.loading import projector_facts, spec_for
 from .ollama import presets
 from .refs import BadReference, parse
 from .store import Installed, Store
@@ -35,9 +36,20 @@ def facts(model: Installed) -> dict[str, Any]:
     }
 
 
+def projector(store: Store, model: Installed, defaults: dict[str, Any] | None = None) -> str | None:
+    """The projector a pulled model loads with: the one pulled beside it
+    (Hugging Face's ``mmproj-*.gguf``, Ollama's projector layer), unless
+    the defaults leave projectors off (``--no-mmproj``, ``mmproj = false``
+    in ``[defaults]``: the key present, None)."""
+    if not model.mmproj or (defaults is not None and "mmproj" in defaults and not defaults["mmproj"]):
+        return None
+    return store.path(model.mmproj)
+
+
 def options(store: Store, model: Installed, defaults: dict[str, Any] | None = None) -> ModelOptions:
     base = {k: v for k, v in (defaults or {}).items() if k not in _OWN}
     opts = ModelOptions(path=store.path(model.files[0]), id=model.name, **base)
+    opts.mmproj = projector(store, model, defaults)
     preset = presets(model.params)
     if "ctx" in preset:
         opts.ctx = preset.pop("ctx")
@@ -53,7 +65,9 @@ def spec(
 ) -> ModelSpec:
     opts = options(store, model, defaults)
     opts.aliases = aliases
-    return dataclasses.replace(spec_for(opts), facts={**facts(model), "sampling": dict(opts.sampling)})
+    # (the projector it loads with, if any: its absolute path and what it takes)
+    shown = {**facts(model), "mmproj": None, **projector_facts(opts.mmproj), "sampling": dict(opts.sampling)}
+    return dataclasses.replace(spec_for(opts), facts=shown)
 
 
 def on_demand(store: Store, defaults: dict[str, Any] | None = None) -> Callable[[str], ModelSpec | None]:

@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from ..dialects.common import BadRequest, validate
 from ..dialects.errors import openai_error
+from ..engine.media import ProjectorError
 from ..engine.model import ModelOptions
 from ..models.catalog import ModelNotFound
 from ..models.loading import (
@@ -26,6 +27,7 @@ from ..models.loading import (
     RemoteConfigError,
     attach_group,
     attachable,
+    attachable_projector,
     load_spec,
     remote_options,
     replica_name,
@@ -101,6 +103,9 @@ class AttachBody(BaseModel):
     system: str | None = None
     reasoning: str | None = None
     chat_template: str | None = None
+    #: a multimodal projector GGUF under the allowed folders (as ``model``);
+    #: false: none, not even the one a pulled model brings
+    mmproj: str | bool | None = None
 
 
 def entry_card(entry: Any) -> dict[str, Any]:
@@ -247,10 +252,12 @@ async def attach_model(request: Request) -> Response:
     body = validate(AttachBody, raw)
     registry = state_of(request).registry
     default_id: str | None
+    pulled_mmproj: str | None = None  # (the projector pulled beside it: store-relative)
     try:
         if body.pull:
             pulled = await run_pull(state_of(request), body.model, register=False)
             path, default_id = pulled.path, pulled.name
+            pulled_mmproj = pulled.model.mmproj if pulled.model is not None else None
         else:
             path, default_id = await asyncio.to_thread(attachable, body.model, state_of(request).model_folders)
     except BadRequest:
@@ -261,10 +268,12 @@ async def attach_model(request: Request) -> Response:
         raise BadRequest(str(exc), "model", status=404, code="model_not_found") from None
     except Exception as exc:  # a pull that failed
         raise pull_failure(exc) from None
+    mmproj = await _projector(request, body, pulled_mmproj)
     # the server's own defaults (threads, queue bound, reuse, speculation,
     # keep-alive ...), then what the request sets
     base = {k: v for k, v in state_of(request).model_defaults.items() if k not in ("path", "id", "aliases", "kind")}
     opts = ModelOptions(path=path, id=body.id or default_id, aliases=tuple(body.aliases), kind=body.kind, **base)
+    opts.mmproj = mmproj
     for field_name, attr in (
         ("ctx", "ctx"),
         ("parallel", "parallel"),
@@ -294,6 +303,9 @@ async def attach_model(request: Request) -> Response:
     try:
         try:
             model = await asyncio.to_thread(load_spec, spec)  # off the event loop
+        except ProjectorError as exc:  # (named by its file's name: no folder of the server's)
+            why = f"could not load {body.model!r} with its projector: {exc.public}"
+            raise BadRequest(why, "mmproj", status=422, code="load_failed") from None
         except (RuntimeError, ValueError, OSError) as exc:
             raise BadRequest(f"could not load {body.model!r}: {exc}", "model", status=422, code="load_failed") from None
         try:
@@ -304,6 +316,33 @@ async def attach_model(request: Request) -> Response:
     finally:
         registry.unreserve()  # resident now (or not at all)
     return JSONResponse(entry_card(entry), status_code=201)
+
+
+async def _projector(request: Request, body: AttachBody, pulled: str | None) -> str | None:
+    """The projector an attached model loads with: the body's ``mmproj`` (a
+    GGUF file under the allowed folders, checked as ``model`` is), none
+    (``false``), else the one pulled beside it (``pulled``: store-relative)
+    unless the server's defaults leave projectors off (``--no-mmproj``)."""
+    st = state_of(request)
+    if body.mmproj is True or body.mmproj == "":
+        raise BadRequest("'mmproj' must be a projector GGUF's path, or false to load none", "mmproj")
+    if body.mmproj is False or (body.kind == "embedding" and body.mmproj is None):
+        return None
+    if body.kind == "embedding":
+        raise BadRequest("an embedding model takes no projector: 'mmproj' is for chat models", "mmproj")
+    if isinstance(body.mmproj, str):
+        try:
+            return await asyncio.to_thread(attachable_projector, body.mmproj, st.model_folders)
+        except NotAttachable:
+            raise BadRequest(
+                f"{body.mmproj!r} is not a GGUF file under the allowed model folders (--models-dir)",
+                "mmproj",
+                status=403,
+                code="model_not_allowed",
+                type="permission_error",
+            ) from None
+    off = "mmproj" in st.model_defaults and not st.model_defaults["mmproj"]
+    return None if off or pulled is None or st.puller is None else st.puller.store.path(pulled)
 
 
 @endpoint(openai_error)

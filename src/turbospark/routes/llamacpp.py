@@ -84,7 +84,8 @@ async def props(request: Request) -> Response:
     info = route.entry.info or {}
     template = str(info.get("chat_template") or "")
     props = ll.props(info, int(info.get("parallel") or 1), template)
-    props["modalities"]["vision"] = model.capabilities.vision  # (images are refused without it)
+    # what its projector takes (media are refused without it): llama.cpp's web UI reads it
+    props["modalities"] = {"vision": model.capabilities.vision, "audio": model.capabilities.audio}
     return JSONResponse(props)
 
 

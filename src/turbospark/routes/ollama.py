@@ -17,6 +17,8 @@ from starlette.routing import Route
 
 from ..dialects import ollama as ol
 from ..dialects.common import BadRequest
+from ..engine.gguf import projector_info
+from ..engine.model import ModelOptions
 from ..pull.specs import facts
 from ..tools.prompting import template_thinks
 from .common import (
@@ -51,8 +53,8 @@ def _capabilities(entry: Any) -> list[str]:
         caps += ["completion", "tools"]  # tools: any chat model (see tools/prompting.py)
     elif entry.capable("embeddings"):
         caps.append("embedding")
-    if entry.model is not None and entry.model.capabilities.vision:
-        caps.append("vision")
+    takes = entry.modalities()  # (its projector's: known from its header before a load)
+    caps += [name for name in ("vision", "audio") if takes[name]]
     if entry.capable("chat") and template_thinks(_info(entry).get("chat_template") or ""):
         caps.append("thinking")  # known from its last load, as the template is
     return caps
@@ -90,7 +92,21 @@ async def show(request: Request) -> Response:
     if entry is None:
         raise BadRequest(f"model '{name}' not found", "model", status=404, code="model_not_found")
     info = _info(entry)
-    return JSONResponse(ol.show(info, _mtime_ns(info, st.started_at), _capabilities(entry)))
+    shown = ol.show(info, _mtime_ns(info, st.started_at), _capabilities(entry))
+    projector = _projector_path(entry)
+    if projector:  # its header's clip.* keys, as Ollama shows them
+        shown["projector_info"] = await asyncio.to_thread(projector_info, projector)
+    return JSONResponse(shown)
+
+
+def _projector_path(entry: Any) -> str | None:
+    """The projector a model loads with (its options'; else what its last
+    load said)."""
+    options = entry.spec.options if entry.spec is not None else None
+    if isinstance(options, ModelOptions):
+        return options.mmproj or None
+    found = entry.info.get("mmproj")
+    return found if isinstance(found, str) and os.path.isabs(found) else None
 
 
 async def ps(request: Request) -> Response:

@@ -1,6 +1,8 @@
 """OpenAI's model list: ``/v1/models`` (in Anthropic's shape for an
-Anthropic client) and ``/v1/models/{id}``; ``/v1/chat/completions`` is
-served by the generic handler (``dialects/openai_chat.py``)."""
+Anthropic client; with llama-server's ``models`` list beside ``data``, as
+llama-server answers it and ``/models``) and ``/v1/models/{id}``;
+``/v1/chat/completions`` is served by the generic handler
+(``dialects/openai_chat.py``)."""
 
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ def facts(entry: Any) -> dict[str, Any]:
     if ctx:
         out["context_length"] = out["max_model_len"] = ctx
     chat = entry.capable("chat")
-    vision = entry.model is not None and entry.model.capabilities.vision
-    out["capabilities"] = {"chat": chat, "tools": chat, "embeddings": entry.capable("embeddings"), "vision": vision}
+    # (images and sound: what its projector takes; LM Studio's shape)
+    out["capabilities"] = {"chat": chat, "tools": chat, "embeddings": entry.capable("embeddings"), **entry.modalities()}
     if entry.info.get("sampling"):  # its preset's sampling defaults (config file)
         out["sampling"] = dict(entry.info["sampling"])
     if entry.group is not None:  # a replica group: its replicas and their state now
@@ -49,6 +51,22 @@ def model_card(entry: Any, created: int) -> dict[str, Any]:
     if entry.state == "failed":
         card["error"] = entry.failure
     return {**card, **facts(entry)}
+
+
+def llamacpp_card(entry: Any) -> dict[str, Any]:
+    """llama-server's entry in its ``models`` list (beside ``data``): Ollama's
+    shape, ``capabilities`` ``["completion", "multimodal"]`` for a model
+    with a projector (the probe llama.cpp's web UI reads)."""
+    caps = ["completion"] if entry.capable("chat") else ["embedding"]
+    if any(entry.modalities().values()):
+        caps.append("multimodal")
+    return {
+        "name": entry.id,
+        "model": entry.id,
+        "type": "model",
+        "capabilities": caps,
+        "details": {"format": "gguf"},
+    }
 
 
 def anthropic_card(entry: Any, created: int) -> dict[str, Any]:
@@ -79,7 +97,7 @@ async def list_models(request: Request) -> Response:
         first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
         return JSONResponse({"data": data, "has_more": False, "first_id": first, "last_id": last})
     cards = [model_card(e, created) for e in entries]
-    return JSONResponse({"object": "list", "data": cards})
+    return JSONResponse({"object": "list", "data": cards, "models": [llamacpp_card(e) for e in entries]})
 
 
 async def get_model(request: Request) -> Response:
