@@ -147,6 +147,9 @@ export function select(id) {
   document.querySelector(`#rows tr[data-id="${selected}"]`)?.scrollIntoView({ block: "nearest" });
 }
 
+/** ``#/activity/ID``: that request's details. */
+export function open(id) { if (id) select(id); }
+
 export async function mount() {
   if (mounted) return;
   mounted = true;

@@ -44,7 +44,16 @@ export function showAll() {
   state.entries.forEach((e, i) => fragment.append(entryNode(e, i)));
   $("c-log").replaceChildren(fragment);
   drawActions();
-  $("c-log").scrollTop = $("c-log").scrollHeight;
+  toBottom();
+}
+
+/** The log at its end (for a few frames more while the messages scrolled past, laid out
+ *  at an estimated height until shown, take their real one). */
+export function toBottom(frames = 30, height = -1, still = 0) {
+  const log = $("c-log");
+  log.scrollTop = log.scrollHeight;
+  still = log.scrollHeight === height ? still + 1 : 0;
+  if (frames > 0 && still < 3) requestAnimationFrame(() => toBottom(frames - 1, log.scrollHeight, still));
 }
 
 export function setTitle(title) { state.title = title; $("c-title").textContent = title; }
@@ -117,7 +126,7 @@ async function reload() {
 export async function mount() {
   if (mounted) return;
   mounted = true;
-  ops.bind({ state, showAll, drawActions, entryNode, setTitle, openConversation });
+  ops.bind({ state, showAll, drawActions, entryNode, setTitle, openConversation, toBottom });
   list.setup((cid) => openConversation(cid).catch((e) => banner(e.message)), newChat);
   $("c-new").addEventListener("click", newChat);
   setupImages();

@@ -50,7 +50,7 @@ export async function send(s, text, images) {
     ui.state.entries.push(user, said);
     const n = ui.state.entries.length;
     $("c-log").append(ui.entryNode(user, n - 2), ui.entryNode(said, n - 1));
-    $("c-log").scrollTop = $("c-log").scrollHeight;
+    ui.toBottom();
     await turn(s, run, userItem, before, said);
   } catch (e) {
     banner(e.message);

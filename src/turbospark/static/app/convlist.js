@@ -28,6 +28,7 @@ export async function load(more = false) {
   if (more) $("c-list").append(...rows); else $("c-list").replaceChildren(...rows);
   last = page.last_id ?? last;
   $("c-more").hidden = !page.has_more;
+  $("c-list").dataset.loaded = "1";
 }
 
 export const titleOf = (c) => c.metadata?.title || "Untitled " + new Date(c.created_at * 1000).toLocaleString();
