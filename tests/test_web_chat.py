@@ -122,6 +122,9 @@ def test_another_browser_and_a_phone(chatting):
     sideways in any view; an inference key sees no admin action."""
     srv, _ = chatting
     with LivePage(srv.url + "/", width=390, height=844, mobile=True) as phone:
+        give_key(phone, "not-a-key")  # a wrong key: said so, and asked again
+        phone.wait("document.getElementById('keyMessage').textContent.includes('refused')")
+        assert phone.js("document.getElementById('banner').textContent") == "Wrong API key."
         give_key(phone, KEYS[1])
         phone.wait("!!document.querySelector('#c-model option')")
         phone.wait("document.getElementById('c-list').dataset.loaded === '1'")

@@ -98,9 +98,7 @@ def test_several_answers_regenerate_and_a_branch(scripted_page):
 
     page.js("document.getElementById('c-n').value = '1'")
     page.js(f"{answer_js()}.actions.querySelector('button').click()")  # Regenerate
-    page.wait(f"{CHAT}.busy !== null")
-    idle(page)
-    assert page.js(f"{answer_js()}.body.textContent").strip() == "Regenerated answer."
+    page.wait(f"{CHAT}.busy === null && {answer_js()}.body.textContent.trim() === 'Regenerated answer.'")
     assert [t for _, t in texts(srv, cid)][-2:] == ["Give me two.", "Regenerated answer."]
     assert len(texts(srv, cid)) == 4
 
@@ -110,8 +108,7 @@ def test_several_answers_regenerate_and_a_branch(scripted_page):
     page.js("document.activeElement.value = ''")
     page.type("An edited question.")
     page.key("Enter", "Enter", 13, "\r")
-    page.wait(f"{CHAT}.cid !== '{cid}' && {CHAT}.busy !== null")
-    idle(page)
+    page.wait(f"{CHAT}.cid !== '{cid}' && {CHAT}.busy === null && {answer_js()}.body.textContent.includes('Branch')")
     branch = page.js(f"{CHAT}.cid")
     assert [t for _, t in texts(srv, branch)][1:] == [texts(srv, cid)[1][1], "An edited question.", "Branch answer."]
     assert len(texts(srv, cid)) == 4  # the original is left as it was
@@ -121,6 +118,7 @@ def test_several_answers_regenerate_and_a_branch(scripted_page):
 
 
 def test_a_long_conversation_opens_and_scrolls(scripted_page):
+    """200 turns, and an agent's turn with reasoning and a tool call."""
     srv, page = scripted_page
     made = httpx.post(srv.url + "/v1/conversations", json={"metadata": {"title": "Long"}}, timeout=10).json()["id"]
     for start in range(0, 200, 10):
@@ -133,13 +131,46 @@ def test_a_long_conversation_opens_and_scrolls(scripted_page):
             )
         ]
         assert httpx.post(f"{srv.url}/v1/conversations/{made}/items", json={"items": turns}, timeout=10).is_success
+    agent = [  # a turn of an agent's (through the API): its reasoning folded, its tool call and output shown
+        {"type": "message", "role": "user", "content": "What is the weather?"},
+        {
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "I should call the tool."}],
+        },
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "12 C, rain"},
+        {"type": "message", "role": "assistant", "content": "It rains in Oslo."},
+    ]
+    assert httpx.post(f"{srv.url}/v1/conversations/{made}/items", json={"items": agent}, timeout=10).is_success
     began = time.monotonic()
     page.js(f"location.hash = '#/chat/{made}'")
-    page.wait("document.querySelectorAll('#c-log .msg').length === 400")
+    page.wait("document.querySelectorAll('#c-log .msg').length === 402")
     took = time.monotonic() - began
     assert took < 20, took  # (generous: the machine is shared)
+    last = f"{answer_js()}.node"
+    assert page.js(f"{last}.querySelector('details.reasoning:not([hidden])').open") is False
+    assert page.js(f"{last}.querySelector('details.reasoning pre').textContent") == "I should call the tool."
+    calls = page.js(f"[...{last}.querySelectorAll('.call')].map((c) => c.textContent)")
+    assert calls == ['tool call weather{"city": "Oslo"}', "tool call → output12 C, rain"], calls
     log = "document.getElementById('c-log')"
     page.wait(f"{log}.scrollTop + {log}.clientHeight >= {log}.scrollHeight - 2", timeout=10)  # opened at the end
     page.js(f"{log}.scrollTop = 0")
     assert page.js(f"{log}.querySelector('.msg').getBoundingClientRect().top") < 200
     assert page.js("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def test_an_unreachable_server_is_said_so(scripted_page):
+    srv, page = scripted_page
+    page.call("Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": -1,
+              "uploadThroughput": -1}, page=True)  # fmt: skip
+    try:
+        page.js(
+            "{ const s = document.getElementById('c-search'); s.value = 'x'; s.dispatchEvent(new Event('input')); }"
+        )
+        page.wait("document.getElementById('banner').textContent.includes('cannot be reached')")
+    finally:
+        page.call("Network.emulateNetworkConditions", {"offline": False, "latency": 0, "downloadThroughput": -1,
+                  "uploadThroughput": -1}, page=True)  # fmt: skip
+    page.js("{ const s = document.getElementById('c-search'); s.value = ''; s.dispatchEvent(new Event('input')); }")
+    page.wait("document.getElementById('banner').textContent === ''")

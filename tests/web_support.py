@@ -38,11 +38,11 @@ def tab_to(page: LivePage, element_id: str, limit: int = 60) -> None:
 
 def give_key(page: LivePage, key: str) -> None:
     """Answer the key dialog (opened by a 401) from the keyboard."""
-    page.wait("document.getElementById('keyDialog').open")
+    page.wait("document.getElementById('keyDialog').open && document.getElementById('keyInput').value === ''")
     page.wait("document.activeElement && document.activeElement.id === 'keyInput'")
     page.type(key)
     enter(page)
-    page.wait("!document.getElementById('keyDialog').open")
+    page.wait(f"sessionStorage.getItem('turbospark-key') === {key!r}")
 
 
 def idle(page: LivePage, timeout: float = 120) -> None:
@@ -52,10 +52,11 @@ def idle(page: LivePage, timeout: float = 120) -> None:
 
 def send(page: LivePage, text: str) -> None:
     """Type into the message box and press Enter."""
+    before = page.js(f"{CHAT}.entries.length")
     page.js("document.getElementById('c-input').focus()")
     page.type(text)
     enter(page)
-    page.wait(f"{CHAT}.busy !== null || document.getElementById('banner').textContent !== ''")
+    page.wait(f"{CHAT}.entries.length > {before} || document.getElementById('banner').textContent !== ''")
 
 
 def answer_js(n: int = -1) -> str:

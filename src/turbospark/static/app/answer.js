@@ -101,7 +101,9 @@ export class Answer {
         + "measured by the engine), prompt " + rec.promptTokens + " tokens of which " + rec.reusedTokens + " reused";
     }
     this.stats.replaceChildren(el("span", { text: parts.filter(Boolean).join(" · ") }),
-      this.requestId ? el("a", { href: "#/activity/" + this.requestId, text: " request " + this.requestId }) : "");
+      this.requestId ? el("span", { text: parts.length ? " · " : "" }) : "",
+      this.requestId ? el("a", { href: "#/activity/" + this.requestId, text: "request " + this.requestId,
+                                 title: "this request in Activity" }) : "");
     this.node.dataset.stop = rec?.stopReason ?? "";
   }
 }

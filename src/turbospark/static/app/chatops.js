@@ -75,7 +75,7 @@ async function turn(s, run, userItem, before, said) {
   if (run.stopped) answer.end("stopped", answer.shown);
   // the server keeps a turn that ended; a stopped one, or several answers, are kept here
   said.items = final && !run.stopped ? final.output : await keep(s.cid, userItem, answer);
-  answer.onpick = s.n > 1 ? (i) => pick(s.cid, said, i) : null;
+  answer.onpick = s.n > 1 ? (i) => { said.saving = pick(s.cid, said, i).catch((e) => banner(e.message)); } : null;
   if (answer.requestId) answer.showStats(await record(answer.requestId));
 }
 
@@ -111,6 +111,7 @@ export async function regenerate(s) {
   if (ui.state.busy || entries.length < 2) return;
   const [user, said] = entries.slice(-2);
   if (user.role !== "user" || said.role !== "assistant") return;
+  await said.saving;  // (another of several answers being kept)
   try {
     await removeItems(s.cid, [...user.items, ...said.items]);
   } catch (e) { banner(e.message); return; }

@@ -1,6 +1,6 @@
 // The conversations list (GET /v1/conversations, this server's extension):
 // newest first, searched by title, paged; rename and delete in place.
-import { api } from "./api.js";
+import { api, banner } from "./api.js";
 import { $, el } from "./dom.js";
 import { remove, rename } from "./thread.js";
 
@@ -10,8 +10,8 @@ let last = null, current = null, onOpen = () => {}, onGone = () => {};
 export function setup(open, gone) {
   onOpen = open; onGone = gone;
   let timer = null;
-  $("c-search").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => load(), 250); });
-  $("c-more").addEventListener("click", () => load(true));
+  $("c-search").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => load().catch((e) => banner(e.message)), 250); });
+  $("c-more").addEventListener("click", () => load(true).catch((e) => banner(e.message)));
 }
 
 export function setCurrent(cid) {
@@ -51,8 +51,10 @@ function renaming(li, c, open) {
   const input = el("input", { value: titleOf(c), "aria-label": "New title", maxlength: 512 });
   const done = async (save) => {
     if (save && input.value.trim()) {
-      c = await rename(c.id, { ...c.metadata, title: input.value.trim() });
-      open.textContent = open.title = titleOf(c);
+      try {
+        c = await rename(c.id, { ...c.metadata, title: input.value.trim().slice(0, 512) });
+        open.textContent = open.title = titleOf(c);
+      } catch (e) { banner(e.message); }
     }
     input.replaceWith(open);
     open.focus();
@@ -71,5 +73,5 @@ function deleting(li, c, button) {
     setTimeout(() => { button.dataset.sure = ""; button.textContent = "✕"; }, 4000);
     return;
   }
-  remove(c.id).then(() => { li.remove(); if (c.id === current) onGone(); });
+  remove(c.id).then(() => { li.remove(); if (c.id === current) onGone(); }, (e) => banner(e.message));
 }

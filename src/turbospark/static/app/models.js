@@ -5,7 +5,8 @@
 import { api, banner } from "./api.js";
 import { $, el, size } from "./dom.js";
 import { authHeaders } from "./key.js";
-import { pull, watchOthers } from "./mpulls.js";
+import { fromEvent, inFlight, pull } from "./mpulls.js";
+import { frames } from "./sse.js";
 
 let mounted = false, admin = false;
 
@@ -62,6 +63,23 @@ async function config() {
   $("m-config-text").textContent = lines.join("\n");
 }
 
+/** The server's model events (attached, detached, pulls) keep the view current. */
+async function follow() {
+  let timer = null;
+  const later = () => { clearTimeout(timer); timer = setTimeout(() => refresh().catch(() => {}), 200); };
+  for (;;) {
+    try {
+      const r = await fetch("/v1/events", { headers: authHeaders(), cache: "no-store" });
+      if (!r.ok) throw new Error("HTTP " + r.status);
+      for await (const f of frames(r)) {
+        if (f.event === "modelPull") { const e = JSON.parse(f.data); fromEvent(e); if (e.phase === "finished") later(); }
+        else if (f.event === "modelAttached" || f.event === "modelDetached") later();
+      }
+    } catch { /* the banner says when the server is gone */ }
+    await new Promise((r) => setTimeout(r, 2000));
+  }
+}
+
 export async function mount() {
   if (mounted) return refresh().catch((e) => banner(e.message));
   mounted = true;
@@ -79,5 +97,6 @@ export async function mount() {
   });
   window.addEventListener("turbospark-key", () => refresh().catch(() => {}));
   await refresh().catch((e) => banner(e.message));
-  if (admin) { config(); watchOthers(() => refresh().catch(() => {})); }
+  if (admin) { config(); inFlight().catch(() => {}); }
+  follow();
 }

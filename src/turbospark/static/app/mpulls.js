@@ -31,7 +31,7 @@ async function cancel(model) {
 
 /** Pull ``model`` and follow it; ``done()`` once it ended (pulled or not). */
 export async function pull(model, done) {
-  const p = { model, state: "pulling", completed: 0, total: 0, rate: 0, error: null };
+  const p = { model, state: "pulling", completed: 0, total: 0, rate: 0, error: null, own: true };
   const files = new Map();  // digest -> [completed, total]
   let last = { t: performance.now(), bytes: 0 };
   rows.set(model, p);
@@ -58,14 +58,26 @@ export async function pull(model, done) {
   done();
 }
 
-/** Pulls in flight that this page did not start, until they end. */
-export async function watchOthers(done) {
-  for (;;) {
-    let others;
-    try { others = (await api("/v1/admin/pulls")).data.filter((x) => !rows.has(x.model)); } catch { return; }
-    const going = others.filter((x) => !["finished", "failed", "cancelled"].includes(x.state));
-    for (const x of going) draw({ ...x, state: "pulling", rate: x.rate });
-    if (!going.length) return done();
-    await new Promise((r) => setTimeout(r, 1000));
+/** A pull this page did not start, as the server's modelPull events tell it. */
+export function fromEvent(e) {
+  if (rows.get(e.model)?.own) return;
+  const was = rows.get(e.model);
+  const state = { started: "pulling", progress: "pulling", finished: "finished" }[e.phase]
+    || (/cancel/i.test(e.reason || "") ? "cancelled" : "failed");
+  const dt = was ? (e.atMs - was.atMs) / 1000 : 0;
+  const rate = dt > 0 ? (e.fetched - was.fetched) / dt : was?.rate ?? 0;
+  const p = { model: e.model, state, completed: e.completed, total: e.total, fetched: e.fetched, atMs: e.atMs,
+              rate: state === "pulling" ? rate : 0, error: e.reason || null };
+  rows.set(e.model, p);
+  draw(p);
+}
+
+/** Pulls in flight when the view opens (GET /v1/admin/pulls). */
+export async function inFlight() {
+  for (const x of (await api("/v1/admin/pulls")).data) {
+    if (rows.has(x.model) || !["listing", "waiting", "pulling", "verifying", "writing"].includes(x.state)) continue;
+    const p = { ...x, state: "pulling", atMs: Date.now(), fetched: x.fetched };
+    rows.set(x.model, p);
+    draw(p);
   }
 }
