@@ -65,6 +65,7 @@ def test_chat_streams_stops_and_keeps_the_conversation(chatting):
         assert page.js("sessionStorage.getItem('turbospark-key')") == KEYS[0]
         assert page.js("document.querySelector('#c-model').selectedOptions[0].textContent") == "smollm2-135m (loaded)"
         assert page_weight(page, srv.url) <= MAX_PAGE_BYTES
+        assert page.js("document.getElementById('c-attach').hidden")  # SmolLM2 takes no image
         settings(page, 24)
         # the keyboard only: Tab to the message box, Shift+Enter a new line, Enter sends
         tab_to(page, "c-input")
@@ -106,6 +107,7 @@ def test_chat_streams_stops_and_keeps_the_conversation(chatting):
         page.wait(f"!document.getElementById('view-activity').hidden && !!document.querySelector('{shown}')")
         details = page.wait("(document.getElementById('details').textContent.match(/\"id\": \\d+/) || [''])[0]")
         assert details == f'"id": {rid}'
+        shot(page, "activity")
 
         # a reload: the conversation is in the list (the key still in the tab), and opens whole
         page.navigate(srv.url + "/")
@@ -140,6 +142,19 @@ def test_another_browser_and_a_phone(chatting):
             if view == "models":
                 phone.wait("document.querySelectorAll('#m-rows tr').length > 0")
                 assert phone.js("[...document.querySelectorAll('#view-models .admin')].every((e) => e.hidden)")
+            if view == "activity":  # (this key's requests only)
+                phone.wait("document.getElementById('state').textContent === 'live'")
+                phone.wait("document.querySelectorAll('#rows tr').length > 0")
             width = phone.js("document.documentElement.scrollWidth")
             assert width <= 390, (view, width)
-            shot(phone, "phone-" + view)
+            if view == "chat":
+                shot(phone, "phone-chat")
+        # light and dark from the system setting
+        phone.js("location.hash = '#/chat'")
+        phone.wait("!document.getElementById('view-chat').hidden")
+        light = phone.js("getComputedStyle(document.body).backgroundColor")
+        phone.call("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]},
+                   page=True)  # fmt: skip
+        dark = phone.js("getComputedStyle(document.body).backgroundColor")
+        assert (light, dark) == ("rgb(255, 255, 255)", "rgb(15, 20, 25)")
+        shot(phone, "phone-dark")

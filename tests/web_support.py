@@ -81,4 +81,7 @@ def shot(page: LivePage, name: str) -> None:
     folder = os.environ.get("TURBOSPARK_WEB_SHOTS")
     if folder:
         os.makedirs(folder, exist_ok=True)
-        page.screenshot(os.path.join(folder, name + ".png"))
+        width, height = page.js("[window.innerWidth, window.innerHeight]")
+        scale = 0.7 if width > 600 else 1  # (kept small for the repository)
+        clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": scale}
+        page.screenshot(os.path.join(folder, name + ".png"), clip=clip)
