@@ -145,6 +145,8 @@ def test_another_browser_and_a_phone(chatting):
             if view == "activity":  # (this key's requests only)
                 phone.wait("document.getElementById('state').textContent === 'live'")
                 phone.wait("document.querySelectorAll('#rows tr').length > 0")
+                paths = phone.js("[...document.querySelectorAll('#rows tr')].map((tr) => tr.children[3].textContent)")
+                assert not [p for p in paths if p.startswith("/app/")], paths  # (the page's own files)
             width = phone.js("document.documentElement.scrollWidth")
             assert width <= 390, (view, width)
             if view == "chat":

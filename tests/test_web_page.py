@@ -74,3 +74,15 @@ def test_the_guard_holds_for_the_page(keyed):
     assert other.status_code == 403
     own = httpx.get(keyed.url + "/v1/models", headers={"Origin": keyed.url, "x-api-key": "page-key"})
     assert own.status_code == 200
+
+
+def test_the_pages_files_are_not_in_the_views():
+    """Like the views' own reads, the page's files never become rows of the
+    fold (the page loading would otherwise fill Activity with itself)."""
+    from turbospark.views.fold import Fold
+
+    fold = Fold()
+    for rid, path in ((1, "/app/main.js"), (2, "/app/vendor/marked.esm.js"), (3, "/v1/models")):
+        fold.feed({"kind": "requestStarted", "id": rid, "atMs": 0, "method": "GET", "path": path})
+        fold.feed({"kind": "requestFinished", "id": rid, "status": 200, "durationMs": 1})
+    assert [r["path"] for r in fold.summary(10)["records"]] == ["/v1/models"]
