@@ -1,7 +1,9 @@
-"""Headless Chromium for the dashboard tests: one-shot ``--dump-dom`` /
+"""Headless Chromium for the web page's tests: one-shot ``--dump-dom`` /
 ``--screenshot`` runs, and a live page driven over the DevTools protocol on
 ``--remote-debugging-pipe`` (fds 3 and 4, NUL-separated JSON), so a test
-can watch the page update in real time. No extra Python dependency.
+can watch the page update in real time, press keys, and see what the page
+did: its requests, script errors and dialogs (each dialog dismissed at
+once), from the protocol's events. No extra Python dependency.
 
 Chromium missing is a FAILURE, not a skip: ``.ci/run`` installs it."""
 
@@ -55,7 +57,7 @@ def run_once(url: str, *args: str, timeout: float = 120) -> str:
 class LivePage:
     """A page in a headless Chromium, controlled over the DevTools pipe."""
 
-    def __init__(self, url: str, width: int = 1400, height: int = 900) -> None:
+    def __init__(self, url: str, width: int = 1400, height: int = 900, mobile: bool = False) -> None:
         self._profile = tempfile.mkdtemp(prefix="turbospark-chromium-")
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
@@ -85,13 +87,18 @@ class LivePage:
         os.close(from_child_w)
         self._buf = b""
         self._next = 0
+        #: every DevTools event seen so far (``{"method", "params"}``)
+        self.events: list[dict[str, Any]] = []
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         self.call(
             "Emulation.setDeviceMetricsOverride",
-            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
             page=True,
         )
+        for domain in ("Page", "Runtime", "Network"):
+            self.call(f"{domain}.enable", page=True)
+        self.call("Page.bringToFront", page=True)  # (a background tab gets no animation frames)
         self.call("Page.navigate", {"url": url}, page=True)
 
     def call(self, method: str, params: dict[str, Any] | None = None, page: bool = False) -> dict[str, Any]:
@@ -109,14 +116,50 @@ class LivePage:
                 self._buf += chunk
             raw, _, self._buf = self._buf.partition(b"\0")
             reply = json.loads(raw)
+            if "method" in reply:
+                self._event(reply)
             if reply.get("id") == self._next:
                 if "error" in reply:
                     raise AssertionError(f"{method}: {reply['error']}")
                 return reply["result"]
         raise AssertionError(f"{method}: no reply")
 
-    def js(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, page=True)
+    def _event(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        if event["method"] == "Page.javascriptDialogOpening":  # (a dialog blocks the page: dismissed)
+            msg = {"id": 0, "method": "Page.handleJavaScriptDialog", "params": {"accept": False}}
+            os.write(self._to_child, json.dumps({**msg, "sessionId": event.get("sessionId")}).encode() + b"\0")
+
+    def seen(self, method: str) -> list[dict[str, Any]]:
+        """The params of the events of ``method`` seen so far."""
+        return [e["params"] for e in self.events if e["method"] == method]
+
+    def requested(self) -> list[str]:
+        """Every URL the page asked for (documents, scripts, fetches, images)."""
+        return [p["request"]["url"] for p in self.seen("Network.requestWillBeSent")]
+
+    def errors(self) -> list[Any]:
+        """Uncaught script errors and console errors (CSP refusals among them)."""
+        thrown = [p["exceptionDetails"] for p in self.seen("Runtime.exceptionThrown")]
+        logged = [p for p in self.seen("Runtime.consoleAPICalled") if p.get("type") == "error"]
+        return thrown + logged
+
+    def key(self, key: str, code: str, vk: int, text: str = "", modifiers: int = 0) -> None:
+        """A real key press (down, up) sent to the focused element; ``modifiers``: 8 = Shift."""
+        base = {"key": key, "code": code, "windowsVirtualKeyCode": vk, "modifiers": modifiers}
+        self.call("Input.dispatchKeyEvent", {"type": "keyDown", **base, "text": text}, page=True)
+        self.call("Input.dispatchKeyEvent", {"type": "keyUp", **base}, page=True)
+
+    def type(self, text: str) -> None:
+        self.call("Input.insertText", {"text": text}, page=True)
+
+    def navigate(self, url: str) -> None:
+        self.call("Page.navigate", {"url": url}, page=True)
+
+    def js(self, expression: str, wait: bool = False) -> Any:
+        """``expression``'s value (``wait``: the value its promise resolves to)."""
+        params = {"expression": expression, "returnByValue": True, "awaitPromise": wait}
+        result = self.call("Runtime.evaluate", params, page=True)
         if "exceptionDetails" in result:
             raise AssertionError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -134,8 +177,8 @@ class LivePage:
             time.sleep(0.1)
         raise AssertionError(f"the page never satisfied: {expression} (last error: {error})")
 
-    def screenshot(self, path: str) -> bytes:
-        data = base64.b64decode(self.call("Page.captureScreenshot", {"format": "png"}, page=True)["data"])
+    def screenshot(self, path: str, **params: Any) -> bytes:
+        data = base64.b64decode(self.call("Page.captureScreenshot", {"format": "png", **params}, page=True)["data"])
         with open(path, "wb") as f:
             f.write(data)
         return data

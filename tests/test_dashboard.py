@@ -1,6 +1,7 @@
-"""GET /dashboard in a real headless Chromium against a live server with
-API keys (the page takes the key from ``#key=``): rows in the DOM, charts
-drawn, a non-blank screenshot, and live updates from /v1/events."""
+"""GET /dashboard (the web page's Activity view) in a real headless Chromium
+against a live server with API keys (the page takes the key from an older
+link's ``#key=`` into the tab's storage): rows in the DOM, charts drawn, a
+non-blank screenshot, and live updates from /v1/events."""
 
 from __future__ import annotations
 
@@ -184,7 +185,7 @@ def test_dashboard_shows_pulls_with_a_bar(tmp_path):
             os.makedirs(ARTIFACTS, exist_ok=True)
             page.screenshot(os.path.join(ARTIFACTS, "dashboard-pulls.png"))
             # (30 s by default) the ended pulls go, and the pane with them
-            page.js("SHOW_ENDED_MS = 0; render();")
+            page.js("turbospark.activity.shown.endedMs = 0; turbospark.activity.render();")
             page.wait("document.getElementById('pulls').hidden")
 
 

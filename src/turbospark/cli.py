@@ -430,7 +430,7 @@ def _print_banner(args: argparse.Namespace, port: int, auth: Any, policy: Any) -
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"turbospark {__version__} listening on http://{host}:{port}", file=sys.stderr)
     address = f"http://{host}:{port}"
-    print(f"  dashboard: {address}/dashboard   console: turbospark console --url {address}", file=sys.stderr)
+    print(f"  web page: {address}/   console: turbospark console --url {address}", file=sys.stderr)
     print(
         "  auth: "
         + ("API key required" if auth.api_keys else "off (loopback only)")

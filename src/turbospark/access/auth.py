@@ -17,9 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 ADMIN_PREFIX = "/v1/admin/"
-#: ``/dashboard`` is a page without data (a browser cannot send a key when
-#: it navigates); the data it loads (/v1/stats, /v1/events) needs the key.
-OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health"), ("GET", "/dashboard")}
+OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health")}
 #: Opened by ``--metrics-auth off``: Prometheus scrapers usually hold no key.
 METRICS_ROUTES = {("GET", "/metrics"), ("HEAD", "/metrics")}
 
@@ -67,6 +65,18 @@ def admin_opens(method: str, path: str) -> bool:
     if (method, path) in VIEW_ROUTES:
         return True
     return (method in ("GET", "HEAD") and path == SLOT_PATH) or (method == "POST" and path.startswith(SLOT_PATH + "/"))
+
+
+def page_route(method: str, path: str, headers: Mapping[str, str]) -> bool:
+    """The web page and its files (``routes/page.py``): no data, and a
+    browser cannot send a key when it navigates; the data the page loads
+    needs the key. ``/`` only to a browser (``Accept: text/html``): an
+    Ollama client's probe there still needs one."""
+    if method not in ("GET", "HEAD"):
+        return False
+    if path == "/":
+        return "text/html" in headers.get("accept", "").lower()
+    return path == "/dashboard" or path.startswith("/app/")
 
 
 def is_admin_route(path: str) -> bool:
@@ -121,6 +131,8 @@ class Auth:
         if not self.enabled:
             return Decision(True, admin=True)
         if (method, path) in OPEN_ROUTES or (self.metrics_open and (method, path) in METRICS_ROUTES):
+            return Decision(True)
+        if page_route(method, path, headers):
             return Decision(True)
         admin_route = is_admin_route(path)
         key = self.presented_key(headers)

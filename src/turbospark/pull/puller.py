@@ -80,8 +80,10 @@ class _Job:
     lined: float = 0.0
     #: its ``started`` event went out
     announced: bool = False
-    #: listing, waiting, pulling, verifying, writing, finished, failed
+    #: listing, waiting, pulling, verifying, writing, finished, failed, cancelled
     state: str = "listing"
+    #: set by :meth:`Puller.cancel`: the pull stops at its next chunk
+    cancel: threading.Event = field(default_factory=threading.Event)
     at: float = field(default_factory=time.time)
     ended: float | None = None
     reason: str | None = None
@@ -155,6 +157,16 @@ class Puller:
             jobs, ended = list(self._jobs.values()), list(reversed(self._ended))
         return [j.view() for j in [*jobs, *ended]]
 
+    def cancel(self, name: str) -> bool:
+        """Stop the pull of ``name`` (as asked for, or as it is named now) at
+        its next chunk: its bytes stay in ``.partial/`` for a later pull to
+        continue. False: no such pull in flight."""
+        with self._lock:
+            jobs = [j for key, j in self._jobs.items() if name in (key, j.name)]
+        for job in jobs:
+            job.cancel.set()
+        return bool(jobs)
+
     # -- one pull ----------------------------------------------------------
     def pull(self, ref: Reference, on_update: Callable[[PullUpdate], None] | None = None) -> Pulled:
         """Fetch what ``ref`` names into the store (nothing when it is there).
@@ -180,7 +192,8 @@ class Puller:
             job.result = self._run(ref, job)
             return job.result
         except BaseException as exc:
-            job.error, job.state, job.reason = exc, "failed", fetch.plain(exc)
+            job.error, job.reason = exc, fetch.plain(exc)
+            job.state = "cancelled" if job.cancel.is_set() else "failed"
             self._started(job)  # (a plan that failed: under the name asked for)
             self._event(job, "failed", reason=job.reason)
             raise
@@ -253,6 +266,8 @@ class Puller:
         def arrived(n: int, fetched: bool = True) -> None:
             if self._closed.is_set():
                 raise fetch.FetchError("the server is shutting down; pull again to continue", 503)
+            if job.cancel.is_set():
+                raise fetch.FetchError(f"the pull of {job.name} was cancelled", 409)
             state["done"] += n
             job.completed += n
             job.fetched += max(n, 0) if fetched else 0

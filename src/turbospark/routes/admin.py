@@ -396,8 +396,20 @@ async def list_pulls(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": puller.pulls() if puller is not None else []})
 
 
+@endpoint(openai_error)
+async def cancel_pull(request: Request) -> Response:
+    """Stop a pull in flight at its next chunk (its client gets an error
+    line, its ``modelPull`` ends ``failed``, ``/v1/admin/pulls`` shows it
+    ``cancelled``); 404 when no pull of that name is in flight."""
+    puller, name = state_of(request).puller, request.path_params["model"]
+    if puller is None or not puller.cancel(name):
+        raise BadRequest(f"no pull of {name!r} is in flight", "model", status=404, code="not_found")
+    return JSONResponse({"model": name, "cancelled": True})
+
+
 routes += [
     Route("/v1/admin/pulls", list_pulls, methods=["GET"]),
+    Route("/v1/admin/pulls/{model:path}", cancel_pull, methods=["DELETE"]),
     Route("/v1/admin/config", show_config, methods=["GET"]),
     Route("/v1/admin/config/reload", reload_config, methods=["POST"]),
     Route("/v1/admin/models", list_admin_models, methods=["GET"]),

@@ -1,7 +1,8 @@
 """OpenAI's Conversations API (issue 37): a conversation created (with its
 metadata and up to 20 first items), read, its metadata replaced, deleted;
 its items added (up to 20 at a time), listed (``after``/``limit``/``order``),
-read and deleted one by one. ``responses.create(conversation=...)`` reads
+read and deleted one by one; and this server's own ``GET
+/v1/conversations``, the caller's conversations newest first. ``responses.create(conversation=...)`` reads
 and extends the same list (``routes/stored.py``). Another tenant's
 conversation is not found, as an unknown one; ``include`` asks for nothing
 this server has beyond the items themselves, so any value is refused."""
@@ -115,6 +116,31 @@ async def conversation(request: Request) -> Conversation:
     return found
 
 
+def _limit(request: Request) -> int:
+    raw = request.query_params.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise BadRequest("'limit' must be an integer from 1 to 100", "limit")
+    return int(raw)
+
+
+async def list_conversations(request: Request) -> Response:
+    """This server's extension (OpenAI's API lists no conversations): the
+    caller's conversations, newest first, ``after`` a conversation id,
+    ``limit`` 1 to 100 (20), ``search``: only titles (``metadata.title``)
+    holding it, in any case."""
+    q = request.query_params
+    if q.get("order", "desc") != "desc":
+        raise BadRequest("'order' must be 'desc': conversations are listed newest first", "order")
+    after, search = q.get("after") or None, q.get("search") or None
+    listed = await store_of(request).listing(tenant_of(request), _limit(request), after, search)
+    if listed is None:
+        raise BadRequest(f"no conversation with id '{after}' in this list", "after", status=404, code="not_found")
+    found, more = listed
+    data = [c.public() for c in found]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return JSONResponse({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more})
+
+
 async def create(request: Request) -> Response:
     body = await read_body(request, CreateConversation)
     metadata = checked_metadata(body.metadata)
@@ -189,6 +215,7 @@ async def delete_item(request: Request) -> Response:
 
 
 routes = [
+    Route("/v1/conversations", list_conversations, methods=["GET"]),
     Route("/v1/conversations", create, methods=["POST"]),
     Route("/v1/conversations/{conversation_id}", retrieve, methods=["GET"]),
     Route("/v1/conversations/{conversation_id}", update, methods=["POST"]),

@@ -132,12 +132,11 @@ async def version(request: Request) -> Response:
 
 
 async def root(request: Request) -> Response:
-    """What Ollama answers at ``/``; clients use it to detect a server."""
+    """What Ollama answers at ``/``; clients use it to detect a server (a
+    browser gets the web page instead: ``routes/page.py``, which routes ``/``
+    in no dialect's error shape: it is every dialect's)."""
     return PlainTextResponse("Ollama is running")
 
-
-#: not in Ollama's error shape: ``/`` is every dialect's
-probes = [Route("/", root, methods=["GET", "HEAD"])]
 
 routes = [
     Route("/api/tags", tags, methods=["GET"]),

@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Route
 from ..dialects import anthropic, llamacpp, ollama, ollama_embed, openai_chat, openai_completions, openai_embeddings
 from ..dialects import openai_responses as responses
 from ..dialects.base import CorsHeaders, Dialect, ErrorShapes, cors_headers
-from . import admin, conversations, dashboard, embeddings, events, pulls
+from . import admin, conversations, embeddings, events, page, pulls
 from . import anthropic as anthropic_routes
 from . import llamacpp as llamacpp_routes
 from . import metrics as metrics_routes
@@ -74,11 +74,10 @@ def route_table() -> list[BaseRoute]:
         *serve(ollama.Dialect, [*ollama_routes.routes, *pulls.routes]),
         *serve(ollama_embed.Dialect, embeddings.ollama_routes),
         *serve(llamacpp.Dialect, llamacpp_routes.routes),
-        *ollama_routes.probes,
         *admin.routes,
         *metrics_routes.routes,
         *events.routes,
-        *dashboard.routes,
+        *page.routes,  # (``/``: the page to a browser, Ollama's probe to the rest)
     ]
 
 

@@ -82,6 +82,41 @@ class ConversationStore:
         await self.db.run(write)
         return made
 
+    async def listing(
+        self, tenant: str, limit: int, after: str | None = None, search: str | None = None
+    ) -> tuple[list[Conversation], bool] | None:
+        """The tenant's live conversations, newest first (by creation, then
+        id), from the one after ``after``; ``search``: only those whose
+        ``title`` (metadata) holds it, in any case. None: ``after`` is none
+        of them. Listing is no use: it keeps nothing longer."""
+
+        def read(db: sqlite3.Connection) -> tuple[list[Conversation], bool] | None:
+            now = self.clock()
+            where, args = "tenant = ? AND expires_at >= ?", [tenant, now]
+            if after is not None:
+                row = db.execute(f"SELECT created_at FROM conversations WHERE id = ? AND {where}", (after, *args))
+                start = row.fetchone()
+                if start is None:
+                    return None
+                where += " AND (created_at < ? OR (created_at = ? AND id < ?))"
+                args += [start[0], start[0], after]
+            rows = db.execute(
+                f"SELECT id, created_at, metadata FROM conversations WHERE {where} ORDER BY created_at DESC, id DESC",
+                args,
+            )
+            wanted = search.casefold() if search else None
+            found: list[Conversation] = []
+            for cid, created_at, raw in rows:
+                metadata = json.loads(raw)
+                if wanted is not None and wanted not in str(metadata.get("title", "")).casefold():
+                    continue
+                if len(found) == limit:
+                    return found, True
+                found.append(Conversation(cid, created_at, metadata))
+            return found, False
+
+        return await self.db.run(read)
+
     async def get(self, cid: str, tenant: str) -> Conversation | None:
         return await self.db.run(lambda db: self._touch(db, cid, tenant))
 

@@ -19,7 +19,8 @@ Where the numbers come from (CONTRACT §2):
 - overhead = ``durationMs − 1000 × (queue + prefill + decode)``: HTTP,
   parsing and templating.
 
-The views' own traffic (``/v1/events``, ``/v1/stats``, ``/dashboard``) is
+The views' own traffic (``/v1/events``, ``/v1/stats``, ``/dashboard``, the
+web page's files under ``/app/``) is
 left out by default, so watching the server does not change what is watched
 (the dashboard re-reads ``/v1/stats`` after events: counting those reads
 would feed back into itself).
@@ -37,6 +38,8 @@ from .usage import Usage
 
 #: Paths of the views themselves; see the module docstring.
 VIEW_PATHS: frozenset[str] = frozenset({"/v1/events", "/v1/stats", "/dashboard"})
+#: ... and the web page's own files (its scripts and styles)
+VIEW_PREFIXES: tuple[str, ...] = ("/app/",)
 
 
 def percentile(sorted_values: list[float], p: float) -> float | None:
@@ -360,6 +363,7 @@ class Fold:
     max_requests: int | None = 1000
     samples: int = 1000
     hide_paths: frozenset[str] = VIEW_PATHS
+    hide_prefixes: tuple[str, ...] = VIEW_PREFIXES
 
     events: int = 0
     dropped_events: int = 0  # "log gaps": events a view knows it missed
@@ -451,7 +455,8 @@ class Fold:
                 self._hidden.discard(rid)
             return None
         if kind == "requestStarted":
-            if event.get("path") in self.hide_paths:
+            path = str(event.get("path"))
+            if path in self.hide_paths or path.startswith(self.hide_prefixes):
                 self._hidden.add(rid)
                 return None
             rec = self._record(rid)

@@ -1,0 +1,133 @@
+// What the chat does with a conversation on the server: send (and stream)
+// a message, stop it, regenerate the last answer, pick one of several, and
+// edit an earlier message into a new branch.
+import { $, randomId } from "./dom.js";
+import { api, ApiError, banner } from "./api.js";
+import * as list from "./convlist.js";
+import { Answer } from "./answer.js";
+import { record } from "./stats.js";
+import { append, copyable, create, imagesOf, removeItems, textOf, toMessages } from "./thread.js";
+import { choices, respond } from "./turn.js";
+
+let ui = null;  // chat.js: its state and drawing
+export function bind(parts) { ui = parts; }
+
+function busy(run) {
+  ui.state.busy = run;
+  $("c-send").hidden = Boolean(run);
+  $("c-stop").hidden = !run;
+  ui.drawActions();
+}
+
+export function stop() {
+  const run = ui.state.busy;
+  if (!run) return;
+  run.stopped = true;
+  run.controller.abort();
+}
+
+/** The conversation to write to (made on the first message, titled by it). */
+async function target(text) {
+  if (ui.state.cid) return ui.state.cid;
+  const title = (text.trim() || "Image").replace(/\s+/g, " ").slice(0, 60);
+  const made = await create({ title });
+  ui.state.cid = made.id;
+  ui.setTitle(title);
+  list.prepend(made);
+  history.replaceState(null, "", "#/chat/" + made.id);
+  return made.id;
+}
+
+export async function send(s, text, images) {
+  const run = { controller: new AbortController(), stopped: false };
+  busy(run);
+  try {
+    s = { ...s, cid: await target(text) };
+    const userItem = { type: "message", role: "user", id: randomId("msg_"),
+      content: [{ type: "input_text", text }, ...images.map((url) => ({ type: "input_image", image_url: url }))] };
+    const before = ui.state.entries.slice();
+    const user = { role: "user", items: [userItem] }, said = { role: "assistant", items: [], answer: new Answer() };
+    ui.state.entries.push(user, said);
+    const n = ui.state.entries.length;
+    $("c-log").append(ui.entryNode(user, n - 2), ui.entryNode(said, n - 1));
+    ui.toBottom();
+    await turn(s, run, userItem, before, said);
+  } catch (e) {
+    banner(e.message);
+  } finally {
+    busy(null);
+  }
+}
+
+async function turn(s, run, userItem, before, said) {
+  const answer = said.answer;
+  let final = null;
+  answer.streaming(true);
+  try {
+    if (s.n > 1) await choices(s, toMessages([...before, { role: "user", items: [userItem] }]), answer, run.controller.signal);
+    else final = await respond(s, userItem, answer, run.controller.signal);
+  } catch (e) {
+    answer.streaming(false);
+    if (e instanceof ApiError && e.status >= 400 && e.status < 500) return unsent(userItem, e);
+    if (e.name !== "AbortError") answer.fail(e.message);
+  }
+  answer.streaming(false);
+  if (run.stopped) answer.end("stopped", answer.shown);
+  // the server keeps a turn that ended; a stopped one, or several answers, are kept here
+  said.items = final && !run.stopped ? final.output : await keep(s.cid, userItem, answer);
+  answer.onpick = s.n > 1 ? (i) => { said.saving = pick(s.cid, said, i).catch((e) => banner(e.message)); } : null;
+  if (answer.requestId) answer.showStats(await record(answer.requestId));
+}
+
+/** A message the server refused (a 4xx): out of the log, back in the composer. */
+function unsent(userItem, e) {
+  ui.state.entries.splice(-2);
+  ui.showAll();
+  $("c-input").value = textOf(userItem);
+  banner("Not sent: " + e.message);
+}
+
+async function keep(cid, userItem, answer) {
+  // (the server may have kept the turn just before the stop reached it)
+  const tail = await api("/v1/conversations/" + encodeURIComponent(cid) + "/items?order=desc&limit=20");
+  const at = tail.data.findIndex((i) => i.id === userItem.id);
+  if (at >= 0) return tail.data.slice(0, at).reverse();
+  const a = answer.alt(answer.shown);
+  const reply = a.text ? [{ type: "message", role: "assistant", status: a.end ? "incomplete" : "completed",
+                            content: [{ type: "output_text", text: a.text }] }] : [];
+  return (await append(cid, [userItem, ...reply])).slice(1);
+}
+
+/** Another of several answers picked: it becomes the kept one (the last answer only). */
+async function pick(cid, said, i) {
+  const entries = ui.state.entries;
+  if (ui.state.busy || entries[entries.length - 1] !== said) return;
+  await removeItems(cid, said.items);
+  said.items = await append(cid, [{ type: "message", role: "assistant", content: [{ type: "output_text", text: said.answer.alt(i).text }] }]);
+}
+
+export async function regenerate(s) {
+  const entries = ui.state.entries;
+  if (ui.state.busy || entries.length < 2) return;
+  const [user, said] = entries.slice(-2);
+  if (user.role !== "user" || said.role !== "assistant") return;
+  await said.saving;  // (another of several answers being kept)
+  try {
+    await removeItems(s.cid, [...user.items, ...said.items]);
+  } catch (e) { banner(e.message); return; }
+  entries.splice(-2);
+  ui.showAll();
+  await send(s, textOf(user.items[0]), imagesOf(user.items[0]));
+}
+
+/** Edit message ``i``: a new conversation with what came before it, continued from the edit. */
+export async function branch(s, i, text) {
+  const entries = ui.state.entries;
+  const items = entries.slice(0, i).flatMap((e) => e.items).map(copyable);
+  try {
+    const made = await create({ title: (ui.state.title || "Chat").slice(0, 500) + " (edit)", branch_of: s.cid }, items);
+    list.prepend(made);
+    await ui.openConversation(made.id);
+    await send({ ...s, cid: made.id }, text, imagesOf(entries[i].items[0]));
+  } catch (e) { banner(e.message); }
+}
