@@ -18,12 +18,13 @@ from typing import Any
 
 from .channel import Channel, Run
 from .embedding import DEFAULT_EMBED_CTX, Embedder, declared_pooling, embed_threads
+from .gguf import POOLING_RANK
 from .hostcache import cache_folder, default_budget_mib
 from .jobs import Job
 from .llama import CACHE_TYPES, FLASH_ATTN, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
 from .media import MediaPrompt, Projector, check_ids
 from .memory import KvPlan, plan_kv
-from .rerank import DEFAULT_RANK_CTX, POOLING_RANK, Ranker
+from .rerank import DEFAULT_RANK_CTX, Ranker
 from .sampling import lazy_grammar
 from .scheduler import Scheduler
 from .slotcontrol import SlotControl

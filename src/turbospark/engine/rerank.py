@@ -26,18 +26,20 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from .gguf import POOLING_RANK
 from .llama import Batch, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
 from .rankpairs import PairFormat
 from .types import CancelFlag, EngineError, Ranking
 
 log = logging.getLogger("turbospark.engine")
 
-POOLING_RANK = 4
 #: tokens one step packs at most (llama-server's default micro-batch): the
 #: attention of a packed micro-batch is quadratic in its length, masked or not
 PACK_TOKENS = 512
 #: pairs one step packs at most
 MAX_SEQS = 64
+#: architectures whose rank head llama.cpp ends in a softmax (llama-graph.cpp)
+SOFTMAX_ARCHS = ("qwen3", "qwen3vl")
 #: the reranker's context when neither the model nor ``--ctx`` says less
 DEFAULT_RANK_CTX = 8192
 
@@ -89,6 +91,8 @@ class Ranker:
         self.max_seqs = min(MAX_SEQS, self.max_tokens)
         self.pack_tokens = min(PACK_TOKENS, self.max_tokens)
         self.format = PairFormat(file, self.max_tokens)
+        #: llama.cpp ends a Qwen3 reranker's head in a softmax: its scores are probabilities
+        self.probabilities = file.metadata.get("general.architecture", "") in SOFTMAX_ARCHS
         self._batch = Batch(self.max_tokens)
         self._jobs: collections.deque[RankJob] = collections.deque()
         self._cond = threading.Condition()
@@ -221,6 +225,7 @@ class Ranker:
                 queue_seconds=started - job.submitted,
                 compute_seconds=end - started,
                 steps=job.steps,
+                probabilities=self.probabilities,
             )
         )
 

@@ -255,6 +255,9 @@ class Ranking:
     steps: int = 0
     #: documents cut to fit (truncation asked for, or a per-document limit)
     truncated: int = 0
+    #: the scores are probabilities already (a causal reranker's softmax
+    #: over its labels, Qwen3-Reranker's), not logits
+    probabilities: bool = False
 
     @property
     def total_tokens(self) -> int:
