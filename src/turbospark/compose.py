@@ -109,17 +109,14 @@ def assemble(
     media: MediaPolicy | None = None,
     max_rerank_documents: int | None = None,
 ) -> Assembly:
-    """Open the sinks, register (and load) the models, build the app.
-    Raises what loading raises (a bad model, no memory, a name clash; an
-    event log that cannot be opened: ``OSError``; tracing without its extra:
-    ``ImportError``; a model store that cannot be opened: ``StoreError``)
-    after closing whatever it had opened (``responses``, the response store
-    it is given and then owns, included). ``store_dir``: where pulled models
-    live (None: this server pulls nothing). ``default_model``: the id of
-    the model serving a name no model answers to (None: the first of
-    ``models``); ``strict_model_names``: such a name is a 404 instead.
-    ``media``: media URLs fetched and media per request (``serving.media``);
-    ``max_rerank_documents``: the most documents a rerank request may carry."""
+    """Open the sinks, register (and load) the models, build the app. Raises what
+    loading raises (a bad model, no memory, a name clash; an event log that cannot be
+    opened: ``OSError``; tracing without its extra: ``ImportError``; a model store that
+    cannot be opened: ``StoreError``) after closing whatever it had opened (``responses``,
+    the response store it is given and then owns, included). ``store_dir``: where pulled
+    models live (None: none pulled). ``default_model``: the id of the model serving a name
+    no model answers to (None: the first of ``models``; ``strict_model_names``: a 404).
+    ``media``: media URLs and per request (``serving.media``); ``max_rerank_documents``."""
     try:
         sinks = _open_sinks(tracing, otlp_endpoint, event_log, event_log_max_bytes)
     except BaseException:

@@ -128,6 +128,7 @@ class PairFormat:
     def _too_long(self, index: int, n: int) -> AdmissionError:
         return AdmissionError(
             f"documents[{index}] makes a pair of {n} tokens with the query, but the reranker's context is "
-            f"{self.limit} tokens (a pair is scored in one piece); shorten the document, or ask for truncation ('truncate': true)",
+            f"{self.limit} tokens (a pair is scored in one piece); shorten the document, "
+            "or ask for truncation ('truncate': true)",
             f"documents[{index}]",
         )
