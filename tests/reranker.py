@@ -72,8 +72,10 @@ def vocabulary() -> list[str]:
     return [*SPECIALS, *("\u2581" + w for w in dict.fromkeys(words)), *pieces]
 
 
-def write_reranker(path: Path, seed: int = 0, shape: Shape = TINY) -> Path:
-    """Write the reranker GGUF to ``path`` and return it."""
+def write_reranker(path: Path, seed: int = 0, shape: Shape = TINY, template: str | None = None) -> Path:
+    """Write the reranker GGUF to ``path`` and return it; ``template``: a
+    rerank prompt template (``tokenizer.chat_template.rerank``, with
+    ``{query}`` and ``{document}``, as Qwen3-Reranker's GGUF carries)."""
     import gguf  # a test dependency (pyproject's "test" extra)
 
     rng = np.random.default_rng(seed)
@@ -118,6 +120,8 @@ def write_reranker(path: Path, seed: int = 0, shape: Shape = TINY) -> Path:
     writer.add_mask_token_id(MASK)
     writer.add_add_bos_token(True)
     writer.add_add_sep_token(True)
+    if template is not None:
+        writer.add_string("tokenizer.chat_template.rerank", template)
 
     writer.add_tensor("token_embd.weight", weight(len(tokens), s.hidden))
     writer.add_tensor("token_types.weight", weight(2, s.hidden))
