@@ -44,6 +44,7 @@ class ScriptedModel:
     scripts: list[Script] = field(default_factory=lambda: [Script(["Hello", " world"])])
     supports_chat: bool = True
     supports_embeddings: bool = False
+    supports_rerank: bool = False
     vision: bool = False
     audio: bool = False
     default_reasoning: Any = None
@@ -144,6 +145,9 @@ class ScriptedModel:
 
     def encode(self, texts: list[str], truncate: bool = False) -> list[list[float]]:
         raise AdmissionError("the scripted model does not embed", "model")
+
+    def rerank(self, query: str, documents: list[str], cancel: Any, truncate: bool = False, max_doc_tokens: Any = None):
+        raise AdmissionError("the scripted model does not rerank", "model")
 
     def media_prompt(self, text: str, media: list[bytes], chat: bool) -> Any:
         raise AdmissionError("the scripted model takes no media", "messages")

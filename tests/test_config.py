@@ -39,7 +39,7 @@ BAD = [
     ("[models.a]\nmodel = 'smollm2-135m'\nctxx = 5\n", "unknown key models.a.ctxx"),
     ("[models.a]\nmodel = 'smollm2-135m'\nctx = 'big'\n", "models.a.ctx must be int, not str"),
     ("[models.a]\nmodel = 'smollm2-135m'\nparallel = 0\n", "models.a.parallel must be at least 1"),
-    ("[models.a]\nmodel = 'smollm2-135m'\nkind = 'vision'\n", "models.a.kind must be 'chat' or 'embedding'"),
+    ("[models.a]\nmodel = 'smollm2-135m'\nkind = 'vision'\n", "models.a.kind must be 'chat', 'embedding' or 'rerank'"),
     ("[models.a]\nmodel = 'smollm2-135m'\naliases = 'x'\n", "models.a.aliases must be list"),
     ("[models.a]\nctx = 512\n", "models.a.model is required"),
     ("[models.a]\nmodel = 'no-such-model'\n", "models.a.model: no model file at 'no-such-model'"),

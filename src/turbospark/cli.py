@@ -86,6 +86,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     store = [*(args.models_dir or []), *server.get("models_dirs", [])]
     given_models = [_option_for(arg, base, store) for arg in args.model or ([] if opts else [DEFAULT_MODEL])]
     opts.extend(given_models)
+    opts.extend(_rerankers(opts, given_models, args.rerank or [], base, store))
     for alias in args.alias or []:
         _add_alias(opts, alias)
     _add_projectors(opts, given_models, args.mmproj or [], bool(args.no_mmproj))
@@ -193,6 +194,35 @@ def _add_alias(opts: list[Any], alias: str) -> None:
         if chosen is None:
             raise ConfigError(f"--alias {alias}: no model with id {target!r}")
     chosen.aliases = (*chosen.aliases, name)
+
+
+def _rerankers(
+    opts: list[Any],
+    given_models: list[Any],
+    given: list[tuple[int, str | None]],
+    base: dict[str, Any],
+    store: list[str],
+) -> list[Any]:
+    """``--rerank FILE``: a reranker besides the ``--model`` ones (returned);
+    ``--rerank`` alone: the ``--model`` it follows is one (given before any
+    ``--model``: the one model served)."""
+    from .config import ConfigError
+
+    added = []
+    for after, arg in given:
+        if arg is not None:
+            added.append(_option_for(arg, base, store))
+            added[-1].kind = "rerank"
+            continue
+        local = _local_options(opts)
+        if after:
+            target = given_models[after - 1]
+        elif len(opts) == 1 and len(local) == 1:
+            target = local[0]
+        else:
+            raise ConfigError("--rerank without a file comes before any --model: give it after the --model it marks")
+        target.kind = "rerank"
+    return added
 
 
 def _add_projectors(opts: list[Any], given_models: list[Any], given: list[tuple[int, str]], off: bool) -> None:
@@ -327,8 +357,9 @@ class _LoadDisplay:
         info = model.info()
         took = time.perf_counter() - self.started
         if not model.capabilities.chat:
+            what = "reranker" if model.capabilities.rerank else "embeddings only"
             print(
-                f"  model {model.model_id}: {info['description']}, embeddings only, "
+                f"  model {model.model_id}: {info['description']}, {what}, "
                 f"threads {info['threads']}, loaded in {took:.1f}s",
                 file=sys.stderr,
             )
@@ -381,6 +412,7 @@ def _assemble(args: argparse.Namespace, options: list[Any], auth: Any, policy: A
             default_model=args.default_model,
             strict_model_names=bool(args.strict_model_names),
             media=media,
+            max_rerank_documents=args.max_rerank_documents,
             remote_key_envs=args.remote_key_env,
             model_defaults=args.model_defaults,
             progress_for=display.progress_for,

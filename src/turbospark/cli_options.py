@@ -9,7 +9,8 @@ model and on the defaults of one attached later; ``[defaults]`` and the
 model sections give it in the file), a server setting (``server``: the
 ``[server]`` key that gives it when the flag is not, then ``fallback``; a
 repeatable flag adds to the file's list), or neither (the models to serve,
-``--verbose``; ``--mmproj``, which belongs to the ``--model`` it follows).
+``--verbose``; ``--mmproj`` and ``--rerank``, which belong to the ``--model``
+they follow).
 Every ``serve`` flag defaults to None ("not given"), so the file's value is
 kept unless the flag says otherwise.
 """
@@ -93,6 +94,8 @@ class Option:
     metavar: str | None = None
     #: ``append`` (repeatable), ``store_true`` or an argparse action (:class:`AfterModel`); None: one value
     action: str | ActionClass | None = None
+    #: argparse's ``nargs`` (``?``: the value may be left out)
+    nargs: str | None = None
     #: argparse's default (a ``serve`` option has none: None is "not given")
     default: Any = None
     #: the model option it sets
@@ -116,6 +119,7 @@ class Option:
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         given = {
             "action": self.action,
+            "nargs": self.nargs,
             "type": self.type,
             "choices": self.choices,
             "default": self.default,
@@ -157,6 +161,14 @@ SERVE: tuple[Option, ...] = (
         action="store_true",
         model="mmproj",
         clears=True,
+    ),
+    Option(
+        ("--rerank",),
+        "a reranker (/v1/rerank, /v2/rerank) served beside the --model ones: a GGUF path or a model to pull "
+        "(repeatable); without FILE, the --model it follows is one (a GGUF whose pooling is rank is one anyway)",
+        action=AfterModel,
+        nargs="?",
+        metavar="FILE",
     ),
     Option(("--config",), "turbospark.toml with server settings and models", metavar="FILE"),
     _server(
@@ -288,6 +300,13 @@ SERVE: tuple[Option, ...] = (
         type=int,
         metavar="N",
         fallback=16,
+    ),
+    _server(
+        "--max-rerank-documents",
+        "the most documents one rerank request may carry (default 1000); more are a 400",
+        type=int,
+        metavar="N",
+        fallback=1000,
     ),
     _server(
         "--models-dir",

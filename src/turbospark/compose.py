@@ -36,7 +36,7 @@ from .pull.specs import on_demand
 from .pull.store import Store
 from .serving.drain import Drain
 from .serving.media import MediaPolicy
-from .serving.state import ServerState
+from .serving.state import DEFAULT_MAX_RERANK_DOCUMENTS, ServerState
 from .sinks.live import LiveEvents
 from .sinks.prometheus import PrometheusSink
 from .state.responses import ResponseStore
@@ -107,17 +107,16 @@ def assemble(
     default_model: str | None = None,
     strict_model_names: bool = False,
     media: MediaPolicy | None = None,
+    max_rerank_documents: int | None = None,
 ) -> Assembly:
-    """Open the sinks, register (and load) the models, build the app.
-    Raises what loading raises (a bad model, no memory, a name clash; an
-    event log that cannot be opened: ``OSError``; tracing without its extra:
-    ``ImportError``; a model store that cannot be opened: ``StoreError``)
-    after closing whatever it had opened (``responses``, the response store
-    it is given and then owns, included). ``store_dir``: where pulled models
-    live (None: this server pulls nothing). ``default_model``: the id of
-    the model serving a name no model answers to (None: the first of
-    ``models``); ``strict_model_names``: such a name is a 404 instead.
-    ``media``: media URLs fetched and media per request (``serving.media``)."""
+    """Open the sinks, register (and load) the models, build the app. Raises what
+    loading raises (a bad model, no memory, a name clash; an event log that cannot be
+    opened: ``OSError``; tracing without its extra: ``ImportError``; a model store that
+    cannot be opened: ``StoreError``) after closing whatever it had opened (``responses``,
+    the response store it is given and then owns, included). ``store_dir``: where pulled
+    models live (None: none pulled). ``default_model``: the id of the model serving a name
+    no model answers to (None: the first of ``models``; ``strict_model_names``: a 404).
+    ``media``: media URLs and per request (``serving.media``); ``max_rerank_documents``."""
     try:
         sinks = _open_sinks(tracing, otlp_endpoint, event_log, event_log_max_bytes)
     except BaseException:
@@ -157,6 +156,7 @@ def assemble(
         responses=responses,
         slot_save_path=os.path.abspath(os.path.expanduser(slot_save_path)) if slot_save_path else None,
         media=media or MediaPolicy(),
+        max_rerank_documents=max_rerank_documents or DEFAULT_MAX_RERANK_DOCUMENTS,
     )
     state.drain.on_cut(registry.stop_waiting)  # loads waiting for room end at the deadline
     app = build_app(state, auth, policy)

@@ -16,6 +16,7 @@
     max_body = 33554432                      # bytes (default 32 MiB)
     allow_media_urls = ["images.example.com"] # hosts image URLs are fetched from (default: none)
     max_images = 16                          # images and sounds one request may carry
+    max_rerank_documents = 1000              # documents one rerank request may carry
     models_dirs = ["/srv/models"]            # where admin attach may load GGUF files from
     remote_key_envs = ["GPU_BOX_KEY"]        # variables an attach body may name in api_key_env
     drain_timeout = 30                       # seconds requests in flight get at SIGTERM
@@ -51,6 +52,10 @@
     [models.embed]
     model = "smollm2-135m"
     kind = "embedding"
+
+    [models.reranker]         # /v1/rerank, /v2/rerank (a GGUF whose pooling is rank is one anyway)
+    pull = "gpustack/bge-reranker-v2-m3-GGUF:Q8_0"
+    kind = "rerank"
 
     [models.big]              # a model another server runs (vLLM, SGLang, llama-server, turbospark)
     kind = "remote"
@@ -165,6 +170,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "max_body": (int,),
     "allow_media_urls": (list,),
     "max_images": (int,),
+    "max_rerank_documents": (int,),
     "models_dirs": (list,),
     "remote_key_envs": (list,),
     "drain_timeout": (int, float),
@@ -181,6 +187,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
 }
 POSITIVE = {
     "ctx",
+    "max_rerank_documents",
     "parallel",
     "draft_max",
     "max_body",
@@ -272,8 +279,8 @@ def _check(file: str, where: str, key: str, value: Any, types: tuple[type, ...])
         raise ConfigError(f"{file}: {where}.{key} must be at least 1")
     if key in NON_NEGATIVE and value < 0:
         raise ConfigError(f"{file}: {where}.{key} must not be negative")
-    if key == "kind" and value not in ("chat", "embedding"):
-        raise ConfigError(f"{file}: {where}.kind must be 'chat' or 'embedding', not {value!r}")
+    if key == "kind" and value not in ("chat", "embedding", "rerank"):
+        raise ConfigError(f"{file}: {where}.kind must be 'chat', 'embedding' or 'rerank', not {value!r}")
     if isinstance(value, list) and not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{file}: {where}.{key} must be a list of strings")
     if key in SAMPLING_KEYS:
@@ -380,9 +387,10 @@ def _local(at: _Where, where: str, model_id: str, table: Any) -> ModelOptions:
     kwargs: dict[str, Any] = {"path": path, "id": model_id}
     kwargs.update(model_fields(merged))
     kwargs["mmproj"] = pulled_mmproj if mmproj is None else _projector(at, where, mmproj) if mmproj else None
-    if kwargs.get("kind") == "embedding":
+    if kwargs.get("kind") in ("embedding", "rerank"):
         if isinstance(mmproj, str):
-            raise ConfigError(f"{at.file}: {where}.mmproj: an embedding model takes no projector")
+            what = "an embedding model" if kwargs["kind"] == "embedding" else "a reranker"
+            raise ConfigError(f"{at.file}: {where}.mmproj: {what} takes no projector")
         kwargs["mmproj"] = None
     return ModelOptions(**kwargs)
 

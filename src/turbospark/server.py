@@ -50,7 +50,9 @@ class Server:
     is a 404 instead (docs/MODELS.md). ``allow_media_urls``: the hosts
     (``host``, ``host:port``, ``*.example.com``) image URLs in requests are
     fetched from (none, the default: such a URL is a 400); ``max_images``:
-    the most images and sounds one request may carry (default 16)."""
+    the most images and sounds one request may carry (default 16);
+    ``max_rerank_documents``: the most documents one rerank request may
+    carry (default 1000)."""
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class Server:
         strict_model_names: bool = False,
         allow_media_urls: Iterable[str] = (),
         max_images: int | None = None,
+        max_rerank_documents: int | None = None,
     ) -> None:
         self.send_timeout, self.body_timeout = send_timeout, body_timeout
         self.host = host
@@ -115,6 +118,7 @@ class Server:
             default_model=default_model,
             strict_model_names=strict_model_names,
             media=media,
+            max_rerank_documents=max_rerank_documents,
         )
         self.registry = self.assembly.registry
         self.observer = self.assembly.observer

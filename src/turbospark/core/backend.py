@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ..engine.channel import Run
 from ..engine.slotcontrol import SlotControl
-from ..engine.types import AdmissionError, CancelFlag, Embeddings, GenerationConfig
+from ..engine.types import AdmissionError, CancelFlag, Embeddings, GenerationConfig, Ranking
 from .request import ChatRequest, Prepared
 
 
@@ -32,6 +32,9 @@ class Capabilities:
     chat: bool = True
     #: ``/v1/embeddings``, ``/api/embed``
     embeddings: bool = False
+    #: ``/v1/rerank`` and the other rerank routes (a reranker: a GGUF whose
+    #: pooling is rank; it serves nothing else)
+    rerank: bool = False
     #: images in a prompt
     vision: bool = False
     #: sound in a prompt
@@ -84,7 +87,7 @@ class Vocabulary(Protocol):
 
 class Backend(Protocol):
     """What serves a generation (see the module docstring). Blocking
-    methods (``prepare``, ``count_prompt``, ``encode``, ``close``) are
+    methods (``prepare``, ``count_prompt``, ``encode``, ``rerank``, ``close``) are
     called off the event loop; ``start`` on it."""
 
     model_id: str
@@ -123,5 +126,17 @@ class Backend(Protocol):
     def start(self, prepared: Prepared, config: GenerationConfig, cancel: CancelFlag) -> Run: ...
     def start_many(self, prepared: Prepared, configs: list[GenerationConfig], cancel: CancelFlag) -> list[Run]: ...
     def encode(self, texts: list[str], truncate: bool = False) -> Embeddings: ...
+    def rerank(
+        self,
+        query: str,
+        documents: list[str],
+        cancel: CancelFlag,
+        truncate: bool = False,
+        max_doc_tokens: int | None = None,
+    ) -> Ranking:
+        """Each document's score against ``query``, in order (blocking: a
+        worker thread); only where ``capabilities.rerank``."""
+        ...
+
     def close(self) -> None: ...
     async def aclose(self) -> None: ...

@@ -93,6 +93,11 @@ def ollama_error(status: int, message: str, **_: Any) -> dict[str, Any]:
     return {"error": message}
 
 
+def cohere_error(status: int, message: str, **_: Any) -> dict[str, Any]:
+    """Cohere answers ``{"message": "..."}``."""
+    return {"message": message}
+
+
 def llamacpp_error(
     status: int, message: str, type: str | None = None, context: tuple[int, int] | None = None, **_: Any
 ) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def header(path: str) -> Header:
         meta: dict[str, Any] = {}
         for _ in range(kvs):
             key = r.string()
-            keep = key.startswith(_WANTED) or key.endswith(".context_length")
+            keep = key.startswith(_WANTED) or key.endswith((".context_length", ".pooling_type"))
             value = r.value(r.take("<I"), keep)
             if keep:
                 meta[key] = value
@@ -182,3 +182,17 @@ def projector_modalities(info: dict[str, Any]) -> dict[str, bool]:
     """What a projector takes, as its header says (:func:`projector_info`):
     ``{"vision": …, "audio": …}``, as libmtmd reads ``clip.has_*_encoder``."""
     return {"vision": bool(info.get("clip.has_vision_encoder")), "audio": bool(info.get("clip.has_audio_encoder"))}
+
+
+#: llama.cpp's pooling type "rank" (a reranker's)
+POOLING_RANK = 4
+
+
+def is_reranker(path: str) -> bool:
+    """Whether a GGUF declares rank pooling (``<arch>.pooling_type`` 4: a
+    reranker), read from its header; False when it cannot be read."""
+    try:
+        meta = header(path).meta
+    except (NotGGUF, OSError):
+        return False
+    return meta.get(f"{meta.get('general.architecture', '')}.pooling_type") == POOLING_RANK

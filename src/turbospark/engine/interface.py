@@ -17,15 +17,16 @@ from typing import Any, Protocol
 from .channel import Run
 from .media import MediaPrompt
 from .slotcontrol import SlotControl
-from .types import CancelFlag, Embeddings, GenerationConfig
+from .types import CancelFlag, Embeddings, GenerationConfig, Ranking
 
 
 class ChatModel(Protocol):
     model_id: str
     aliases: tuple[str, ...]
-    #: "chat" models also embed; an embedding model only embeds
+    #: "chat" models also embed; an embedding model only embeds; a reranker only reranks
     supports_chat: bool
     supports_embeddings: bool
+    supports_rerank: bool
     default_reasoning: str | None
     default_system: str | None
     #: sampling fields a request that does not set them gets (temperature,
@@ -117,4 +118,15 @@ class ChatModel(Protocol):
         self, prompt_ids: list[int], configs: list[GenerationConfig], media: MediaPrompt | None, cancel: CancelFlag
     ) -> list[Run]: ...
     def encode(self, texts: list[str], truncate: bool = False) -> Embeddings: ...
+    def rerank(
+        self,
+        query: str,
+        documents: list[str],
+        cancel: CancelFlag,
+        truncate: bool = False,
+        max_doc_tokens: int | None = None,
+    ) -> Ranking:
+        """Each document's score against ``query`` (blocking; a reranker only)."""
+        ...
+
     def close(self) -> None: ...

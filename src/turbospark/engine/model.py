@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .channel import Channel, Run
-from .embedding import DEFAULT_EMBED_CTX, Embedder, embed_threads
+from .embedding import DEFAULT_EMBED_CTX, Embedder, declared_pooling, embed_threads
+from .gguf import POOLING_RANK
 from .hostcache import cache_folder, default_budget_mib
 from .jobs import Job
 from .llama import CACHE_TYPES, FLASH_ATTN, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
 from .media import MediaPrompt, Projector, check_ids
 from .memory import KvPlan, plan_kv
+from .rerank import DEFAULT_RANK_CTX, Ranker
 from .sampling import lazy_grammar
 from .scheduler import Scheduler
 from .slotcontrol import SlotControl
@@ -35,6 +37,7 @@ from .types import (
     EngineError,
     GenerationConfig,
     Progress,
+    Ranking,
     RawDecodeResult,
     ReaderBehind,
 )
@@ -53,7 +56,9 @@ class ModelOptions:
     path: str
     id: str | None = None
     aliases: tuple[str, ...] = ()
-    #: "chat" (chat, completions and embeddings) or "embedding" (embeddings only)
+    #: "chat" (chat, completions and embeddings), "embedding" (embeddings
+    #: only) or "rerank" (a reranker: rerank only; a GGUF whose pooling is
+    #: rank is one whatever its kind says)
     kind: str = "chat"
     #: seconds idle before the registry unloads it (None: stays resident)
     keep_alive: float | None = None
@@ -102,6 +107,67 @@ def derive_id(path: str) -> str:
     return head.lower()
 
 
+def flash_attn_type(setting: str) -> int:
+    """``--flash-attn`` as llama.cpp's ``llama_flash_attn_type``."""
+    if setting not in FLASH_ATTN:
+        raise ValueError(f"flash attention must be one of {', '.join(FLASH_ATTN)}, not {setting!r}")
+    return FLASH_ATTN[setting]
+
+
+def can_roll_back(file: LlamaModelFile) -> bool:
+    """Speculation removes rejected drafts from the KV; sliding-window and
+    recurrent memories cannot drop a partial sequence."""
+    L = lib()
+    return not (
+        L.llama_model_n_swa(file.ptr) > 0 or L.llama_model_is_recurrent(file.ptr) or L.llama_model_is_hybrid(file.ptr)
+    )
+
+
+def open_chat(
+    file: LlamaModelFile, opts: ModelOptions, seq_ctx: int, name: str, end_turn_tokens: frozenset[int]
+) -> tuple[KvPlan, LlamaContext, Scheduler]:
+    """A chat model's context (its KV cache holds ``seq_ctx`` tokens for
+    every session slot) and the scheduler thread that owns it."""
+    slots = max(opts.session_slots or opts.parallel, opts.parallel, 1)
+    if opts.batch < 1 or opts.prefill_chunk < 1:
+        raise ValueError("batch and prefill chunk must be at least 1 token")
+    flash_attn = flash_attn_type(opts.flash_attn)
+    if opts.cache_type not in CACHE_TYPES:
+        raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, not {opts.cache_type!r}")
+    kv_plan = plan_kv(file, slots, seq_ctx, opts.cache_type)
+    ctx = LlamaContext(
+        file,
+        ContextOptions(
+            n_ctx=kv_plan.cells,
+            n_batch=opts.batch,
+            n_ubatch=opts.batch,
+            n_seq_max=slots,
+            flash_attn=flash_attn,
+            n_threads=opts.threads or default_threads(),
+            cache_type=opts.cache_type,
+        ),
+    )
+    try:
+        scheduler = Scheduler(
+            file,
+            ctx,
+            parallel=opts.parallel,
+            prefix_reuse=opts.prefix_reuse,
+            max_queue=opts.max_queue,
+            prefill_chunk=opts.prefill_chunk,
+            end_turn_tokens=end_turn_tokens,
+            speculative=opts.speculative and can_roll_back(file),
+            draft_max=opts.draft_max,
+            name=name,
+            host_cache_bytes=(default_budget_mib() if opts.cache_ram is None else opts.cache_ram) << 20,
+            cache_dir=cache_folder(opts.cache_dir, opts.path, opts.cache_type) if opts.cache_dir else None,
+        )
+    except BaseException:
+        ctx.close()
+        raise
+    return kv_plan, ctx, scheduler
+
+
 class LlamaChatModel:
     """A loaded GGUF serving chat/completion requests through its scheduler."""
 
@@ -109,14 +175,19 @@ class LlamaChatModel:
     #: the sampler applies ``config.grammar`` (engine/sampling.py)
     enforces_grammars = True
     supports_embeddings = True
+    supports_rerank = False
     default_reasoning: str | None = None
 
     def __init__(self, opts: ModelOptions, progress: Callable[[float], None] | None = None) -> None:
         self.opts = opts
-        if opts.kind not in ("chat", "embedding"):
-            raise ValueError(f"model kind must be 'chat' or 'embedding', not {opts.kind!r}")
-        self.supports_chat = opts.kind == "chat"
+        if opts.kind not in ("chat", "embedding", "rerank"):
+            raise ValueError(f"model kind must be 'chat', 'embedding' or 'rerank', not {opts.kind!r}")
         self.file = LlamaModelFile(opts.path, n_gpu_layers=opts.gpu_layers, progress=progress)
+        ranks = opts.kind == "rerank" or declared_pooling(self.file) == POOLING_RANK
+        self.kind = "rerank" if ranks else opts.kind
+        self.supports_chat = self.kind == "chat"
+        self.supports_embeddings = not ranks
+        self.supports_rerank = ranks
         #: --ctx is what ONE request may use (prompt + new tokens)
         self.seq_ctx = opts.ctx or self.file.n_ctx_train
         self.model_id = opts.id or derive_id(opts.path)
@@ -126,66 +197,33 @@ class LlamaChatModel:
         self.default_sampling = dict(opts.sampling)
         self._embedder: Embedder | None = None  # created on first encode()
         self.projector: Projector | None = None
+        self.ranker: Ranker | None = None
         self._embedder_lock = threading.Lock()
         self._closed = False
         bos = self.file.token_text(self.file.bos) if self.file.bos >= 0 else ""
         eos = self.file.token_text(self.file.eos) if self.file.eos >= 0 else ""
         self.template = ChatTemplate(opts.chat_template or self.file.chat_template(), bos, eos)
         self.end_turn_tokens = self._end_turn_tokens()
-        # An embedding-only model has no chat context, KV slots or scheduler:
-        # only its embedding context, made at once since it is the point.
+        # An embedding-only model or a reranker has no chat context, KV slots
+        # or scheduler: only its own context, made at once since it is the point.
         self.kv_plan: KvPlan | None = None
         self.ctx: LlamaContext | None = None
         self.scheduler: Scheduler | None = None
         try:
             if self.supports_chat:
-                self._open_chat()
+                self.kv_plan, self.ctx, self.scheduler = open_chat(
+                    self.file, opts, self.seq_ctx, self.model_id, self.end_turn_tokens
+                )
                 if opts.mmproj:
                     self.projector = Projector(opts.mmproj, self.file, opts.threads)
+            elif ranks:
+                fa = flash_attn_type(opts.flash_attn)
+                self.ranker = Ranker(self.file, opts.ctx or DEFAULT_RANK_CTX, opts.threads, fa, self.model_id)
             else:
                 self.embedder()
         except Exception:
             self._close_engine()
             raise
-
-    def _open_chat(self) -> None:
-        """The chat context (its KV cache holds ``seq_ctx`` tokens for every
-        session slot) and the scheduler thread that owns it."""
-        opts = self.opts
-        slots = max(opts.session_slots or opts.parallel, opts.parallel, 1)
-        if opts.batch < 1 or opts.prefill_chunk < 1:
-            raise ValueError("batch and prefill chunk must be at least 1 token")
-        if opts.flash_attn not in FLASH_ATTN:
-            raise ValueError(f"flash attention must be one of {', '.join(FLASH_ATTN)}, not {opts.flash_attn!r}")
-        if opts.cache_type not in CACHE_TYPES:
-            raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, not {opts.cache_type!r}")
-        self.kv_plan = plan_kv(self.file, slots, self.seq_ctx, opts.cache_type)
-        self.ctx = LlamaContext(
-            self.file,
-            ContextOptions(
-                n_ctx=self.kv_plan.cells,
-                n_batch=opts.batch,
-                n_ubatch=opts.batch,
-                n_seq_max=slots,
-                flash_attn=FLASH_ATTN[opts.flash_attn],
-                n_threads=opts.threads or default_threads(),
-                cache_type=opts.cache_type,
-            ),
-        )
-        self.scheduler = Scheduler(
-            self.file,
-            self.ctx,
-            parallel=opts.parallel,
-            prefix_reuse=opts.prefix_reuse,
-            max_queue=opts.max_queue,
-            prefill_chunk=opts.prefill_chunk,
-            end_turn_tokens=self.end_turn_tokens,
-            speculative=opts.speculative and self._can_roll_back(),
-            draft_max=opts.draft_max,
-            name=self.model_id,
-            host_cache_bytes=(default_budget_mib() if opts.cache_ram is None else opts.cache_ram) << 20,
-            cache_dir=cache_folder(opts.cache_dir, opts.path, opts.cache_type) if opts.cache_dir else None,
-        )
 
     # ------------------------------------------------------------ interface
     @property
@@ -244,17 +282,7 @@ class LlamaChatModel:
 
     @property
     def max_context(self) -> int:
-        return self.seq_ctx
-
-    def _can_roll_back(self) -> bool:
-        """Speculation removes rejected drafts from the KV; sliding-window and
-        recurrent memories cannot drop a partial sequence."""
-        L = lib()
-        return not (
-            L.llama_model_n_swa(self.file.ptr) > 0
-            or L.llama_model_is_recurrent(self.file.ptr)
-            or L.llama_model_is_hybrid(self.file.ptr)
-        )
+        return self.ranker.max_tokens if self.ranker is not None else self.seq_ctx
 
     def info(self) -> dict[str, Any]:
         md = self.file.metadata
@@ -272,9 +300,11 @@ class LlamaChatModel:
             "parallel": self.scheduler.parallel if self.scheduler else 0,
             "session_slots": len(self.scheduler.slots) if self.scheduler else 0,
             "speculative": self.scheduler.speculative if self.scheduler else False,
-            "kv_cache": self.kv_plan.describe() if self.kv_plan else "no chat KV cache (embedding model)",
+            "kv_cache": self.kv_plan.describe() if self.kv_plan else f"no chat KV cache ({self.kind} model)",
             "kv_cache_bytes": self.kv_plan.kv_bytes if self.kv_plan else 0,
-            "threads": self.ctx.threads if self.ctx else self.embedder().ctx.threads,
+            "threads": self._own_context().threads,
+            "kind": self.kind,
+            **({"rerank": self.ranker.info()} if self.ranker is not None else {}),
             "quantization": md.get("general.file_type", ""),
             "chat_template": self.template.source,
             "sampling": dict(self.default_sampling),
@@ -282,8 +312,14 @@ class LlamaChatModel:
             "modalities": {"vision": self.vision, "audio": self.audio},
         }
 
+    def _own_context(self) -> LlamaContext:
+        """The context it runs on: the chat one, else the reranker's or the embedder's."""
+        if self.ctx is not None:
+            return self.ctx
+        return self.ranker.ctx if self.ranker is not None else self.embedder().ctx
+
     def slot_control(self) -> SlotControl | None:
-        """Its session slots (``/slots``); None for an embedding model."""
+        """Its session slots (``/slots``); None for an embedding model or a reranker."""
         return SlotControl(self.scheduler, self.seq_ctx) if self.scheduler is not None else None
 
     def _end_turn_tokens(self) -> frozenset[int]:
@@ -358,6 +394,8 @@ class LlamaChatModel:
     def failure(self) -> str | None:
         """Why this model's engine thread died, if it did (it then serves
         nothing more: the registry replaces it)."""
+        if self.ranker is not None:
+            return self.ranker.failure
         return self.scheduler.failure if self.scheduler is not None else None
 
     def stalled_for(self) -> float:
@@ -397,7 +435,7 @@ class LlamaChatModel:
         are ``prompt_ids``). Refusals (no room, no chat context) raise here,
         before any engine work."""
         if self.scheduler is None:
-            raise AdmissionError(f"model {self.model_id!r} serves embeddings only", "model")
+            raise AdmissionError(f"model {self.model_id!r} serves {self._serves} only", "model")
         check_ids(prompt_ids, media, self.projector)
         self.check_admission(len(prompt_ids), config.max_new_tokens)
         channel = Channel(asyncio.get_running_loop(), MAX_UNREAD, lambda unread: cancel.fail(ReaderBehind(unread)))
@@ -413,7 +451,7 @@ class LlamaChatModel:
         if len(configs) == 1:
             return [self.generate(prompt_ids, configs[0], media, cancel)]
         if self.scheduler is None:
-            raise AdmissionError(f"model {self.model_id!r} serves embeddings only", "model")
+            raise AdmissionError(f"model {self.model_id!r} serves {self._serves} only", "model")
         check_ids(prompt_ids, media, self.projector)
         for config in configs:
             self.check_admission(len(prompt_ids), config.max_new_tokens)
@@ -448,13 +486,17 @@ class LlamaChatModel:
         """What the scheduler is doing now (for /api/ps, /v1/slots, gauges)."""
         sch = self.scheduler
         if sch is None:
-            return {"running": 0, "waiting": 0, "slots": []}
+            return {"running": 0, "waiting": self.ranker.waiting if self.ranker else 0, "slots": []}
         return {
             "running": sch.running,
             "waiting": sch.waiting,
             "slots": sch.slot_view(),
             "host_cache": sch.host.snapshot(),
         }
+
+    @property
+    def _serves(self) -> str:
+        return "rerank requests" if self.ranker is not None else "embeddings"
 
     def embedder(self) -> Embedder:
         """The embedding context, created on first use: servers that never
@@ -482,7 +524,28 @@ class LlamaChatModel:
         scheduler, since the embedder has a context of its own. ``truncate``
         cuts inputs longer than the embedding context (Ollama's default)
         instead of refusing them."""
+        if self.ranker is not None:
+            raise AdmissionError(f"model {self.model_id!r} is a reranker: it serves rerank requests only", "model")
         return self.embedder().encode(texts, truncate)
+
+    def rerank(
+        self,
+        query: str,
+        documents: list[str],
+        cancel: CancelFlag,
+        truncate: bool = False,
+        max_doc_tokens: int | None = None,
+    ) -> Ranking:
+        """Blocking (call it from a worker thread): each document's score
+        against ``query``, scored on the reranker's engine thread beside
+        other requests' pairs (``engine/rerank.py``); a pair over the
+        context is a 400 unless ``truncate`` (``engine/rankpairs.py``)."""
+        if self.ranker is None:
+            raise AdmissionError(f"model {self.model_id!r} is not a reranker (its GGUF's pooling is not rank)", "model")
+        pairs = self.ranker.format.pairs(query, documents, truncate, max_doc_tokens)
+        ranking = self.ranker.submit(pairs.ids, cancel).result()
+        ranking.truncated = pairs.truncated
+        return ranking
 
     def close(self) -> None:
         with self._embedder_lock:
@@ -493,9 +556,11 @@ class LlamaChatModel:
         self._close_engine()
 
     def _close_engine(self) -> None:
-        """The scheduler, then the projector, the context and the file."""
+        """The scheduler (or the reranker), then the projector, the context and the file."""
         if self.scheduler is not None:
             self.scheduler.close()
+        if self.ranker is not None:
+            self.ranker.close()
         if self.projector is not None:
             self.projector.close()  # (before the model it was loaded beside)
         if self.ctx is not None:

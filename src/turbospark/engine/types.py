@@ -239,6 +239,31 @@ class Embeddings:
         return sum(self.token_counts)
 
 
+@dataclass(slots=True)
+class Ranking:
+    """What ``rerank`` returns: one score per document, in the order sent
+    (the reranker's raw output: a logit for a cross-encoder), each pair's
+    tokens, and the request's own times on the engine thread: submitted →
+    its first step (``queue``), its first step → its last one's end
+    (``compute``, steps of other requests' pairs beside its own included)."""
+
+    scores: list[float]
+    token_counts: list[int]
+    queue_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    #: the engine steps (decodes) its pairs took part in
+    steps: int = 0
+    #: documents cut to fit (truncation asked for, or a per-document limit)
+    truncated: int = 0
+    #: the scores are probabilities already (a causal reranker's softmax
+    #: over its labels, Qwen3-Reranker's), not logits
+    probabilities: bool = False
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.token_counts)
+
+
 class CancelFlag:
     """Set by whoever gives up on a request (a disconnected client); polled
     by the scheduler once per step. A queued request that is cancelled never

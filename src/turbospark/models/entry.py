@@ -20,8 +20,8 @@ from typing import Any, Literal
 from ..core.backend import Backend
 from .replicas import Replica, ReplicaSet
 
-Capability = Literal["chat", "embeddings"]
-Kind = Literal["chat", "embedding"]
+Capability = Literal["chat", "embeddings", "rerank"]
+Kind = Literal["chat", "embedding", "rerank"]
 
 
 class RoutingError(Exception):
@@ -151,10 +151,12 @@ class Entry:
             return any(r.entry.capable(capability) for r in self.group.replicas)
         if self.model is not None:
             caps = self.model.capabilities
-            return caps.chat if capability == "chat" else caps.embeddings
+            return {"chat": caps.chat, "embeddings": caps.embeddings, "rerank": caps.rerank}[capability]
         if capability == "chat":
             return self.kind == "chat"
-        return True  # llama.cpp models embed; chat models too
+        if capability == "rerank":
+            return self.kind == "rerank"
+        return self.kind != "rerank"  # llama.cpp models embed, chat models too; a reranker does not
 
     def modalities(self) -> dict[str, bool]:
         """What it takes besides text, ``{"vision": …, "audio": …}``: a

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.backend import Backend
-from ..engine.gguf import projector_info, projector_modalities
+from ..engine.gguf import is_reranker, projector_info, projector_modalities
 from ..engine.model import LlamaChatModel, ModelOptions, derive_id
 from ..upstream.model import RemoteModel, RemoteOptions
 from .catalog import CATALOG, GGUF_MAGIC, cache_dir, resolve_model
@@ -207,11 +207,14 @@ def attachable(arg: str, folders: Iterable[str]) -> tuple[str, str | None]:
 
 
 def spec_for(opts: ModelOptions) -> ModelSpec:
+    """How the registry loads ``opts``; a GGUF whose header declares rank
+    pooling is a reranker whatever its kind says (as the engine takes it)."""
     model_id = opts.id or derive_id(opts.path)
+    kind = "rerank" if opts.kind == "chat" and is_reranker(opts.path) else opts.kind
     return ModelSpec(
         id=model_id,
         aliases=tuple(opts.aliases),
-        kind=opts.kind,  # type: ignore[arg-type]
+        kind=kind,  # type: ignore[arg-type]
         options=dataclasses.replace(opts, id=model_id),
         keep_alive=opts.keep_alive,
         path=opts.path,

@@ -14,7 +14,7 @@ from ..core.request import ChatRequest, Prepared
 from ..engine.channel import Run
 from ..engine.interface import ChatModel
 from ..engine.slotcontrol import SlotControl
-from ..engine.types import CancelFlag, Embeddings, GenerationConfig
+from ..engine.types import CancelFlag, Embeddings, GenerationConfig, Ranking
 from ..tools.prompting import template_thinks
 from .prompt import prepare_local, render
 
@@ -29,6 +29,7 @@ class LocalBackend:
         self._capabilities = Capabilities(
             chat=engine.supports_chat,
             embeddings=engine.supports_embeddings,  # (a llama.cpp chat model embeds too)
+            rerank=engine.supports_rerank,
             vision=engine.vision,
             audio=engine.audio,
             thinking=template_thinks(engine.template_source),
@@ -91,6 +92,16 @@ class LocalBackend:
 
     def encode(self, texts: list[str], truncate: bool = False) -> Embeddings:
         return self.engine.encode(texts, truncate)
+
+    def rerank(
+        self,
+        query: str,
+        documents: list[str],
+        cancel: CancelFlag,
+        truncate: bool = False,
+        max_doc_tokens: int | None = None,
+    ) -> Ranking:
+        return self.engine.rerank(query, documents, cancel, truncate, max_doc_tokens)
 
     def close(self) -> None:
         self.engine.close()

@@ -1,11 +1,14 @@
 """The models a server knows by id and alias (CONTRACT §4): which names are
 taken, and which entry serves a requested name. No HTTP types in here.
 
-Resolution, among the models capable of the request (chat vs embeddings):
+Resolution, among the models capable of the request (chat, embeddings or rerank):
 
 1. an exact id or alias match wins (the registry first makes a model in
    the pull store known under the name asked for);
-2. else, no capable model at all: 503;
+2. else, a rerank request naming a model that is no reranker, or another
+   request naming a reranker, or no capable model while only rerankers
+   (or, for a rerank, none) are there: 400 ``model_not_supported``;
+   otherwise no capable model at all: 503;
 3. else, with ``--strict-model-names``, a name that was asked for is a 404
    ``model_not_found`` naming the models that are available (an embedding
    model's name too, for chat);
@@ -29,6 +32,19 @@ from .entry import Capability, Entry, RegistryError, Route, RoutingError
 def _base_name(name: str) -> str:
     """Ollama clients append ``:latest``; treat it as the bare name."""
     return name[: -len(":latest")] if name.endswith(":latest") else name
+
+
+def _not_for(entry: Entry | None, capability: Capability) -> RoutingError:
+    """The 400 for a rerank request to a model that is no reranker, or
+    another request to a reranker (``entry``: the model it named)."""
+    if capability == "rerank":
+        which = f"model {entry.id!r} is not a reranker" if entry is not None else "no reranker is loaded"
+        how = 'serve one with --rerank FILE, kind = "rerank", or a GGUF whose pooling is rank'
+        return RoutingError(400, f"{which}: a rerank request needs one ({how})", "model_not_supported")
+    which = f"model {entry.id!r} is a reranker" if entry is not None else "the only models loaded are rerankers"
+    return RoutingError(
+        400, f"{which}, which serve rerank requests only (/v1/rerank), not {capability}", "model_not_supported"
+    )
 
 
 class ModelNames:
@@ -114,12 +130,18 @@ class ModelNames:
                     for e in capable:
                         if name in e.names:
                             return Route(e, requested, e.id)
+            named = self.lookup(requested) if requested else None
+            if named is not None and "rerank" in (capability, named.kind):
+                raise _not_for(named, capability)
             # a group's members answer to their own names, but the group is
             # the one model a fallback may pick
             capable = [e for e in capable if e.member_of is None]
             if not capable:
-                what = "chat" if capability == "chat" else "embeddings"
-                raise RoutingError(503, f"no model capable of this request ({what}) is loaded", "model_not_available")
+                if capability == "rerank" or any(e.kind == "rerank" for e in self._entries.values()):
+                    raise _not_for(None, capability)
+                raise RoutingError(
+                    503, f"no model capable of this request ({capability}) is loaded", "model_not_available"
+                )
             if not (requested and strict):
                 chosen = next((e for e in capable if e.id == default), None)
                 if chosen is None and len(capable) == 1:

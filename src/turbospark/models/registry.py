@@ -328,7 +328,8 @@ class Registry:
 
 def _loaded(model: Backend, spec: ModelSpec | None) -> Entry:
     """The entry of a loaded model (not yet added)."""
-    kind: Kind = "chat" if model.capabilities.chat else "embedding"
+    caps = model.capabilities
+    kind: Kind = "chat" if caps.chat else "rerank" if caps.rerank else "embedding"
     entry = Entry(model.model_id, tuple(model.aliases), kind, spec=spec, model=model)
     entry.info = info_of(model)
     return entry

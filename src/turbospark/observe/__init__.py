@@ -5,7 +5,8 @@ the ASGI middleware knows method, path, status and wall duration for EVERY
 request (404s, 401s and rejected bodies included) but nothing about tokens;
 the generation path knows tokens and timings but nothing about HTTP. So a
 request yields ``requestStarted``/``requestFinished`` from the middleware and
-``requestRouted``/``generated`` from the handler and the generation core, all
+``requestRouted``/``generated`` from the handler and the generation core (a
+rerank's ``ranked`` from its handler), all
 tied together by one id the middleware mints.
 
 Token counts come off the engine's :class:`RawDecodeResult`, never off a count
@@ -26,6 +27,7 @@ from .events import (
     ModelDetached,
     ModelHealth,
     ModelPull,
+    Ranked,
     RequestFinished,
     RequestId,
     RequestIds,
@@ -59,6 +61,7 @@ __all__ = [
     "ModelHealth",
     "ModelPull",
     "Observer",
+    "Ranked",
     "Reporter",
     "RequestFinished",
     "RequestId",

@@ -168,6 +168,31 @@ class Generated(ServerEvent):
         return out
 
 
+@_event("ranked")
+class Ranked(ServerEvent):
+    """One rerank, straight off the reranker's result: its (query,
+    document) pairs, their tokens, and the request's own times on the
+    reranker's engine thread: queue = submitted → its first step, compute =
+    its first step → the end of its last (steps it shared with other
+    requests' pairs included). ``truncated``: documents cut to fit
+    (omitted when none)."""
+
+    id: RequestId
+    model: str
+    pairs: int
+    prompt_tokens: int
+    queue_seconds: float
+    compute_seconds: float
+    steps: int
+    truncated: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = ServerEvent.to_dict(self)
+        if not self.truncated:
+            del out["truncated"]
+        return out
+
+
 @_event("requestFinished")
 class RequestFinished(ServerEvent):
     """From the middleware, when the response is really over (its last byte
@@ -236,6 +261,7 @@ EVENT_TYPES: tuple[type[ServerEvent], ...] = (
     RequestStarted,
     RequestRouted,
     Generated,
+    Ranked,
     RequestFinished,
     ModelAttached,
     ModelDetached,

@@ -10,10 +10,10 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .events import Generated, RequestId, ServerEvent
+from .events import Generated, Ranked, RequestId, ServerEvent
 
 if TYPE_CHECKING:
-    from ..engine.types import RawDecodeResult
+    from ..engine.types import Ranking, RawDecodeResult
 
 log = logging.getLogger("turbospark.observe")
 
@@ -168,6 +168,26 @@ class Reporter:
                 media_tokens=result.media_tokens,
                 media_encoded=result.media_encoded,
                 media_encode_seconds=result.media_encode_seconds,
+            ),
+        )
+
+    def ranked(self, model_id: str, ranking: Ranking) -> None:
+        """Record a rerank's ``ranked``: its pairs, tokens and times."""
+        if self.observer is None:
+            return
+        rid = self.request_id
+        assert rid is not None
+        record(
+            self.observer,
+            lambda: Ranked(
+                id=rid,
+                model=model_id,
+                pairs=len(ranking.scores),
+                prompt_tokens=ranking.total_tokens,
+                queue_seconds=ranking.queue_seconds,
+                compute_seconds=ranking.compute_seconds,
+                steps=ranking.steps,
+                truncated=ranking.truncated,
             ),
         )
 

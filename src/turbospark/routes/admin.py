@@ -94,7 +94,7 @@ class AttachBody(BaseModel):
     pull: bool = False
     id: str | None = Field(default=None, min_length=1)
     aliases: list[str] = Field(default_factory=list)
-    kind: Literal["chat", "embedding", "remote"] = "chat"
+    kind: Literal["chat", "embedding", "rerank", "remote"] = "chat"
     ctx: int | None = Field(default=None, ge=16)
     parallel: int | None = Field(default=None, ge=1)
     session_slots: int | None = Field(default=None, ge=0)
@@ -326,10 +326,11 @@ async def _projector(request: Request, body: AttachBody, pulled: str | None) -> 
     st = state_of(request)
     if body.mmproj is True or body.mmproj == "":
         raise BadRequest("'mmproj' must be a projector GGUF's path, or false to load none", "mmproj")
-    if body.mmproj is False or (body.kind == "embedding" and body.mmproj is None):
+    if body.mmproj is False or (body.kind in ("embedding", "rerank") and body.mmproj is None):
         return None
-    if body.kind == "embedding":
-        raise BadRequest("an embedding model takes no projector: 'mmproj' is for chat models", "mmproj")
+    if body.kind in ("embedding", "rerank"):
+        what = "an embedding model" if body.kind == "embedding" else "a reranker"
+        raise BadRequest(f"{what} takes no projector: 'mmproj' is for chat models", "mmproj")
     if isinstance(body.mmproj, str):
         try:
             return await asyncio.to_thread(attachable_projector, body.mmproj, st.model_folders)

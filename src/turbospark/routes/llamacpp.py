@@ -31,6 +31,7 @@ from ..dialects import llamacpp as ll
 from ..dialects.common import BadRequest
 from ..engine.slotcontrol import SlotControl
 from ..engine.types import SlotActionError
+from ..models.registry import Capability, Registry
 from .common import (
     JSONResponse,
     dispatch,
@@ -79,13 +80,25 @@ async def apply_template(request: Request) -> Response:
     return JSONResponse({"prompt": await off_loop(vocab.chat_text, body.messages)})
 
 
+def _props_capability(registry: Registry, name: str | None) -> Capability:
+    """What ``/props`` routes by: a reranker's when it names one, or names
+    none on a server whose only models are rerankers; else chat."""
+    entry = registry.lookup(name) if name else None
+    if entry is None and not name and not any(e.capable("chat") for e in registry.entries()):
+        entry = next((e for e in registry.entries() if e.capable("rerank")), None)
+    return "rerank" if entry is not None and entry.capable("rerank") else "chat"
+
+
 async def props(request: Request) -> Response:
-    model, route = await dispatch(request).route(request.query_params.get("model"), "chat", False)
+    name = request.query_params.get("model")
+    way = dispatch(request)
+    model, route = await way.route(name, _props_capability(way.state.registry, name), False)
     info = route.entry.info or {}
     template = str(info.get("chat_template") or "")
     props = ll.props(info, int(info.get("parallel") or 1), template)
     # what its projector takes (media are refused without it): llama.cpp's web UI reads it
     props["modalities"] = {"vision": model.capabilities.vision, "audio": model.capabilities.audio}
+    props["reranking"] = model.capabilities.rerank  # (/v1/rerank: llama-server's --reranking)
     return JSONResponse(props)
 
 

@@ -47,12 +47,14 @@ def _mtime_ns(info: dict[str, Any], fallback: float) -> int:
 def _capabilities(entry: Any) -> list[str]:
     """As Ollama reports them: a chat model is a ``completion`` model even
     though it also serves ``/api/embed``; ``embedding`` marks embedding-only
-    models (clients pick embedding models by it)."""
+    models (clients pick embedding models by it); ``rerank`` a reranker."""
     caps = []
     if entry.capable("chat"):
         caps += ["completion", "tools"]  # tools: any chat model (see tools/prompting.py)
     elif entry.capable("embeddings"):
         caps.append("embedding")
+    elif entry.capable("rerank"):
+        caps.append("rerank")  # (no Ollama name: it has no rerank API)
     takes = entry.modalities()  # (its projector's: known from its header before a load)
     caps += [name for name in ("vision", "audio") if takes[name]]
     if entry.capable("chat") and template_thinks(_info(entry).get("chat_template") or ""):

@@ -33,7 +33,13 @@ def facts(entry: Any) -> dict[str, Any]:
         out["context_length"] = out["max_model_len"] = ctx
     chat = entry.capable("chat")
     # (images and sound: what its projector takes; LM Studio's shape)
-    out["capabilities"] = {"chat": chat, "tools": chat, "embeddings": entry.capable("embeddings"), **entry.modalities()}
+    out["capabilities"] = {
+        "chat": chat,
+        "tools": chat,
+        "embeddings": entry.capable("embeddings"),
+        "rerank": entry.capable("rerank"),
+        **entry.modalities(),
+    }
     if entry.info.get("sampling"):  # its preset's sampling defaults (config file)
         out["sampling"] = dict(entry.info["sampling"])
     if entry.group is not None:  # a replica group: its replicas and their state now
@@ -57,7 +63,7 @@ def llamacpp_card(entry: Any) -> dict[str, Any]:
     """llama-server's entry in its ``models`` list (beside ``data``): Ollama's
     shape, ``capabilities`` ``["completion", "multimodal"]`` for a model
     with a projector (the probe llama.cpp's web UI reads)."""
-    caps = ["completion"] if entry.capable("chat") else ["embedding"]
+    caps = ["completion"] if entry.capable("chat") else ["rerank"] if entry.capable("rerank") else ["embedding"]
     if any(entry.modalities().values()):
         caps.append("multimodal")
     return {

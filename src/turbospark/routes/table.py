@@ -15,10 +15,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ..dialects import anthropic, llamacpp, ollama, ollama_embed, openai_chat, openai_completions, openai_embeddings
+from ..dialects import (
+    anthropic,
+    cohere_rerank,
+    llamacpp,
+    ollama,
+    ollama_embed,
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+)
 from ..dialects import openai_responses as responses
+from ..dialects import rerank as jina_rerank
 from ..dialects.base import CorsHeaders, Dialect, ErrorShapes, cors_headers
-from . import admin, conversations, embeddings, events, page, pulls
+from . import admin, conversations, embeddings, events, page, pulls, rerank
 from . import anthropic as anthropic_routes
 from . import llamacpp as llamacpp_routes
 from . import metrics as metrics_routes
@@ -74,6 +84,8 @@ def route_table() -> list[BaseRoute]:
         *serve(ollama.Dialect, [*ollama_routes.routes, *pulls.routes]),
         *serve(ollama_embed.Dialect, embeddings.ollama_routes),
         *serve(llamacpp.Dialect, llamacpp_routes.routes),
+        *serve(jina_rerank.Dialect, rerank.jina_routes),
+        *serve(cohere_rerank.Dialect, rerank.cohere_routes),
         *admin.routes,
         *metrics_routes.routes,
         *events.routes,

@@ -14,6 +14,9 @@ from .background import BackgroundRuns
 from .drain import Drain
 from .media import MediaPolicy
 
+#: the most documents one rerank request may carry unless ``--max-rerank-documents`` says otherwise
+DEFAULT_MAX_RERANK_DOCUMENTS = 1000
+
 if TYPE_CHECKING:
     from ..pull.puller import Puller
     from ..sinks.live import LiveEvents
@@ -77,3 +80,5 @@ class ServerState:
     config: ConfigControl | None = None
     #: media URLs fetched (``--allow-media-urls``) and media per request (``--max-images``)
     media: MediaPolicy = field(default_factory=MediaPolicy)
+    #: the most documents one rerank request may carry (``--max-rerank-documents``)
+    max_rerank_documents: int = DEFAULT_MAX_RERANK_DOCUMENTS

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..observe import Generated, RequestFinished, RequestRouted, RequestStarted, ServerEvent
+from ..observe import Generated, Ranked, RequestFinished, RequestRouted, RequestStarted, ServerEvent
 from ..views.usage import Usage
 from .paths import RouteTemplates, default_templates
 
@@ -67,6 +67,10 @@ OPERATIONS = {
     "/embeddings": "embeddings",
     "/api/embed": "embeddings",
     "/api/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
+    "/rerank": "rerank",
+    "/v1/reranking": "rerank",
+    "/v2/rerank": "rerank",
 }
 
 _STOP = object()
@@ -104,6 +108,8 @@ class _Request:
     usage: Usage = field(default_factory=Usage)
     ttft: float | None = None
     stop_reasons: list[str] = field(default_factory=list)
+    #: a rerank's ``ranked``
+    ranked: Ranked | None = None
     status: int | None = None
     duration_ms: int | None = None
     error: str | None = None
@@ -222,6 +228,8 @@ class OtelSink:
             req.usage.add(event.to_dict())
             req.served = event.model
             req.stop_reasons.append(event.stop_reason)
+        elif isinstance(event, Ranked):
+            req.ranked, req.served = event, event.model
         elif isinstance(event, RequestFinished):
             req.status, req.duration_ms, req.error = event.status, event.duration_ms, event.error
             del self._open[event.id]
@@ -267,6 +275,8 @@ def _attributes(req: _Request, op: str | None) -> dict[str, Any]:
         if req.served is not None:
             a["gen_ai.response.model"] = req.served
         a["turbospark.stream"] = req.stream
+    if req.ranked is not None:
+        a.update(_rerank_attributes(req.ranked))
     u = req.usage
     if u.generations:
         a.update(
@@ -324,3 +334,13 @@ def _version() -> str:
         return version("turbospark")
     except PackageNotFoundError:
         return "unknown"
+
+
+def _rerank_attributes(k: Ranked) -> dict[str, Any]:
+    """A rerank's pairs, their tokens and its times on the reranker's engine thread."""
+    return {
+        "gen_ai.usage.input_tokens": k.prompt_tokens,
+        "turbospark.rerank.pairs": k.pairs,
+        "turbospark.queue_seconds": k.queue_seconds,
+        "turbospark.rerank.compute_seconds": k.compute_seconds,
+    }

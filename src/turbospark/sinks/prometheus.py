@@ -18,6 +18,7 @@ Timing semantics, all from events:
   purpose;
 * media encode: ``generated``'s ``mediaEncodeSeconds``, observed only for
   a generation that encoded media (a prefix that held them is no encode);
+* a rerank's queue and compute seconds, pairs and tokens: ``ranked``;
 * end-to-end latency and errors at ``requestFinished``, which ends every
   request when its response is really over (streams included): a request
   with status ≥ 400 or an ``error`` (a failed stream keeps its 200, a client
@@ -44,6 +45,7 @@ from ..observe import (
     ModelDetached,
     ModelHealth,
     ModelPull,
+    Ranked,
     RequestFinished,
     RequestRouted,
     RequestStarted,
@@ -115,6 +117,7 @@ class PrometheusSink:
         self._declare_token_counters(r)
         self._declare_latency_histograms(r)
         self._declare_media_metrics(r)
+        self._declare_rerank_metrics(r)
         self.models_loaded = Gauge(
             "turbospark_models_loaded", "Models resident (modelAttached minus modelDetached).", registry=r
         )
@@ -185,7 +188,7 @@ class PrometheusSink:
         """Per-request latencies: end to end, queue, prefill, decode, time to first token."""
         self.e2e = Histogram(
             "turbospark_e2e_request_latency_seconds",
-            "Arrival to the end of the response, for requests that generated.",
+            "Arrival to the end of the response, for requests that generated or reranked.",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -245,6 +248,30 @@ class PrometheusSink:
             registry=r,
         )
 
+    def _declare_rerank_metrics(self, r: CollectorRegistry) -> None:
+        """Reranks: requests, (query, document) pairs, their tokens, queue and compute time."""
+        self.reranks = Counter("turbospark_rerank_requests", "Rerank requests scored.", ["model"], registry=r)
+        self.rerank_pairs = Counter(
+            "turbospark_rerank_pairs", "(query, document) pairs reranks scored.", ["model"], registry=r
+        )
+        self.rerank_tokens = Counter(
+            "turbospark_rerank_tokens", "Tokens of the pairs reranks scored.", ["model"], registry=r
+        )
+        self.rerank_queue = Histogram(
+            "turbospark_rerank_queue_time_seconds",
+            "Submitted to the first engine step, per rerank.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rerank_compute = Histogram(
+            "turbospark_rerank_compute_time_seconds",
+            "The first engine step to the end of the last, per rerank.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
     # -- wiring ----------------------------------------------------------------
     def watch(self, models: Registry) -> None:
         """Report requests running/waiting of ``models`` (a ``Registry``) at
@@ -289,6 +316,8 @@ class PrometheusSink:
                     o.model = event.served
         elif isinstance(event, Generated):
             self._generated(event, now)
+        elif isinstance(event, Ranked):
+            self._ranked(event)
         elif isinstance(event, RequestFinished):
             self._finished(event)
         elif isinstance(event, ModelPull):
@@ -335,6 +364,19 @@ class PrometheusSink:
             o.model = m  # label e2e like the tokens: by the model that generated
         if first:
             self.ttft.labels(m).observe(max(0.0, now - g.decode_seconds - o.t0))
+
+    def _ranked(self, k: Ranked) -> None:
+        m = k.model
+        self.reranks.labels(m).inc()
+        self.rerank_pairs.labels(m).inc(k.pairs)
+        self.rerank_tokens.labels(m).inc(k.prompt_tokens)
+        self.rerank_queue.labels(m).observe(k.queue_seconds)
+        self.rerank_compute.labels(m).observe(k.compute_seconds)
+        with self._lock:
+            o = self._open.get(k.id)
+            if o is not None:  # (its end-to-end latency is observed as a generation's)
+                o.generations += 1
+                o.model = m
 
     def _finished(self, f: RequestFinished) -> None:
         with self._lock:

@@ -31,6 +31,7 @@ from ..engine.types import (
     Embeddings,
     EngineError,
     GenerationConfig,
+    Ranking,
     RawDecodeResult,
     ReaderBehind,
     StopReason,
@@ -318,6 +319,17 @@ class RemoteModel:
         # the upstream counts the whole batch: the total is carried by the first input
         counts = [int(total) if i == 0 else 0 for i in range(len(texts))]
         return Embeddings(vectors, counts)  # type: ignore[arg-type]
+
+    def rerank(
+        self,
+        query: str,
+        documents: list[str],
+        cancel: CancelFlag,
+        truncate: bool = False,
+        max_doc_tokens: int | None = None,
+    ) -> Ranking:
+        """Never routed here (a remote engine's capabilities say no rerank)."""
+        raise needs_local(self.model_id, self.upstream, "reranking")
 
     def close(self) -> None:
         self.connection.close()

@@ -7,6 +7,8 @@ events (``ServerEvent.to_dict()`` shapes) through this module.
 
 Where the numbers come from (CONTRACT §2):
 
+- a rerank's pairs, tokens and queue/compute times from ``ranked`` (its
+  compute shown as its prefill: one pass over its pairs, nothing decoded);
 - token counts and queue/prefill/decode times from ``generated`` (engine
   truth, each request's own wall-clock intervals), summed in a
   :class:`~turbospark.views.usage.Usage` (a guardrail re-ask is a second one);
@@ -34,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .usage import Usage
+from .usage import Reranks, Usage
 
 #: Paths of the views themselves; see the module docstring.
 VIEW_PATHS: frozenset[str] = frozenset({"/v1/events", "/v1/stats", "/dashboard"})
@@ -87,6 +89,12 @@ _FIELDS: dict[str, dict[str, Any]] = {
         **dict.fromkeys(("mediaItems", "mediaTokens", "mediaEncoded"), _int),
         **dict.fromkeys(("queueSeconds", "prefillSeconds", "decodeSeconds", "mediaEncodeSeconds"), _number),
     },
+    "ranked": {
+        "id": _int,
+        "model": _text,
+        **dict.fromkeys(("pairs", "promptTokens", "steps", "truncated"), _int),
+        **dict.fromkeys(("queueSeconds", "computeSeconds"), _number),
+    },
     "requestFinished": {"id": _int, "status": _int, "durationMs": _number, "error": _text},
     "modelPull": {
         "model": _text,
@@ -131,8 +139,10 @@ class RequestRecord:
     status: int | None = None
     duration_ms: int | None = None
     error: str | None = None
-    model: str | None = None  # the model that generated (from ``generated``)
+    model: str | None = None  # the model that generated (from ``generated``) or reranked
     usage: Usage = field(default_factory=Usage)
+    #: a rerank's pairs, tokens and times (from ``ranked``)
+    rerank: Reranks = field(default_factory=Reranks)
     stop_reason: str | None = None
     #: a Responses API request's response id and the one it continues (from
     #: ``requestRouted``), and where that puts it (:meth:`Chains.place`): its
@@ -163,17 +173,33 @@ class RequestRecord:
         return self.status is not None and (self.status >= 400 or bool(self.error))
 
     @property
+    def kind(self) -> str | None:
+        """``rerank``, ``generate`` (it generated), or None (neither yet)."""
+        return "rerank" if self.rerank.requests else "generate" if self.usage.generations else None
+
+    @property
+    def engine_seconds(self) -> tuple[float, float, float]:
+        """Its own (queue, prefill, decode) seconds; a rerank's compute is
+        its prefill (one pass over its pairs, nothing decoded)."""
+        if self.rerank.requests:
+            return self.rerank.queue_seconds, self.rerank.compute_seconds, 0.0
+        return self.usage.request_seconds  # (its longest choice's when it had several)
+
+    @property
     def queued_ms(self) -> float | None:
-        """The engine's queue wait (submitted → admitted), once it generated."""
-        return self.usage.request_seconds[0] * 1000.0 if self.usage.generations else None
+        """The engine's queue wait (submitted → admitted), once it generated or reranked."""
+        return self.engine_seconds[0] * 1000.0 if self.kind is not None else None
 
     @property
     def overhead_ms(self) -> float | None:
+        if self.rerank.requests:
+            return self.rerank.overhead_ms(self.duration_ms)
         return self.usage.overhead_ms(self.duration_ms)
 
     def to_dict(self) -> dict[str, Any]:
         u = self.usage
-        queue, prefill, decode = u.request_seconds  # (a request's own: its longest choice's when it had several)
+        queue, prefill, decode = self.engine_seconds
+        ranked = self.rerank.requests > 0
         return {
             "id": self.id,
             "atMs": self.at_ms,
@@ -187,11 +213,12 @@ class RequestRecord:
             "durationMs": self.duration_ms,
             "error": self.error,
             "model": self.model,
-            "promptTokens": u.prompt_tokens,
+            "kind": self.kind,
+            "promptTokens": self.rerank.tokens if ranked else u.prompt_tokens,
             "newTokens": u.new_tokens,
             "prefillMs": prefill * 1000.0,
             "decodeMs": decode * 1000.0,
-            "queuedMs": queue * 1000.0 if u.generations else None,
+            "queuedMs": self.queued_ms,
             "overheadMs": self.overhead_ms,
             "decodeTokPerSec": u.decode_tok_per_sec,
             "reusedTokens": u.reused_tokens,
@@ -201,6 +228,8 @@ class RequestRecord:
             "acceptedTokens": u.accepted_tokens,
             **u.media_dict(),
             "generations": u.generations,
+            "pairs": self.rerank.pairs if ranked else None,
+            "pairsPerSec": self.rerank.pairs_per_sec,
             "stopReason": self.stop_reason,
             "responseId": self.response_id,
             "previousResponseId": self.previous_response_id,
@@ -215,6 +244,7 @@ class RequestRecord:
 class ModelTotals:
     requests: int = 0  # requests routed to it
     usage: Usage = field(default_factory=Usage)
+    rerank: Reranks = field(default_factory=Reranks)
 
     def to_dict(self) -> dict[str, Any]:
         u = self.usage
@@ -229,6 +259,7 @@ class ModelTotals:
             "queueSeconds": u.queue_seconds,
             "decodeTokPerSec": u.decode_tok_per_sec,
             **u.media_dict(),
+            **self.rerank.to_dict(),
         }
 
 
@@ -377,6 +408,7 @@ class Fold:
     finished: int = 0
     errors: int = 0
     usage: Usage = field(default_factory=Usage)
+    rerank: Reranks = field(default_factory=Reranks)
     models: list[str] = field(default_factory=list)
     #: models whose last health report was not ``ok`` (a replica marked
     #: down, a stalled engine): name -> (state, reason)
@@ -471,6 +503,11 @@ class Fold:
             self._model(rec.served).requests += 1
         elif kind == "generated":
             self._generated(self._record(rid), event)
+        elif kind == "ranked":
+            rec = self._record(rid)
+            rec.model = event.get("model")
+            for acc in (rec.rerank, self.rerank, self._model(rec.model).rerank):
+                acc.add(event)
         elif kind == "requestFinished":
             if rid not in self._records:
                 return None  # its start was never seen (joined mid-stream): unknown request
@@ -570,6 +607,7 @@ class Fold:
             "draftedTokens": u.drafted_tokens,
             "acceptedTokens": u.accepted_tokens,
             **u.media_dict(),
+            **self.rerank.to_dict(),
             "models": list(self.models),
             "modelStates": {m: {"state": st, "reason": why} for m, (st, why) in self.unwell.items()},
             "perModel": {name: t.to_dict() for name, t in sorted(self.per_model.items())},

@@ -1,7 +1,8 @@
 """The one accumulator of engine numbers: a request's, a model's or the
 server's tokens, times, reuse, drafts and media, summed over ``generated`` events
 (a guardrail re-ask is a second one). The fold (views, report) and the OTel
-sink use it, so every view derives rates and overhead the same way.
+sink use it, so every view derives rates and overhead the same way. A
+rerank's numbers (``ranked``) are summed apart, in :class:`Reranks`.
 """
 
 from __future__ import annotations
@@ -130,4 +131,47 @@ class Usage:
             "draftedTokens": self.drafted_tokens,
             "acceptedTokens": self.accepted_tokens,
             **self.media_dict(),
+        }
+
+
+@dataclass(slots=True)
+class Reranks:
+    """Reranks summed over ``ranked`` events (a request's one, a model's or
+    the server's): their (query, document) pairs, the pairs' tokens, and
+    their queue and compute seconds on the reranker's engine thread."""
+
+    requests: int = 0
+    pairs: int = 0
+    tokens: int = 0
+    queue_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    truncated: int = 0
+
+    def add(self, e: Mapping[str, Any]) -> None:
+        """Add one ``ranked`` event (its ``to_dict()`` shape)."""
+        self.requests += 1
+        self.pairs += int(e.get("pairs", 0))
+        self.tokens += int(e.get("promptTokens", 0))
+        self.queue_seconds += float(e.get("queueSeconds", 0.0))
+        self.compute_seconds += float(e.get("computeSeconds", 0.0))
+        self.truncated += int(e.get("truncated", 0))
+
+    @property
+    def pairs_per_sec(self) -> float | None:
+        """Summed pairs over summed compute time."""
+        return ratio(self.pairs, self.compute_seconds)
+
+    def overhead_ms(self, duration_ms: float | None) -> float | None:
+        """A rerank's wall time outside the engine (as :meth:`Usage.overhead_ms`)."""
+        if duration_ms is None or not self.requests:
+            return None
+        return max(0.0, duration_ms - 1000.0 * (self.queue_seconds + self.compute_seconds))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reranks": self.requests,
+            "rerankPairs": self.pairs,
+            "rerankTokens": self.tokens,
+            "rerankComputeSeconds": self.compute_seconds,
+            "rerankPairsPerSec": self.pairs_per_sec,
         }

@@ -92,6 +92,8 @@ function renderHeader(s) {
   $("evictions").textContent = s.evictions;
   $("mediaBox").hidden = !s.mediaItems;
   $("media").textContent = s.mediaItems + " (" + s.mediaTokens + " tok, " + s.mediaEncoded + " encoded)";
+  $("rerankBox").hidden = !s.reranks;
+  $("reranks").textContent = s.reranks + " (" + s.rerankPairs + " pairs, " + fmt(s.rerankPairsPerSec) + " pairs/s)";
   $("gaps").textContent = s.droppedEvents;
   const sel = $("model"), names = [...new Set([...s.models, ...Object.keys(s.perModel)])];
   for (const n of names) if (![...sel.options].some((o) => o.value === n)) sel.add(new Option(n, n));
@@ -107,8 +109,10 @@ export function render() {
   drawRates($("rateChart"), recs);
   drawTimes($("timeChart"), recs);
   const rec = s.records.find((r) => r.id === selected);
-  // (a request without media: no media lines)
+  // (a request without media: no media lines; one that did not rerank: no rerank lines)
+  const reranked = rec && rec.kind === "rerank";
   const round = (k, v) => (k.startsWith("media") && rec && !rec.mediaItems ? undefined
+                           : ["kind", "pairs", "pairsPerSec"].includes(k) && !reranked ? undefined
                            : typeof v === "number" && !Number.isInteger(v) ? Math.round(v * 100) / 100 : v);
   // a Responses API request: its response and where it sits in its chain first
   if (rec) $("details").textContent = (rec.chainText ? rec.responseId + ": " + rec.chainText + "\n" : "") +
@@ -117,16 +121,17 @@ export function render() {
 }
 
 function cells(r) {
-  const gen = r.generations > 0, td = (text, cls) => el("td", { class: cls, text: String(text) });
+  // a rerank: its pairs' tokens, its pairs in "new", its compute as its prefill
+  const gen = r.generations > 0, ranked = r.kind === "rerank", td = (text, cls) => el("td", { class: cls, text: String(text) });
   const served = r.served === null ? "–" : (r.requested ?? "(none)") + " → " + r.served;
   return [td(r.id), td((r.status === null ? r.state : String(r.status)) + (r.state === "streaming" ? "…" : ""),
                        r.status === null ? "srun" : "s" + String(r.status)[0]),
     td(r.method ?? "?", "l"), td(r.path ?? "?", "l"), td(served, "l"),
     td(r.stream === null ? "–" : r.stream ? "yes" : "no", "l"),
-    td(gen ? r.promptTokens : "–"), td(gen ? r.newTokens : "–"),
+    td(gen || ranked ? r.promptTokens : "–"), td(gen ? r.newTokens : ranked ? r.pairs + " pairs" : "–"),
     td(r.mediaItems ? r.mediaItems + " · " + r.mediaTokens + " tok" : "–", "media"),
     td(r.mediaItems ? r.mediaEncoded + " · " + fmt(r.mediaEncodeMs) + " ms" : "–", "encoded"),
-    td(gen ? fmt(r.prefillMs) : "–"), td(gen ? fmt(r.decodeMs) : "–"), td(fmt(r.queuedMs)), td(fmt(r.overheadMs)),
+    td(gen || ranked ? fmt(r.prefillMs) : "–"), td(gen ? fmt(r.decodeMs) : "–"), td(fmt(r.queuedMs)), td(fmt(r.overheadMs)),
     td(fmt(r.decodeTokPerSec)), td(gen ? r.reusedTokens : "–"), td(gen && r.prefixMissAt != null ? r.prefixMissAt : "–"),
     td(gen ? (r.evicted ? "yes" : "no") : "–", "l"), td(r.turn == null ? "–" : r.turn + (r.chainStartSeen ? "" : "+"), "turn")];
 }

@@ -52,7 +52,7 @@ export function drawRates(canvas, recs) {
 
 export function drawTimes(canvas, recs) {
   const c = setup(canvas), { g, w, h, l, r, t, b } = c;
-  const bars = recs.filter((x) => x.generations > 0).slice(-40);
+  const bars = recs.filter((x) => x.kind !== null).slice(-40);
   const total = (x) => (x.queuedMs ?? 0) + x.prefillMs + x.decodeMs + (x.overheadMs ?? 0);
   const ymax = Math.max(1, ...bars.map(total)) * 1.1;
   axes(c, ymax);

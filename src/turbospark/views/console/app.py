@@ -76,6 +76,14 @@ def _media_band(f: Fold) -> list[tuple[str, Text | str, str]]:
     return [("media", f"{u.media_items} ({u.media_tokens} tok, {u.media_encoded} encoded)", "")]
 
 
+def _rerank_band(f: Fold) -> list[tuple[str, Text | str, str]]:
+    """The band's rerank entry, once any request reranked."""
+    r = f.rerank
+    if not r.requests:
+        return []
+    return [("reranks", f"{r.requests} ({r.pairs} pairs, {_num(r.pairs_per_sec)} pairs/s)", "")]
+
+
 def status_text(rec: RequestRecord) -> Text:
     if rec.status is None:
         return Text(rec.state, style="blue")
@@ -86,8 +94,10 @@ def status_text(rec: RequestRecord) -> Text:
 def row_cells(rec: RequestRecord) -> list[Any]:
     """The table cells of one request, in :data:`COLUMNS` order."""
     gen = rec.usage.generations > 0
+    ranked = rec.kind == "rerank"  # (its tokens are its pairs', its compute its prefill)
     route = "–" if rec.served is None else f"{rec.requested or '(none)'} → {rec.served}"
     rate = rec.usage.decode_tok_per_sec
+    prompt = rec.rerank.tokens if ranked else rec.usage.prompt_tokens
     return [  # what a client chose is plain text (a str cell would be read as markup)
         str(rec.id),
         status_text(rec),
@@ -95,11 +105,11 @@ def row_cells(rec: RequestRecord) -> list[Any]:
         plain(rec.path or "?"),
         plain(route),
         "–" if rec.stream is None else "yes" if rec.stream else "no",
-        str(rec.usage.prompt_tokens) if gen else "–",
-        str(rec.usage.new_tokens) if gen else "–",
+        str(prompt) if gen or ranked else "–",
+        str(rec.usage.new_tokens) if gen else f"{rec.rerank.pairs} pairs" if ranked else "–",
         *media_cells(rec),
-        _num(rec.usage.request_seconds[1] * 1000.0) if gen else "–",
-        _num(rec.usage.request_seconds[2] * 1000.0) if gen else "–",
+        _num(rec.engine_seconds[1] * 1000.0) if gen or ranked else "–",
+        _num(rec.engine_seconds[2] * 1000.0) if gen else "–",
         _num(rec.queued_ms),
         _num(rec.overhead_ms),
         _num(rate),
@@ -289,6 +299,7 @@ class ConsoleApp(App[None]):
             ("prefix reuse", "–" if f.usage.reuse_ratio is None else f"{f.usage.reuse_ratio:.0%}", ""),
             ("evictions", str(f.usage.evictions), ""),
             *_media_band(f),
+            *_rerank_band(f),
             ("log gaps", str(f.dropped_events), "yellow" if f.dropped_events else ""),
         ]
         for label, value, vstyle in entries:

@@ -50,10 +50,10 @@ def rate_chart(records: Sequence[RequestRecord], width: int = 60) -> Text:
 
 
 def time_chart(records: Sequence[RequestRecord], width: int = 50, rows: int = 8) -> Text:
-    """Where the time went for the newest ``rows`` requests that generated:
-    queued, prefill, decode and overhead (HTTP, templating) as one stacked
-    bar each, on one scale."""
-    done = [r for r in records if r.usage.generations > 0][-rows:]
+    """Where the time went for the newest ``rows`` requests that generated
+    or reranked: queued, prefill (a rerank's compute), decode and overhead
+    (HTTP, templating) as one stacked bar each, on one scale."""
+    done = [r for r in records if r.kind is not None][-rows:]
     if not done:
         return Text("no generations yet", style="dim")
     parts = [
@@ -61,8 +61,8 @@ def time_chart(records: Sequence[RequestRecord], width: int = 50, rows: int = 8)
             r,
             (
                 r.queued_ms or 0.0,
-                r.usage.request_seconds[1] * 1000.0,
-                r.usage.request_seconds[2] * 1000.0,
+                r.engine_seconds[1] * 1000.0,
+                r.engine_seconds[2] * 1000.0,
                 r.overhead_ms or 0.0,
             ),
         )
