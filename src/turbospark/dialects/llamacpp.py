@@ -44,7 +44,7 @@ from .common import BadRequest, constrain, sse_data
 from .errors import Failure, llamacpp_error
 from .media import base64_item
 from .openai_chat import timings
-from .render import SSE, Unsent, prompt_progress, token_timings
+from .render import SSE, Unsent, progress_timings, prompt_progress, token_timings
 from .translate import (
     SAMPLING,
     Translation,
@@ -357,7 +357,10 @@ class CompletionRenderer(Unsent):
 
     def prompt_progress(self, progress: PromptProgress) -> bytes:
         chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1}
-        return sse_data({**chunk, "prompt_progress": prompt_progress(progress)})
+        chunk["prompt_progress"] = prompt_progress(progress)
+        if self.settings.get("timings_per_token"):
+            chunk["timings"] = progress_timings(progress)
+        return sse_data(chunk)
 
     def error(self, failure: Failure) -> bytes:
         return sse_data(failure.body(llamacpp_error))
@@ -391,6 +394,7 @@ def generation_settings(body: CompletionBody, n_ctx: int, config: GenerationConf
         "n_probs": body.n_probs or 0,
         "post_sampling_probs": bool(body.post_sampling_probs),
         "stream": bool(body.stream),
+        "timings_per_token": bool(body.timings_per_token),
     }
 
 

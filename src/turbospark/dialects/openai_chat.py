@@ -31,7 +31,7 @@ from .common import (
 )
 from .errors import Failure, openai_error
 from .media import content_text
-from .render import SSE, prompt_progress, token_timings
+from .render import SSE, progress_timings, prompt_progress, token_timings
 from .translate import (
     ToolChoice,
     Translation,
@@ -394,6 +394,8 @@ class ChatRenderer:
         self.model = model_name
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.want_timings = bool(body.timings)
+        #: llama-server's ``timings_per_token``: timings on every chunk, the last one's too
+        self.per_token = bool(body.timings_per_token and stream)
         self.logprobs = bool(body.logprobs)
         self.post = bool(body.post_sampling_probs)
         #: the settings it ran with, sent with ``timings`` (llama.cpp's extras)
@@ -437,6 +439,8 @@ class ChatRenderer:
     def prompt_progress(self, progress: PromptProgress) -> bytes:
         """llama-server's progress chunk: no choices, the prompt's prefill so far."""
         chunk = {**self._chunk({}), "choices": [], "prompt_progress": prompt_progress(progress)}
+        if self.per_token:
+            chunk["timings"] = progress_timings(progress)
         return sse_data(chunk)
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0) -> dict[str, Any]:
@@ -496,27 +500,33 @@ class ChatRenderer:
 
     def final(self, final: Final) -> bytes:
         """The choice's finish chunk; after the last choice's, the usage
-        chunk (when asked for) and ``[DONE]``."""
+        chunk (when asked for) and ``[DONE]``. With ``timings_per_token``
+        the stream's last chunk (the usage one, when asked for) carries the
+        whole run's ``timings``, as llama-server's does."""
         last = self._chunk({}, finish_reason(final.reason), final.choice)
         if self.want_timings:
             last["timings"] = timings(final)
             last["generation_settings"] = self.settings
+        elif self.per_token and not self.include_usage:
+            last["timings"] = timings(final)
         out = sse_data(last)
         self._finals.append(final)
         if len(self._finals) < self.n:
             return out
         if self.include_usage:
-            out += sse_data(
-                {
-                    "id": self.id,
-                    "object": "chat.completion.chunk",
-                    "created": self.created,
-                    "model": self.model,
-                    "system_fingerprint": "turbospark",
-                    "choices": [],
-                    "usage": usage(*sorted(self._finals, key=lambda f: f.choice)),
-                }
-            )
+            finals = sorted(self._finals, key=lambda f: f.choice)
+            chunk = {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": "turbospark",
+                "choices": [],
+                "usage": usage(*finals),
+            }
+            if self.per_token:
+                chunk["timings"] = timings(finals[0])
+            out += sse_data(chunk)
         return out + b"data: [DONE]\n\n"
 
     def error(self, failure: Failure) -> bytes:

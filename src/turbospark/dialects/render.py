@@ -119,6 +119,14 @@ def token_timings(t: TokenTimings) -> dict[str, Any]:
     }
 
 
+def progress_timings(progress: PromptProgress) -> dict[str, Any]:
+    """llama-server's ``timings`` on a ``prompt_progress`` chunk (with
+    ``timings_per_token``): the prefill so far, nothing predicted yet; the
+    first report, before any prompt token is decoded, has no prompt time."""
+    prompt_n = progress.processed - progress.cache
+    return token_timings(TokenTimings(progress.cache, prompt_n, progress.seconds if prompt_n else 0.0, 0, 0.0))
+
+
 def prompt_progress(progress: PromptProgress) -> dict[str, Any]:
     """llama-server's ``prompt_progress`` object."""
     return {

@@ -32,7 +32,16 @@ from .llama import LlamaModelFile
 from .sampling import SamplerChain
 from .slots import Slot, SlotStore, TaskView
 from .speculative import NgramDrafter
-from .types import AdmissionError, EngineError, Progress, RawDecodeResult, StopReason, TokenProb, TokenTimings
+from .types import (
+    AdmissionError,
+    EngineError,
+    Progress,
+    PromptProgress,
+    RawDecodeResult,
+    StopReason,
+    TokenProb,
+    TokenTimings,
+)
 
 log = logging.getLogger("turbospark.engine")
 
@@ -268,7 +277,10 @@ class Running:
             slot.busy = False
             end_job(job, exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
             return
-        self.add(job, slot, chain, placed.reused, placed.evicted, placed.reused_from, placed.miss_at)
+        seq = self.add(job, slot, chain, placed.reused, placed.evicted, placed.reused_from, placed.miss_at)
+        if job.config.return_progress:  # (llama-server's first report: before any prefill, processed == cache)
+            took = time.perf_counter() - seq.admitted_at
+            job.sink.put(PromptProgress(len(job.prompt), seq.reused, seq.reused, took))
 
     def add(
         self,
