@@ -75,6 +75,10 @@ class ScriptedModel:
     def leading_bos(self) -> tuple[int, ...]:
         return ()
 
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        return ()
+
     failure: str | None = None
 
     def stalled_for(self) -> float:

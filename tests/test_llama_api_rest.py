@@ -157,3 +157,58 @@ def test_responses_stream_with_llama_telemetry(url, path):
     assert timings["prompt_ms"] > 0 and timings["prompt_per_token_ms"] > 0
     plain = stream(url, path, {"input": "Hi", "max_output_tokens": 3, "stream": True})
     assert not any("timings" in e or "prompt_progress" in e for e in plain)
+
+
+# ------------------------------------------- 2. tokens and generation_settings
+#: every key of llama-server's ``generation_settings`` (its task_params::to_json)
+LLAMA_SETTINGS = {
+    "seed", "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p", "top_n_sigma",
+    "xtc_probability", "xtc_threshold", "typical_p", "repeat_last_n", "repeat_penalty", "presence_penalty",
+    "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    "dry_sequence_breakers", "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target", "adaptive_decay",
+    "stop", "max_tokens", "n_predict", "n_keep", "n_discard", "ignore_eos", "stream", "logit_bias", "n_probs",
+    "min_keep", "grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens", "chat_format",
+    "reasoning_format", "reasoning_in_content", "generation_prompt", "samplers", "speculative.types",
+    "timings_per_token", "post_sampling_probs", "backend_sampling", "lora",
+}  # fmt: skip
+
+
+def test_completion_stream_chunks_carry_their_tokens(url):
+    """test_completion_stream: every text chunk's ``tokens`` are the ids
+    of its text; the last chunk has every count and llama-server's
+    settings (``adaptive_target``, ``adaptive_decay`` …)."""
+    prompt = "I believe the meaning of life is"
+    chunks = stream(url, "/completion", {"n_predict": 8, "prompt": prompt, "stream": True, "seed": 42})
+    content, ids = "", []
+    for data in chunks:
+        assert isinstance(data["stop"], bool)
+        if data["stop"]:
+            assert data["timings"]["predicted_n"] == 8 and data["stop_type"] == "limit"
+            assert data["truncated"] is False and isinstance(data["has_new_line"], bool)
+            settings = data["generation_settings"]
+            assert LLAMA_SETTINGS <= set(settings), LLAMA_SETTINGS - set(settings)
+            assert settings["n_predict"] == settings["max_tokens"] == 8 and settings["seed"] == 42
+        else:
+            assert data["tokens"] and all(type(t) is int for t in data["tokens"])
+            content += data["content"]
+            ids += data["tokens"]
+    assert len(ids) == 8
+    assert post(url, "/detokenize", {"tokens": ids}).json()["content"] == content
+    whole = post(url, "/completion", {"n_predict": 8, "prompt": prompt, "seed": 42, "return_tokens": True}).json()
+    assert whole["content"] == content and whole["tokens"] == ids
+    assert post(url, "/completion", {"n_predict": 2, "prompt": prompt}).json()["tokens"] == []
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_ignore_eos_shows_its_logit_bias(url, ignore_eos):
+    """test_ignore_eos: with ``ignore_eos`` the end-of-generation tokens
+    are in ``generation_settings.logit_bias`` with bias null (minus
+    infinity); without it the list is empty."""
+    body = {"n_predict": 8, "prompt": "Once upon a time", "ignore_eos": ignore_eos, "temperature": 0.0}
+    bias = post(url, "/completion", body).json()["generation_settings"]["logit_bias"]
+    if ignore_eos:
+        assert bias and all(entry["bias"] is None for entry in bias)
+        eos = post(url, "/tokenize", {"content": "<|im_end|>", "parse_special": True}).json()["tokens"]
+        assert set(eos) <= {entry["token"] for entry in bias}
+    else:
+        assert bias == []

@@ -313,7 +313,7 @@ class _Turn:
                 for r in self.relayed.feed(item, router):
                     yield r
                 continue
-            for d in self.probs.attach(item.logprobs, router.feed(item.text, item.opening)):
+            for d in self.probs.attach(item.logprobs, router.feed(item.text, item.opening), item.ids):
                 yield d
             why = router.early_reask() if self.own is not self.cancel and not early else None
             if why is not None:

@@ -141,6 +141,9 @@ class Prepared:
     #: the prompt's media as the local engine prepared them (its
     #: ``MediaPrompt``: ``prompt_ids`` hold their placeholders), else None
     media: Any = None
+    #: the end-of-generation tokens ``ignore_eos`` bans (llama-server lists
+    #: them in its ``generation_settings.logit_bias``)
+    eog: tuple[int, ...] = ()
 
 
 @dataclass

@@ -114,6 +114,8 @@ class CompletionBody(BaseModel):
     return_progress: bool | None = None
     #: the engine's timings so far on every streamed text chunk
     timings_per_token: bool | None = None
+    #: the answer's token ids in ``tokens`` (a stream's chunks always carry theirs)
+    return_tokens: bool | None = None
     #: ``n_probs`` as probabilities after the selection (top-k/p, temperature)
     post_sampling_probs: bool | None = None
 
@@ -175,6 +177,7 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     config.max_predict_seconds = max(0.0, (body.t_max_predict_ms or 0) / 1000.0)
     config.return_progress = bool(body.return_progress and body.stream)
     config.timings_per_token = bool(body.timings_per_token and body.stream)
+    config.token_ids = bool(body.stream)  # (each chunk's ``tokens``)
     config.post_sampling_probs = bool(body.post_sampling_probs)
     if body.cache_prompt is False:
         warnings.append("cache_prompt false is ignored: a reused prefix gives the same output")
@@ -298,8 +301,11 @@ class CompletionRenderer(Unsent):
         stop_words: tuple[str, ...],
         settings: dict[str, Any] | None = None,
         fields: list[str] | None = None,
+        return_tokens: bool = False,
     ) -> None:
         self.model = model_name
+        #: the answer's ids in ``tokens`` (not streamed; a stream's chunks carry theirs)
+        self.return_tokens = return_tokens
         self.stream = stream
         self.prompt = prompt
         self.stop_words = stop_words
@@ -332,7 +338,8 @@ class CompletionRenderer(Unsent):
         }
 
     def complete(self, final: Final) -> dict[str, Any]:
-        out = {"content": final.text, "tokens": [], **self._last(final)}
+        ids = list(final.result.token_ids) if self.return_tokens else []
+        out = {"content": final.text, "tokens": ids, **self._last(final)}
         if final.logprobs:
             out["completion_probabilities"] = probabilities(
                 final.logprobs, self.settings.get("post_sampling_probs", False)
@@ -340,7 +347,7 @@ class CompletionRenderer(Unsent):
         return pick(out, self.fields)
 
     def text(self, delta: Delta) -> bytes:
-        chunk = {"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": -1}
+        chunk = {"index": 0, "content": delta.text, "tokens": list(delta.ids), "stop": False, "id_slot": -1}
         if delta.logprobs:
             chunk["completion_probabilities"] = probabilities(
                 delta.logprobs, self.settings.get("post_sampling_probs", False)
@@ -385,16 +392,65 @@ def pick(answer: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def generation_settings(body: CompletionBody, n_ctx: int, config: GenerationConfig) -> dict[str, Any]:
-    """The settings an answer ran with (llama-server's ``generation_settings``)."""
+#: llama-server's samplers this server does not run, as its settings show
+#: them switched off (its defaults)
+SAMPLERS_OFF: dict[str, Any] = {
+    "dynatemp_range": 0.0,
+    "dynatemp_exponent": 1.0,
+    "top_n_sigma": -1.0,
+    "xtc_probability": 0.0,
+    "xtc_threshold": 0.1,
+    "typical_p": 1.0,
+    "dry_multiplier": 0.0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": -1,
+    "dry_sequence_breakers": ["\n", ":", '"', "*"],
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
+}
+#: the sampler chain, in its order, under llama-server's names
+SAMPLER_ORDER = ["penalties", "top_k", "top_p", "min_p", "temperature"]
+
+
+def generation_settings(body: CompletionBody, n_ctx: int, prepared: Prepared) -> dict[str, Any]:
+    """The settings an answer ran with: every key of llama-server's
+    ``generation_settings`` (with ``n_ctx``, which editors read); its
+    ``logit_bias`` holds the end-of-generation tokens ``ignore_eos`` bans
+    (bias ``null``: minus infinity, as llama-server writes it)."""
+    config = prepared.config
+    n_predict = body.n_predict if body.n_predict is not None else UNLIMITED
+    bias: list[dict[str, Any]] = [{"bias": b, "token": t} for t, b in config.logit_bias.items()]
+    bias += [{"bias": None, "token": t} for t in prepared.eog]
     return {
         "n_ctx": n_ctx,
         **sampling_params(config),
-        "n_predict": body.n_predict if body.n_predict is not None else UNLIMITED,
-        "n_probs": body.n_probs or 0,
-        "post_sampling_probs": bool(body.post_sampling_probs),
+        **SAMPLERS_OFF,
+        "max_tokens": n_predict,
+        "n_predict": n_predict,
+        "n_keep": 0,
+        "n_discard": 0,
         "stream": bool(body.stream),
+        "logit_bias": bias,
+        "n_probs": body.n_probs or 0,
+        "min_keep": 0,
+        "grammar": body.grammar or "",
+        "grammar_lazy": False,
+        "grammar_triggers": [],
+        "preserved_tokens": [],
+        "chat_format": "Content-only",
+        "reasoning_format": "none",
+        "reasoning_in_content": False,
+        "generation_prompt": "",
+        "samplers": SAMPLER_ORDER,
+        "speculative.types": "ngram-simple" if config.speculative else "none",
         "timings_per_token": bool(body.timings_per_token),
+        "post_sampling_probs": bool(body.post_sampling_probs),
+        "backend_sampling": False,
+        "lora": [],
     }
 
 
@@ -483,9 +539,15 @@ def renderer(body: CompletionBody, tr: Translation, prepared: Prepared, served: 
     prompt = given if isinstance(given, str) else ""
     if isinstance(given, dict) and isinstance(given.get("prompt_string"), str):
         prompt = given["prompt_string"]
-    settings = generation_settings(body, served.max_context, prepared.config)
+    settings = generation_settings(body, served.max_context, prepared)
     return CompletionRenderer(
-        body.model or served.model, tr.stream, prompt, prepared.config.stop, settings, body.response_fields
+        body.model or served.model,
+        tr.stream,
+        prompt,
+        prepared.config.stop,
+        settings,
+        body.response_fields,
+        bool(body.return_tokens),
     )
 
 

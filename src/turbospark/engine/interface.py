@@ -54,6 +54,11 @@ class ChatModel(Protocol):
         ...
 
     @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """The end-of-generation tokens (``ignore_eos`` bans them)."""
+        ...
+
+    @property
     def leading_bos(self) -> tuple[int, ...]:
         """The BOS a prompt starts with when the vocabulary wants one."""
         ...

@@ -60,6 +60,7 @@ class Seq:
         "decoding",
         "new_tokens",
         "generated",
+        "handed",
         "utf8",
         "stops",
         "text",
@@ -98,6 +99,8 @@ class Seq:
         self.decoding = False
         self.new_tokens = 0
         self.generated: list[int] = []
+        #: how many of ``generated`` went out with a report (``config.token_ids``)
+        self.handed = 0
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(job.config.stop)
         self.indent = IndentStop(job.config.n_indent) if job.config.n_indent > 0 else None
@@ -178,11 +181,14 @@ def hand_out(seq: Seq, tokens: int) -> None:
                 max(0.0, (seq.last_token_at or first) - first),
             )
         )
+    ids: list[int] | tuple[()] = ()
+    if seq.job.config.token_ids:
+        ids, seq.handed = seq.generated[seq.handed :], len(seq.generated)
     if seq.probs_out:
-        seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out, opening=opening))
+        seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out, opening=opening, ids=ids))
         seq.probs_out = []
     else:
-        seq.job.sink.put(Progress("".join(seq.out), tokens, opening=opening))
+        seq.job.sink.put(Progress("".join(seq.out), tokens, opening=opening, ids=ids))
     seq.out.clear()
 
 

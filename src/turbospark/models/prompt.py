@@ -359,6 +359,9 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         config.max_new_tokens = model.default_max_new(len(ids), req.default_max_tokens)
     model.check_admission(len(ids), config.max_new_tokens)
     warnings = _fit_context_limit(model.max_context, req, len(ids))
+    for text, bias in config.logit_bias_text:  # (llama-server's string keys: each of the text's tokens)
+        config.logit_bias.update(dict.fromkeys(model.tokenize(text, False, False), bias))
+    config.logit_bias_text = ()
     for token in config.logit_bias:  # refused now, not after a stream's headers
         if not 0 <= token < model.vocab_size:
             raise AdmissionError(
@@ -407,4 +410,5 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         call_grammar,
         may_force_call=not thinks_first,
         media=media,
+        eog=model.eog_tokens if config.ignore_eos else (),
     )

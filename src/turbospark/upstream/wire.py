@@ -128,8 +128,9 @@ def sampling(config: GenerationConfig) -> dict[str, Any]:
         out["presence_penalty"] = config.presence_penalty
     if config.frequency_penalty:
         out["frequency_penalty"] = config.frequency_penalty
-    if config.logit_bias:
-        out["logit_bias"] = {str(k): v for k, v in config.logit_bias.items()}
+    if config.logit_bias or config.logit_bias_text:
+        # (text keys as llama-server takes them: the upstream tokenizes them)
+        out["logit_bias"] = {**{str(k): v for k, v in config.logit_bias.items()}, **dict(config.logit_bias_text)}
     # fields OpenAI lacks but vLLM, SGLang, llama-server and turbospark take
     if config.top_k:
         out["top_k"] = config.top_k
