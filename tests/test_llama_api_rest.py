@@ -212,3 +212,83 @@ def test_ignore_eos_shows_its_logit_bias(url, ignore_eos):
         assert set(eos) <= {entry["token"] for entry in bias}
     else:
         assert bias == []
+
+
+# --------------------------------------------------------------- 3. prompts
+@pytest.mark.parametrize("path", ["/completion", "/completions"])
+def test_completion_with_tokens_input(url, path):
+    """test_completion_with_tokens_input: token ids, a list of prompts
+    ([ids, ids], [ids, text], [ids, object]) answered as a list of results
+    that agree (greedy), and one sequence mixing ids and text."""
+    text = "I believe the meaning of life is"
+    tokens = post(url, "/tokenize", {"content": text, "add_special": True}).json()["tokens"]
+    single = post(url, path, {"prompt": tokens, "n_predict": 6, "temperature": 0.0})
+    assert single.status_code == 200 and isinstance(single.json()["content"], str)
+    for prompts in ([tokens, tokens], [tokens, text], [tokens, {"prompt_string": text}]):
+        res = post(url, path, {"prompt": prompts, "n_predict": 6, "temperature": 0.0})
+        assert res.status_code == 200, res.text
+        body = res.json()
+        assert isinstance(body, list) and len(body) == 2 and [r["index"] for r in body] == [0, 1]
+        assert body[0]["content"] == body[1]["content"] == single.json()["content"]
+        assert body[0]["tokens_evaluated"] == body[1]["tokens_evaluated"] == len(tokens)
+    assert [r["prompt"] for r in res.json()] == ["", text]
+    mixed = post(url, path, {"prompt": [1, 2, 3, 4, 5, 6, text, 7, 8, 9, 10, text], "n_predict": 2})
+    assert mixed.status_code == 200 and isinstance(mixed.json()["content"], str)
+    assert mixed.json()["tokens_evaluated"] == 10 + 2 * len(post(url, "/tokenize", {"content": text}).json()["tokens"])
+    assert post(url, path, {"prompt": {"prompt_string": text}, "n_predict": 1}).status_code == 200
+
+
+def test_several_prompts_stream_by_index(url):
+    """A streamed list of prompts: each chunk names its prompt's index, and
+    each prompt ends with a chunk of its own saying ``stop``."""
+    chunks = stream(url, "/completion", {"prompt": ["Hello", "One, two,"], "n_predict": 4, "stream": True})
+    ends = sorted(c["index"] for c in chunks if c["stop"])
+    assert ends == [0, 1]
+    for index in (0, 1):
+        assert any(c["tokens"] for c in chunks if c["index"] == index and not c["stop"])
+
+
+def test_openai_batch_prompt_is_choices_by_index(url):
+    """OpenAI's batch ``prompt`` (strings or token lists) on
+    /v1/completions: one choice per prompt, by its index, usage counting
+    every prompt; streamed, each choice finishes."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    text = "I believe the meaning of life is"
+    one = client.completions.create(model="smol", prompt=text, max_tokens=4, temperature=0)
+    res = client.completions.create(model="smol", prompt=[text, "1, 2, 3,"], max_tokens=4, temperature=0)
+    assert [c.index for c in res.choices] == [0, 1] and res.choices[0].text == one.choices[0].text
+    assert res.usage.prompt_tokens == one.usage.prompt_tokens + len(
+        post(url, "/tokenize", {"content": "1, 2, 3,"}).json()["tokens"]
+    )
+    ids = post(url, "/tokenize", {"content": text}).json()["tokens"]
+    by_ids = client.completions.create(model="smol", prompt=[ids, ids], max_tokens=4, temperature=0)
+    assert [c.text for c in by_ids.choices] == [one.choices[0].text] * 2
+    streamed = client.completions.create(model="smol", prompt=[text, text], max_tokens=4, stream=True)
+    assert sorted(c.choices[0].index for c in streamed if c.choices and c.choices[0].finish_reason) == [0, 1]
+    bad = post(url, "/v1/completions", {"model": "smol", "prompt": ["a", "b"], "n": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+
+
+@pytest.mark.parametrize("tokenize,openai_style", [(False, False), (False, True), (True, False), (True, True)])
+def test_logit_bias(url, tokenize, openai_style):
+    """test_logit_bias: biases by token id or by text (each of its tokens),
+    as pairs or as an object, keep those words out of a greedy answer."""
+    exclude = ["i", "I", "the", "The", "to", "a", "an", "be", "is", "was", "but", "But", "and", "And", "so",
+               "So", "you", "You", "he", "He", "she", "She", "we", "We", "they", "They", "it", "It", "his",
+               "His", "her", "Her", "book", "Book"]  # fmt: skip
+    if tokenize:
+        tokens = post(url, "/tokenize", {"content": " " + " ".join(exclude) + " "}).json()["tokens"]
+        bias: Any = [[tok, -100] for tok in tokens]
+    else:
+        bias = [[" " + tok + " ", -100] for tok in exclude]
+    if openai_style:
+        bias = {str(k): v for k, v in bias}
+    body = {"n_predict": 64, "prompt": "What is the best book", "logit_bias": bias, "temperature": 0.0}
+    res = post(url, "/completion", body)
+    assert res.status_code == 200, res.text
+    assert all(res.json()["content"].find(" " + tok + " ") == -1 for tok in exclude)
+    banned = {b["token"] for b in res.json()["generation_settings"]["logit_bias"]}
+    the = post(url, "/tokenize", {"content": " the "}).json()["tokens"]
+    assert set(the) <= banned

@@ -36,6 +36,7 @@ from .translate import (
     ToolChoice,
     Translation,
     copy_sampling,
+    logit_bias,
     logprobs_setting,
     probabilities,
     sampling_params,
@@ -142,8 +143,10 @@ class ChatCompletionRequest(BaseModel):
         return v
 
 
-def sampling(body: Any, config: GenerationConfig) -> None:
-    """Sampling fields shared by Chat Completions and Completions."""
+def sampling(body: Any, config: GenerationConfig, text_keys: bool = False) -> None:
+    """Sampling fields shared by Chat Completions and Completions;
+    ``text_keys``: a ``logit_bias`` key that is no token id is a text,
+    tokenized as llama-server does (else a 400: OpenAI's rule)."""
     copy_sampling(body, config)
     rp = body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty
     if rp is not None:
@@ -151,11 +154,8 @@ def sampling(body: Any, config: GenerationConfig) -> None:
     if body.stop is not None:
         config.stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
     if body.logit_bias:
-        try:
-            config.logit_bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in body.logit_bias.items()}
-        except ValueError:
-            raise BadRequest("logit_bias keys must be token ids", "logit_bias") from None
-        if any(k < 0 for k in config.logit_bias):
+        config.logit_bias, config.logit_bias_text = logit_bias(body.logit_bias)
+        if config.logit_bias_text and not text_keys:
             raise BadRequest("logit_bias keys must be token ids (non-negative integers)", "logit_bias")
     if body.ignore_eos:
         config.ignore_eos = True
@@ -319,12 +319,13 @@ def finish_reason(reason: StopReason) -> str:
     return "stop"
 
 
-def usage(*finals: Final) -> dict[str, Any]:
+def usage(*finals: Final, prompts: bool = False) -> dict[str, Any]:
     """Summed over the choices as OpenAI counts them: the prompt once (plus
-    the longer prompt of each other choice a guardrail re-ask answered),
-    every choice's completion; each choice's answered attempt only."""
+    the longer prompt of each other choice a guardrail re-ask answered;
+    ``prompts``: each choice had a prompt of its own, all counted), every
+    choice's completion; each choice's answered attempt only."""
     first = finals[0]
-    again = [f for f in finals[1:] if f.reasked]
+    again = [f for f in finals[1:] if f.reasked or prompts]
     p = first.prompt_tokens + sum(f.prompt_tokens for f in again)
     cached = first.cached_tokens + sum(f.cached_tokens for f in again)
     c = sum(f.completion_tokens for f in finals)

@@ -12,15 +12,16 @@ chunk also carry llama.cpp's ``timings`` object, from the engine's result.
 the suffix with its fill-in-the-middle tokens (a model without them is a
 400). ``logprobs: N`` gives each token's log-probability and the N most
 likely at its place; ``n`` choices decode side by side from one prefill.
-Features the engine cannot give (``echo``, ``best_of`` above 1, token-id
-prompts) are refused with a 400 naming the field, rather than silently
-answered without them.
+A prompt may be token ids (mixed with texts, as llama-server takes them),
+and a list of prompts answers one choice each, by its index. Features the
+engine cannot give (``echo``, ``best_of`` above 1) are refused with a 400
+naming the field, rather than silently answered without them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -41,6 +42,7 @@ from .openai_chat import (
     timings,
     usage,
 )
+from .prompts import batch, prompts_of
 from .render import SSE, Unsent
 from .translate import Translation, logprob_value, logprobs_setting
 
@@ -54,7 +56,9 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
-    prompt: str | list[Any]
+    #: a string, token ids, ids and texts mixed, llama-server's object, or a
+    #: list of prompts (``dialects/prompts.py``)
+    prompt: str | list[Any] | dict[str, Any]
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -93,24 +97,6 @@ class CompletionRequest(BaseModel):
         return v
 
 
-def prompt_text(prompt: str | list[Any]) -> str:
-    """The one prompt string; batches and token-id prompts are refused."""
-    if isinstance(prompt, str):
-        return prompt
-    if not prompt:
-        raise BadRequest("'prompt' must not be an empty list", "prompt")
-    if all(isinstance(p, str) for p in prompt):
-        if len(prompt) > 1:
-            raise BadRequest(
-                f"only one prompt per request is supported; 'prompt' is a list of {len(prompt)} strings",
-                "prompt",
-            )
-        return cast(str, prompt[0])
-    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt) or all(isinstance(p, list) for p in prompt):
-        raise BadRequest("token-id prompts are not supported; send 'prompt' as a string", "prompt")
-    raise BadRequest("'prompt' must be a string or a list with one string", "prompt")
-
-
 def _refuse_unsupported(body: CompletionRequest) -> None:
     if body.echo:
         raise BadRequest("'echo' is not supported by this server", "echo")
@@ -119,26 +105,39 @@ def _refuse_unsupported(body: CompletionRequest) -> None:
 
 
 def translate(body: CompletionRequest) -> Translation:
-    """A raw prompt, no template."""
+    """A raw prompt, no template: a string, token ids, ids and texts mixed,
+    or (llama-server's) a ``{"prompt_string", "multimodal_data"}`` object;
+    a list of prompts answers one choice each (``ChatRequest.batch``)."""
     _refuse_unsupported(body)
-    text = prompt_text(body.prompt)
-    config = GenerationConfig()
-    sampling(body, config)
-    config.logprobs = logprobs_setting(body.logprobs is not None, body.logprobs, "logprobs")
-    config.session_key = body.prompt_cache_key or body.user
-    fill = FillIn(text, body.suffix) if body.suffix is not None else None
-    req = ChatRequest(
-        prompt=None if fill else text,
-        fill_in=fill,
-        config=config,
-        max_tokens_explicit=body.max_tokens is not None,
-        default_max_tokens=DEFAULT_MAX_TOKENS,
-        n=choices(body.n),
-    )
-    if body.max_tokens is not None:
-        config.max_new_tokens = body.max_tokens
-    constraints(body, req)
-    return Translation(req, [], bool(body.stream))
+    prompts = prompts_of(body.prompt)
+    n = choices(body.n)
+    if len(prompts) > 1 and n > 1:
+        raise BadRequest("'n' above 1 with several prompts is not supported: send one prompt per request", "n")
+    if body.suffix is not None and (len(prompts) > 1 or prompts[0].text is None or prompts[0].media):
+        raise BadRequest("'suffix' goes with one text prompt", "suffix")
+
+    def make() -> ChatRequest:
+        config = GenerationConfig()
+        sampling(body, config, text_keys=True)
+        config.logprobs = logprobs_setting(body.logprobs is not None, body.logprobs, "logprobs")
+        config.session_key = body.prompt_cache_key or body.user
+        req = ChatRequest(
+            config=config,
+            max_tokens_explicit=body.max_tokens is not None,
+            default_max_tokens=DEFAULT_MAX_TOKENS,
+            n=n,
+        )
+        if body.max_tokens is not None:
+            config.max_new_tokens = body.max_tokens
+        constraints(body, req)
+        return req
+
+    if body.suffix is not None:
+        req = make()
+        req.fill_in = FillIn(prompts[0].text or "", body.suffix)
+    else:
+        req = batch(prompts, make)
+    return Translation(req, [], bool(body.stream), {"prompts": len(prompts)})
 
 
 def finish_reason(reason: StopReason) -> str:
@@ -152,7 +151,7 @@ class CompletionRenderer(Unsent):
 
     media_type = SSE
 
-    def __init__(self, model_name: str, body: Any, stream: bool = False) -> None:
+    def __init__(self, model_name: str, body: Any, stream: bool = False, prompts: int = 1) -> None:
         self.stream = stream
         self.id = new_id("cmpl-")
         self.created = unix_time()
@@ -160,7 +159,9 @@ class CompletionRenderer(Unsent):
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.want_timings = bool(body.timings)
         self.logprobs = body.logprobs is not None
-        self.n = choices(body.n)
+        #: several prompts: a choice each (``n`` is then 1), each prompt counted in usage
+        self.prompts = prompts > 1
+        self.n = prompts if self.prompts else choices(body.n)
         self._finals: list[Final] = []
         #: each choice's text so far, in characters (``text_offset``)
         self._offsets = [0] * self.n
@@ -202,7 +203,7 @@ class CompletionRenderer(Unsent):
 
     def complete_choices(self, finals: list[Final]) -> dict[str, Any]:
         out = self._object([self._choice(f.text, finish_reason(f.result.reason), f.choice, f.logprobs) for f in finals])
-        out["usage"] = usage(*finals)
+        out["usage"] = usage(*finals, prompts=self.prompts)
         if self.want_timings:
             out["timings"] = timings(finals[0])
         return out
@@ -225,7 +226,7 @@ class CompletionRenderer(Unsent):
             return out
         if self.include_usage:
             last = self._object([])
-            last["usage"] = usage(*sorted(self._finals, key=lambda f: f.choice))
+            last["usage"] = usage(*sorted(self._finals, key=lambda f: f.choice), prompts=self.prompts)
             out += sse_data(last)
         return out + b"data: [DONE]\n\n"
 
@@ -235,7 +236,7 @@ class CompletionRenderer(Unsent):
 
 
 def renderer(body: CompletionRequest, tr: Translation, prepared: Prepared, served: Served) -> CompletionRenderer:
-    return CompletionRenderer(body.model or served.model, body, tr.stream)
+    return CompletionRenderer(body.model or served.model, body, tr.stream, tr.extras.get("prompts", 1))
 
 
 Dialect = base.Dialect(

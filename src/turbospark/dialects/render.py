@@ -139,10 +139,11 @@ def prompt_progress(progress: PromptProgress) -> dict[str, Any]:
 
 class ChoicesRenderer(Renderer, Protocol):
     """A renderer of a dialect with ``n`` choices per request (OpenAI chat
-    and completions)."""
+    and completions), or several prompts (completions, llama-server's)."""
 
-    def complete_choices(self, finals: list[Final]) -> dict[str, Any]:
-        """Every choice in one JSON body (not streamed)."""
+    def complete_choices(self, finals: list[Final]) -> dict[str, Any] | list[dict[str, Any]]:
+        """Every choice in one JSON body (not streamed): one object (OpenAI's
+        choices), or a list of results (llama-server's several prompts)."""
         ...
 
 

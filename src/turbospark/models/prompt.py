@@ -75,11 +75,15 @@ def _render(model: ChatModel, req: ChatRequest) -> _Rendered:
         raise AdmissionError("media go with a text prompt or messages, not a token-id or fill-in prompt", "prompt")
     if req.fill_in is not None:
         return _Rendered(fim_ids(model, req.fill_in))
-    if req.prompt_ids is not None:
-        bad = next((t for t in req.prompt_ids if not 0 <= t < model.vocab_size), None)
+    given = req.prompt_ids
+    if req.prompt_mixed is not None:  # (llama-server's: a text's BOS only as the first part)
+        mixed = enumerate(req.prompt_mixed)
+        given = [t for i, p in mixed for t in (model.tokenize(p, i == 0, False) if isinstance(p, str) else [p])]
+    if given is not None:
+        bad = next((t for t in given if not 0 <= t < model.vocab_size), None)
         if bad is not None:
             raise AdmissionError(f"the prompt names token {bad}, but the vocabulary has {model.vocab_size}", "prompt")
-        return _Rendered(list(req.prompt_ids))
+        return _Rendered(list(given))
     if req.prompt is not None:
         if req.prompt == "":
             raise AdmissionError("the prompt is empty", "prompt")

@@ -81,7 +81,9 @@ def request_body(req: Any, default_max: int | None) -> dict[str, Any]:
     and ``stream``. A chat request becomes a chat completion; a raw prompt
     (text or token ids) a completion."""
     body: dict[str, Any] = {}
-    if req.prompt is not None or req.prompt_ids is not None:
+    if req.prompt_mixed is not None:  # (llama-server's mixed ids and texts, as given)
+        body["prompt"] = list(req.prompt_mixed)
+    elif req.prompt is not None or req.prompt_ids is not None:
         body["prompt"] = req.prompt if req.prompt is not None else list(req.prompt_ids)
     else:
         body["messages"] = [_message(m) for m in req.messages]
