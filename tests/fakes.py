@@ -119,7 +119,7 @@ class ScriptedModel:
     def detokenize(self, tokens: list[int]) -> str:
         return " ".join(str(t) for t in tokens)
 
-    def chat_text(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+    def chat_text(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> str:
         return " ".join(f"<{m['role']}> {m.get('content') or ''}" for m in messages) + " <assistant>"
 
     def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> list[int]:

@@ -292,3 +292,82 @@ def test_logit_bias(url, tokenize, openai_style):
     banned = {b["token"] for b in res.json()["generation_settings"]["logit_bias"]}
     the = post(url, "/tokenize", {"content": " the "}).json()["tokens"]
     assert set(the) <= banned
+
+
+# ------------------------------------------------------------ 4. chat rules
+BOOK = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+
+
+def chat(url: str, body: dict[str, Any], path: str = "/chat/completions") -> httpx.Response:
+    return post(url, path, {"max_tokens": 8, **body})
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "test"}, {"role": "assistant", "content": "test"}, {"role": "assistant", "content": "test"}],
+        [{"role": "system", "content": 123}],
+        [{"role": "system", "content": "test"}, {}],
+    ],
+)  # fmt: skip
+def test_invalid_chat_completion_req(url, messages):
+    """test_invalid_chat_completion_req: two assistant messages at the end
+    (and malformed ones) are a 400."""
+    res = chat(url, {"messages": messages})
+    assert res.status_code == 400 and "error" in res.json()
+
+
+def test_chat_template_assistant_prefill_and_continue_final_message(url):
+    """test_chat_template_assistant_prefill, _continue_final_message_vllm_compat
+    and _mutual_exclusion: a last assistant message is continued (the
+    prompt ends with its text), as with ``continue_final_message`` and
+    ``add_generation_prompt`` false; both switches true is a 400."""
+    prefill = [*BOOK, {"role": "assistant", "content": "Whill"}]
+    opened = "<|im_start|>user\nWhat is the best book<|im_end|>\n<|im_start|>assistant\n"
+    auto = chat(url, {"messages": prefill, "verbose": True})
+    assert auto.status_code == 200 and auto.json()["__verbose"]["prompt"].endswith(opened + "Whill")
+    explicit = chat(
+        url, {"messages": prefill, "add_generation_prompt": False, "continue_final_message": True, "verbose": True}
+    )
+    assert explicit.status_code == 200 and explicit.json()["__verbose"]["prompt"] == auto.json()["__verbose"]["prompt"]
+    both = chat(
+        url,
+        {
+            "add_generation_prompt": True,
+            "continue_final_message": True,
+            "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+        },
+    )
+    assert both.status_code == 400 and "error" in both.json()
+    plain = chat(url, {"messages": BOOK, "verbose": True})
+    assert plain.json()["__verbose"]["prompt"].endswith(opened)
+    counted = post(url, "/chat/completions/input_tokens", {"messages": prefill}).json()["input_tokens"]
+    assert counted == auto.json()["usage"]["prompt_tokens"]
+
+
+def test_verbose_debug(url):
+    """test_verbose_debug: ``verbose`` adds llama-server's native result
+    (``__verbose``, with the prompt); without it, nothing."""
+    for verbose in (True, False):
+        res = chat(url, {"max_tokens": 2, "messages": BOOK, "verbose": verbose})
+        assert res.status_code == 200
+        if verbose:
+            native = res.json()["__verbose"]
+            assert "Book" in native["prompt"] and native["tokens_predicted"] == res.json()["usage"]["completion_tokens"]
+            assert native["content"] == res.json()["choices"][0]["message"]["content"] and native["stop"] is True
+        else:
+            assert "__verbose" not in res.json()
+    streamed = stream(url, "/chat/completions", {"max_tokens": 2, "messages": BOOK, "verbose": True, "stream": True})
+    assert [c for c in streamed if "__verbose" in c][0]["choices"][0]["finish_reason"] is not None
+
+
+@pytest.mark.parametrize("path", ["/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"])
+def test_chat_completions_token_count(url, path):
+    """test_chat_completions_token_count: the prompt's tokens, as the
+    request itself counts them, twice alike."""
+    counts = [post(url, path, {"messages": BOOK}).json()["input_tokens"] for _ in range(2)]
+    assert counts[0] == counts[1] > 5
+    assert counts[0] == chat(url, {"messages": BOOK, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+    bad = post(url, path, {"messages": []})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+

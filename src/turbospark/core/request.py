@@ -111,6 +111,11 @@ class ChatRequest:
     #: ``/completion``, OpenAI's batch ``prompt``), each prepared and run on
     #: its own and answered as the next choice (by its index)
     batch: list[ChatRequest] = field(default_factory=list)
+    #: the last message (an assistant's) is the answer's start, continued
+    #: (a prefill: llama-server's ``continue_final_message``)
+    continue_final: bool = False
+    #: the prompt's text is kept (``Prepared.prompt_text``: llama-server's ``verbose``)
+    verbose: bool = False
 
     def is_raw(self) -> bool:
         """A prompt given as text or ids, not as messages (no chat template)."""
@@ -158,6 +163,9 @@ class Prepared:
     eog: tuple[int, ...] = ()
     #: the request's other prompts, prepared (``ChatRequest.batch``)
     batch: list[Prepared] = field(default_factory=list)
+    #: the prompt as text, when the request asked (``ChatRequest.verbose``;
+    #: a local model's: a remote one leaves it None)
+    prompt_text: str | None = None
 
 
 @dataclass

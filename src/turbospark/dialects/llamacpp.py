@@ -45,7 +45,7 @@ from .common import BadRequest, constrain, sse_data
 from .errors import Failure, llamacpp_error
 from .openai_chat import timings
 from .prompts import batch, prompts_of
-from .render import SSE, Unsent, progress_timings, prompt_progress, token_timings
+from .render import SSE, Unsent, progress_timings, prompt_progress, stop_type, token_timings
 from .translate import (
     SAMPLING,
     Translation,
@@ -62,14 +62,6 @@ from .translate import (
 #: end"; a server that must answer on a budget uses the context's room
 UNLIMITED = -1
 
-_STOP_TYPES = {
-    StopReason.END_OF_TURN: "eos",
-    StopReason.EOS: "eos",
-    StopReason.TOOL_CALLS: "eos",
-    StopReason.MAX_TOKENS: "limit",
-    StopReason.STOP_STRING: "word",
-    StopReason.CANCELLED: "none",
-}
 
 
 class CompletionBody(BaseModel):
@@ -231,10 +223,6 @@ def translate_infill(body: InfillBody) -> Translation:
     req = ChatRequest(fill_in=fill, config=_config(body, warnings))
     _budget(body, req)
     return Translation(req, warnings, bool(body.stream))
-
-
-def stop_type(reason: StopReason) -> str:
-    return _STOP_TYPES.get(reason, "none")
 
 
 class CompletionRenderer(Unsent):

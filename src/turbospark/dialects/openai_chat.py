@@ -31,7 +31,7 @@ from .common import (
 )
 from .errors import Failure, openai_error
 from .media import content_text
-from .render import SSE, progress_timings, prompt_progress, token_timings
+from .render import SSE, native_result, progress_timings, prompt_progress, token_timings
 from .translate import (
     ToolChoice,
     Translation,
@@ -134,6 +134,12 @@ class ChatCompletionRequest(BaseModel):
     timings_per_token: bool | None = None
     #: llama-server's: log-probabilities as probabilities after the selection
     post_sampling_probs: bool | None = None
+    #: llama-server's (and vLLM's) template switches: the assistant's turn
+    #: opened after the messages, or the last (assistant) message continued
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | str | None = None
+    #: llama-server's: the answer carries its native result (``__verbose``)
+    verbose: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -212,6 +218,10 @@ def translate(body: ChatCompletionRequest) -> Translation:
         n=choices(body.n),
         media=media,
     )
+    req.continue_final, generation_prompt = continuation(body)
+    if not generation_prompt and not req.continue_final:
+        req.template_kwargs["add_generation_prompt"] = False
+    req.verbose = bool(body.verbose)
     req.tool_choice, req.tool_name, _ = tool_choice(body.tool_choice)
     check_tool_schemas(
         [
@@ -225,6 +235,38 @@ def translate(body: ChatCompletionRequest) -> Translation:
     if budget is not None:
         config.max_new_tokens = budget
     return Translation(req, warnings, bool(body.stream))
+
+
+def continuation(body: ChatCompletionRequest) -> tuple[bool, bool]:
+    """(continue the last message, open the assistant's turn), as
+    llama-server decides them: a last assistant message is a prefill
+    (continued, no generation prompt) unless the one before it is an
+    assistant's too, a 400; ``continue_final_message`` with
+    ``add_generation_prompt`` (true unless set false) is a 400, and so is a
+    continued message that is no assistant's or holds tool calls."""
+    messages, wanted = body.messages, body.continue_final_message
+    generation = body.add_generation_prompt is not False
+    last = len(messages) - 1
+    if wanted not in (None, False, True, "content"):
+        raise BadRequest(
+            f"continue_final_message {wanted!r} is not supported: true (or 'content') continues the answer's text",
+            "continue_final_message",
+        )
+    if wanted in (None, False):
+        if messages[last].role != "assistant":
+            return False, generation
+        if last >= 1 and messages[last - 1].role == "assistant":
+            raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.", "messages")
+        generation = False
+    if generation:
+        raise BadRequest(
+            "Cannot set both add_generation_prompt and continue_final_message to true.", "add_generation_prompt"
+        )
+    if messages[last].role != "assistant":
+        raise BadRequest("continue_final_message continues the last message, which must be an assistant's", "messages")
+    if messages[last].tool_calls:
+        raise BadRequest("Cannot continue an assistant message that contains tool calls.", f"messages[{last}]")
+    return True, False
 
 
 def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -401,6 +443,8 @@ class ChatRenderer:
         self.post = bool(body.post_sampling_probs)
         #: the settings it ran with, sent with ``timings`` (llama.cpp's extras)
         self.settings: dict[str, Any] = {}
+        #: llama-server's ``verbose``: its native result as ``__verbose``, with the prompt's text
+        self.verbose: str | None = None
         self.n = choices(body.n)
         self._finals: list[Final] = []
         #: a text chunk's frame before and after its text (serialized once)
@@ -432,6 +476,8 @@ class ChatRenderer:
         if self.want_timings:
             out["timings"] = timings(finals[0])
             out["generation_settings"] = self.settings
+        if self.verbose is not None:
+            out["__verbose"] = native_result(finals[0], self.model, self.verbose, self.settings)
         return out
 
     def token_timings(self, timings: TokenTimings) -> None:
@@ -510,6 +556,8 @@ class ChatRenderer:
             last["generation_settings"] = self.settings
         elif self.per_token and not self.include_usage:
             last["timings"] = timings(final)
+        if self.verbose is not None:
+            last["__verbose"] = native_result(final, self.model, self.verbose, self.settings)
         out = sse_data(last)
         self._finals.append(final)
         if len(self._finals) < self.n:
@@ -537,9 +585,11 @@ class ChatRenderer:
 
 def renderer(body: ChatCompletionRequest, tr: Translation, prepared: Prepared, served: Served) -> ChatRenderer:
     made = ChatRenderer(body.model or served.model, body, tr.stream)
-    if made.want_timings:  # (llama.cpp's opt-in extras: its generation_settings too)
+    if made.want_timings or body.verbose:  # (llama.cpp's opt-in extras: its generation_settings too)
         settings = {"n_ctx": served.max_context, **sampling_params(prepared.config)}
         made.settings = {**settings, "post_sampling_probs": made.post, "stream": made.stream}
+    if body.verbose:
+        made.verbose = prepared.prompt_text or ""
     return made
 
 

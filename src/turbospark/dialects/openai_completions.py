@@ -43,8 +43,8 @@ from .openai_chat import (
     usage,
 )
 from .prompts import batch, prompts_of
-from .render import SSE, Unsent
-from .translate import Translation, logprob_value, logprobs_setting
+from .render import SSE, Unsent, native_result
+from .translate import Translation, logprob_value, logprobs_setting, sampling_params
 
 #: OpenAI's documented default for ``max_tokens`` on this endpoint.
 DEFAULT_MAX_TOKENS = 16
@@ -88,6 +88,8 @@ class CompletionRequest(BaseModel):
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
+    #: llama-server's: the answer carries its native result (``__verbose``)
+    verbose: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -130,6 +132,7 @@ def translate(body: CompletionRequest) -> Translation:
         if body.max_tokens is not None:
             config.max_new_tokens = body.max_tokens
         constraints(body, req)
+        req.verbose = bool(body.verbose)
         return req
 
     if body.suffix is not None:
@@ -163,6 +166,8 @@ class CompletionRenderer(Unsent):
         self.prompts = prompts > 1
         self.n = prompts if self.prompts else choices(body.n)
         self._finals: list[Final] = []
+        #: llama-server's ``verbose``: (the prompt's text, the settings) for ``__verbose``
+        self.verbose: tuple[str, dict[str, Any]] | None = None
         #: each choice's text so far, in characters (``text_offset``)
         self._offsets = [0] * self.n
 
@@ -206,6 +211,8 @@ class CompletionRenderer(Unsent):
         out["usage"] = usage(*finals, prompts=self.prompts)
         if self.want_timings:
             out["timings"] = timings(finals[0])
+        if self.verbose is not None:
+            out["__verbose"] = native_result(finals[0], self.model, *self.verbose)
         return out
 
     def _chunk(self, choice: dict[str, Any], final: Final | None = None) -> bytes:
@@ -214,6 +221,8 @@ class CompletionRenderer(Unsent):
             chunk["usage"] = None
         if final is not None and self.want_timings:
             chunk["timings"] = timings(final)
+        if final is not None and self.verbose is not None:
+            chunk["__verbose"] = native_result(final, self.model, *self.verbose)
         return sse_data(chunk)
 
     def text(self, delta: Delta) -> bytes:
@@ -236,7 +245,11 @@ class CompletionRenderer(Unsent):
 
 
 def renderer(body: CompletionRequest, tr: Translation, prepared: Prepared, served: Served) -> CompletionRenderer:
-    return CompletionRenderer(body.model or served.model, body, tr.stream, tr.extras.get("prompts", 1))
+    made = CompletionRenderer(body.model or served.model, body, tr.stream, tr.extras.get("prompts", 1))
+    if body.verbose:
+        settings = {"n_ctx": served.max_context, **sampling_params(prepared.config), "stream": made.stream}
+        made.verbose = (prepared.prompt_text or "", settings)
+    return made
 
 
 Dialect = base.Dialect(
