@@ -305,7 +305,7 @@ def chat(url: str, body: dict[str, Any], path: str = "/chat/completions") -> htt
 @pytest.mark.parametrize(
     "messages",
     [
-        [{"role": "user", "content": "test"}, {"role": "assistant", "content": "test"}, {"role": "assistant", "content": "test"}],
+        [{"role": "user", "content": "test"}, *[{"role": "assistant", "content": "test"}] * 2],
         [{"role": "system", "content": 123}],
         [{"role": "system", "content": "test"}, {}],
     ],
@@ -371,3 +371,50 @@ def test_chat_completions_token_count(url, path):
     bad = post(url, path, {"messages": []})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
 
+
+# ------------------------------------------------------------------ 5. errors
+@pytest.mark.parametrize("streamed", [False, True])
+def test_context_size_exceeded(url, streamed):
+    """test_context_size_exceeded(_stream): a prompt over the context is a
+    400 before any stream, llama-server's ``exceed_context_size_error`` with
+    its numbers, and (the OpenAI SDKs read it there) OpenAI's code."""
+    import openai
+
+    res = chat(url, {"messages": BOOK * 100, "stream": streamed})
+    assert res.status_code == 400
+    err = res.json()["error"]
+    assert err["type"] == "exceed_context_size_error" and err["code"] == "context_length_exceeded"
+    assert err["n_prompt_tokens"] > CTX and err["n_ctx"] == CTX
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model="smol", messages=BOOK * 100, stream=streamed)
+    assert exc.value.code == "context_length_exceeded" and exc.value.type == "exceed_context_size_error"
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/completion", {"prompt": "word " * 1500, "n_predict": 4}),
+        ("/completions", {"prompt": "word " * 1500, "n_predict": 4}),
+        ("/v1/completions", {"prompt": "word " * 1500, "max_tokens": 4}),
+        ("/v1/responses", {"input": "word " * 1500, "max_output_tokens": 4}),
+    ],
+)
+def test_context_size_exceeded_on_every_route(url, path, body):
+    """llama-server's error and numbers on its routes and the OpenAI ones
+    (those with OpenAI's code beside them)."""
+    res = post(url, path, {"model": "smol", **body})
+    err = res.json()["error"]
+    assert res.status_code == 400 and err["type"] == "exceed_context_size_error", err
+    assert err["n_prompt_tokens"] > CTX and err["n_ctx"] == CTX
+    assert err["code"] == (400 if path in ("/completion", "/completions") else "context_length_exceeded")
+
+
+def test_anthropic_empty_messages(url):
+    """test_anthropic_empty_messages: ``messages: []`` is answered (from
+    the template's generation prompt), as llama-server answers it."""
+    res = post(url, "/v1/messages", {"model": "test", "max_tokens": 50, "messages": []})
+    assert res.status_code == 200, res.text
+    assert res.json()["type"] == "message" and res.json()["usage"]["input_tokens"] > 0
+    counted = post(url, "/v1/messages/count_tokens", {"model": "test", "messages": []})
+    assert counted.status_code == 400 and counted.json()["type"] == "error"

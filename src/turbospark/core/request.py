@@ -116,6 +116,9 @@ class ChatRequest:
     continue_final: bool = False
     #: the prompt's text is kept (``Prepared.prompt_text``: llama-server's ``verbose``)
     verbose: bool = False
+    #: no messages at all is a conversation too (llama-server's answer to
+    #: Anthropic's ``messages: []``): the template renders it
+    empty_chat: bool = False
 
     def is_raw(self) -> bool:
         """A prompt given as text or ids, not as messages (no chat template)."""

@@ -63,7 +63,6 @@ from .translate import (
 UNLIMITED = -1
 
 
-
 class CompletionBody(BaseModel):
     """``/completion``'s fields we act on; unknown ones are accepted."""
 

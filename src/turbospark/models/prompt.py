@@ -94,7 +94,7 @@ def _render(model: ChatModel, req: ChatRequest) -> _Rendered:
                 media = model.media_prompt(req.prompt, _media_bytes(req), chat=False)
             return _Rendered(media.ids, media=media, text=req.prompt)
         return _Rendered(model.prompt_ids(req.prompt), text=req.prompt)
-    if not req.messages:
+    if not req.messages and not req.empty_chat:
         raise AdmissionError("'messages' must contain at least one message", "messages")
     source = model.template_source
     tools = req.tools if req.tool_choice != "none" else None

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..core.backend import Backend
 from ..dialects import anthropic, openai_chat
 from ..dialects.common import BadRequest
-from ..core.backend import Backend
 from ..serving import media
 from .common import (
     JSONResponse,
