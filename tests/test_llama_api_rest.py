@@ -418,3 +418,15 @@ def test_anthropic_empty_messages(url):
     assert res.json()["type"] == "message" and res.json()["usage"]["input_tokens"] > 0
     counted = post(url, "/v1/messages/count_tokens", {"model": "test", "messages": []})
     assert counted.status_code == 400 and counted.json()["type"] == "error"
+
+
+def test_openai_completions_stream_telemetry(url):
+    """/v1/completions takes llama-server's ``return_progress`` and
+    ``timings_per_token`` too (they were ignored)."""
+    body = {"model": "smol", "prompt": "This is a test" * 10, "max_tokens": 4, "stream": True}
+    chunks = stream(url, "/v1/completions", {**body, "return_progress": True, "timings_per_token": True})
+    assert all(c["choices"] == [] for c in chunks if "prompt_progress" in c)
+    progress_of(chunks)
+    texts = [c for c in chunks if c["choices"] and c["choices"][0]["text"]]
+    assert texts and all(c["timings"]["predicted_n"] >= 1 for c in texts)
+    assert not any("prompt_progress" in c or "timings" in c for c in stream(url, "/v1/completions", body))

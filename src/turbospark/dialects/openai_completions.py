@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.answer import Delta
 from ..core.request import ChatRequest, FillIn, Final, Prepared
-from ..engine.types import GenerationConfig, StopReason, TokenProb
+from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb, TokenTimings
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, new_id, sse_data, unix_time
@@ -43,7 +43,7 @@ from .openai_chat import (
     usage,
 )
 from .prompts import batch, prompts_of
-from .render import SSE, Unsent, native_result
+from .render import SSE, Unsent, native_result, progress_timings, prompt_progress, token_timings
 from .translate import Translation, logprob_value, logprobs_setting, sampling_params
 
 #: OpenAI's documented default for ``max_tokens`` on this endpoint.
@@ -90,6 +90,10 @@ class CompletionRequest(BaseModel):
     response_format: ResponseFormat | None = None
     #: llama-server's: the answer carries its native result (``__verbose``)
     verbose: bool | None = None
+    #: llama-server's: ``prompt_progress`` chunks while a streamed prompt is
+    #: prefilled; the engine's timings so far on every text chunk
+    return_progress: bool | None = None
+    timings_per_token: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -123,6 +127,8 @@ def translate(body: CompletionRequest) -> Translation:
         sampling(body, config, text_keys=True)
         config.logprobs = logprobs_setting(body.logprobs is not None, body.logprobs, "logprobs")
         config.session_key = body.prompt_cache_key or body.user
+        config.return_progress = bool(body.return_progress and body.stream)
+        config.timings_per_token = bool(body.timings_per_token and body.stream)
         req = ChatRequest(
             config=config,
             max_tokens_explicit=body.max_tokens is not None,
@@ -161,6 +167,9 @@ class CompletionRenderer(Unsent):
         self.model = model_name
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.want_timings = bool(body.timings)
+        #: ``timings_per_token``: the engine's timings so far, put on text chunks
+        self.per_token = bool(body.timings_per_token and stream)
+        self._timings: dict[str, Any] | None = None
         self.logprobs = body.logprobs is not None
         #: several prompts: a choice each (``n`` is then 1), each prompt counted in usage
         self.prompts = prompts > 1
@@ -226,7 +235,22 @@ class CompletionRenderer(Unsent):
         return sse_data(chunk)
 
     def text(self, delta: Delta) -> bytes:
-        return self._chunk(self._choice(delta.text, None, delta.choice, delta.logprobs))
+        if self._timings is None:
+            return self._chunk(self._choice(delta.text, None, delta.choice, delta.logprobs))
+        chunk = self._object([self._choice(delta.text, None, delta.choice, delta.logprobs)])
+        if self.include_usage:
+            chunk["usage"] = None
+        return sse_data({**chunk, "timings": self._timings})
+
+    def token_timings(self, t: TokenTimings) -> None:
+        self._timings = token_timings(t)
+
+    def prompt_progress(self, progress: PromptProgress) -> bytes:
+        """llama-server's progress chunk: no choices, the prefill so far."""
+        chunk: dict[str, Any] = {**self._object([]), "prompt_progress": prompt_progress(progress)}
+        if self.per_token:
+            chunk["timings"] = progress_timings(progress)
+        return sse_data(chunk)
 
     def final(self, final: Final) -> bytes:
         out = self._chunk(self._choice("", finish_reason(final.result.reason), final.choice), final)
