@@ -76,6 +76,10 @@ class ScriptedModel:
     def leading_bos(self) -> tuple[int, ...]:
         return ()
 
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        return ()
+
     failure: str | None = None
 
     def stalled_for(self) -> float:
@@ -116,7 +120,7 @@ class ScriptedModel:
     def detokenize(self, tokens: list[int]) -> str:
         return " ".join(str(t) for t in tokens)
 
-    def chat_text(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+    def chat_text(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> str:
         return " ".join(f"<{m['role']}> {m.get('content') or ''}" for m in messages) + " <assistant>"
 
     def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, **kw: Any) -> list[int]:

@@ -357,7 +357,6 @@ def with_content(*blocks):
         (b"", "empty"),
         (b"[1, 2]", "JSON object"),
         ({"model": "m", "max_tokens": 5}, "missing required field 'messages'"),
-        ({"model": "m", "max_tokens": 5, "messages": []}, "messages"),
         ({"model": "m", "max_tokens": 5, "messages": "hello"}, "messages"),
         ({"model": 7, "max_tokens": 5, "messages": OK}, "model"),
         ({"model": "m", "max_tokens": 5, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
@@ -426,7 +425,7 @@ def test_bad_count_tokens_bodies_are_400_in_shape(base_url, body):
 
 def test_sdk_raises_bad_request_and_failure_is_observed(ant, hub):
     with pytest.raises(anthropic.BadRequestError) as exc:
-        ant.messages.create(model="m", max_tokens=5, messages=[])
+        ant.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": 42}])
     assert exc.value.status_code == 400
     assert exc.value.body["type"] == "error"
     rid = exc.value.response.headers["x-request-id"]

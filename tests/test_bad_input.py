@@ -174,7 +174,7 @@ CASES: list[tuple[tuple[str, dict[str, Any]], str]] = [
     ),
     # -- OpenAI Completions
     (with_(CO, prompt=5), "prompt"),
-    (with_(CO, prompt=[1, "a"]), "prompt"),
+    (with_(CO, prompt=[1, {"a": 1}]), "prompt"),
     (with_(CO, stop={"a": 1}), "stop"),
     (with_(CO, logit_bias=[]), "logit_bias"),
     # -- OpenAI Responses

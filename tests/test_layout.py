@@ -131,7 +131,7 @@ def test_every_dialect_is_one_dialect_object():
 
     from turbospark.dialects.base import Dialect
 
-    shared = {"__init__", "base", "common", "errors", "media", "render", "stamps", "translate"}
+    shared = {"__init__", "base", "common", "errors", "media", "prompts", "render", "stamps", "translate"}
     names = sorted(p.stem for p in (SRC / "dialects").glob("*.py") if p.stem not in shared)
     assert {"anthropic", "llamacpp", "ollama", "openai_chat", "openai_completions", "openai_responses"} <= set(names)
     for name in names:

@@ -102,7 +102,7 @@ def test_apply_template_props_and_embedding(base_url):
     [
         ("/completion", {"prompt": "x", "n_predict": "ten"}, "n_predict"),
         ("/completion", {"prompt": "x", "n_probs": 21}, "n_probs"),
-        ("/completion", {"prompt": [1, "a"]}, "prompt"),
+        ("/completion", {"prompt": [1, {"a": 1}]}, "prompt"),
         ("/completion", {"prompt": [10**9]}, "prompt"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
         ("/tokenize", {}, "content"),

@@ -81,6 +81,9 @@ class Delta:
     logprobs: Sequence[TokenProb] = ()
     #: which of the request's choices it belongs to (OpenAI ``n``)
     choice: int = 0
+    #: the ids of the tokens behind it (llama-server's streamed ``tokens``:
+    #: ``GenerationConfig.token_ids``; else empty)
+    ids: Sequence[int] = ()
 
 
 @dataclass
@@ -697,22 +700,25 @@ class _RelayedCall:
 
 
 class ProbsCarrier:
-    """Gives each answer delta the log-probabilities of the tokens behind
-    it: those of the progress it came from, plus any of earlier progress
-    whose text was held back (a possible stop string or tool call, a split
-    character). Tokens that became reasoning carry none."""
+    """Gives each answer delta the log-probabilities (and, when asked for,
+    the ids) of the tokens behind it: those of the progress it came from,
+    plus any of earlier progress whose text was held back (a possible stop
+    string or tool call, a split character). Tokens that became reasoning
+    carry none."""
 
     def __init__(self) -> None:
         self.carry: list[TokenProb] = []
+        self.ids: list[int] = []
 
-    def attach(self, logprobs: Sequence[TokenProb], deltas: list[Routed]) -> list[Routed]:
+    def attach(self, logprobs: Sequence[TokenProb], deltas: list[Routed], ids: Sequence[int] = ()) -> list[Routed]:
         self.carry += logprobs
-        if not self.carry:
+        self.ids += ids
+        if not self.carry and not self.ids:
             return deltas
         answer = [d for d in deltas if isinstance(d, Delta)]
         if answer:
-            answer[0].logprobs = self.carry
-            self.carry = []
+            answer[0].logprobs, answer[0].ids = self.carry, self.ids
+            self.carry, self.ids = [], []
         elif deltas:  # reasoning or calls only
-            self.carry = []
+            self.carry, self.ids = [], []
         return deltas

@@ -78,7 +78,9 @@ def prepare(backend: Backend, req: ChatRequest) -> Prepared:
     if req.tool_choice in ("required", "named") and not tool_names(req.tools):
         raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
     refuse_media(backend, req)
-    return backend.prepare(req)
+    prepared = backend.prepare(req)
+    prepared.batch = [prepare(backend, other) for other in req.batch]
+    return prepared
 
 
 def refuse_media(backend: Backend, req: ChatRequest) -> None:
@@ -169,9 +171,15 @@ async def stream(
     one :class:`Final` per choice; each engine run is reported through
     ``reporter``. With ``n`` > 1 the choices run side by side (one prefill,
     see ``LlamaChatModel.generate_many``) and their items interleave, each
-    tagged with its ``choice``. ``live``: a client reads the items as they
+    tagged with its ``choice``; so do a request's several prompts
+    (``Prepared.batch``: each its own run). ``live``: a client reads the items as they
     come, so nothing is held back for long (``Router.speculate``)."""
     n = prepared.request.n if prepared.request is not None else 1
+    if prepared.batch:  # several prompts: each its own run, answered as the next choice
+        each = [prepared, *prepared.batch]
+        async for item in _merge([_choice(backend, p, cancel, reporter, None, i, live) for i, p in enumerate(each)]):
+            yield item
+        return
     if n == 1:  # the hot path: no wrapper (its items are choice 0 already)
         async for item in _one_choice(backend, prepared, cancel, reporter, None, live):
             yield item
@@ -313,7 +321,7 @@ class _Turn:
                 for r in self.relayed.feed(item, router):
                     yield r
                 continue
-            for d in self.probs.attach(item.logprobs, router.feed(item.text, item.opening)):
+            for d in self.probs.attach(item.logprobs, router.feed(item.text, item.opening), item.ids):
                 yield d
             why = router.early_reask() if self.own is not self.cancel and not early else None
             if why is not None:

@@ -65,6 +65,9 @@ class ChatRequest:
     #: The prompt as token ids already (llama.cpp's ``/completion`` with
     #: ids): used as is.
     prompt_ids: list[int] | None = None
+    #: llama-server's mixed prompt: token ids and texts, each text tokenized
+    #: where it stands (the first part a text: BOS as the model wants it).
+    prompt_mixed: list[int | str] | None = None
     #: A fill-in-the-middle prompt, laid out with the model's FIM tokens.
     fill_in: FillIn | None = None
     #: OpenAI-style function tools: [{"type": "function", "function": {...}}]
@@ -104,10 +107,27 @@ class ChatRequest:
     #: prompt); a model that cannot take them refuses them (never answered
     #: as if it had seen them)
     media: list[Media] = field(default_factory=list)
+    #: the request's other prompts (a list of prompts: llama-server's
+    #: ``/completion``, OpenAI's batch ``prompt``), each prepared and run on
+    #: its own and answered as the next choice (by its index)
+    batch: list[ChatRequest] = field(default_factory=list)
+    #: the last message (an assistant's) is the answer's start, continued
+    #: (a prefill: llama-server's ``continue_final_message``)
+    continue_final: bool = False
+    #: the prompt's text is kept (``Prepared.prompt_text``: llama-server's ``verbose``)
+    verbose: bool = False
+    #: no messages at all is a conversation too (llama-server's answer to
+    #: Anthropic's ``messages: []``): the template renders it
+    empty_chat: bool = False
 
     def is_raw(self) -> bool:
         """A prompt given as text or ids, not as messages (no chat template)."""
-        return self.prompt is not None or self.prompt_ids is not None or self.fill_in is not None
+        return (
+            self.prompt is not None
+            or self.prompt_ids is not None
+            or self.prompt_mixed is not None
+            or self.fill_in is not None
+        )
 
     def asks_thinking(self) -> bool:
         """Thinking turned on explicitly (not the model's default)."""
@@ -141,6 +161,14 @@ class Prepared:
     #: the prompt's media as the local engine prepared them (its
     #: ``MediaPrompt``: ``prompt_ids`` hold their placeholders), else None
     media: Any = None
+    #: the end-of-generation tokens ``ignore_eos`` bans (llama-server lists
+    #: them in its ``generation_settings.logit_bias``)
+    eog: tuple[int, ...] = ()
+    #: the request's other prompts, prepared (``ChatRequest.batch``)
+    batch: list[Prepared] = field(default_factory=list)
+    #: the prompt as text, when the request asked (``ChatRequest.verbose``;
+    #: a local model's: a remote one leaves it None)
+    prompt_text: str | None = None
 
 
 @dataclass

@@ -105,6 +105,9 @@ class MessagesRequest(CountTokensRequest):
     """``/v1/messages``. ``max_tokens`` is required by Anthropic; a missing
     one gets a default clipped to the context instead of a 400."""
 
+    #: (empty: answered from the template's generation prompt alone, as
+    #: llama-server answers it)
+    messages: list[InputMessage]
     max_tokens: int | None = Field(default=None, ge=1)
     stop_sequences: list[str] | None = Field(default=None, max_length=64)
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -336,7 +339,7 @@ def to_messages(body: CountTokensRequest) -> tuple[list[dict[str, Any]], list[st
         tr.append({"role": "system", "content": system})
     for i, m in enumerate(body.messages):
         _turn(m, i, tr)
-    if body.messages[-1].role == "assistant":
+    if body.messages and body.messages[-1].role == "assistant":
         raise BadRequest(
             "this model does not support assistant prefill: the last message must have the 'user' role",
             f"messages[{len(body.messages) - 1}].role",
@@ -462,6 +465,7 @@ def translate(body: MessagesRequest) -> Translation:
     req.config = config
     req.max_tokens_explicit = False
     req.default_max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
+    req.empty_chat = not body.messages  # (llama-server answers it: the template's generation prompt alone)
     return Translation(req, warnings, bool(body.stream))
 
 

@@ -63,6 +63,10 @@ _ANTHROPIC_TYPES = {
 }
 
 
+#: llama-server's error type of a prompt over the context
+EXCEED_CONTEXT = "exceed_context_size_error"
+
+
 def openai_error(
     status: int,
     message: str,
@@ -71,10 +75,15 @@ def openai_error(
     code: str | None = None,
     context: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """``{"error": {"message", "type", "param", "code"}}`` (and, for a prompt
-    over the context, llama-server's ``n_prompt_tokens`` and ``n_ctx``)."""
+    """``{"error": {"message", "type", "param", "code"}}``; a prompt over
+    the context is llama-server's ``exceed_context_size_error`` (its type,
+    ``n_prompt_tokens`` and ``n_ctx``, which clients written for it read),
+    its ``code`` OpenAI's ``context_length_exceeded`` (what the OpenAI SDKs
+    and Codex read)."""
     if type is None or (type == "invalid_request_error" and status != 400):
         type = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    if context is not None:
+        type = EXCEED_CONTEXT
     error: dict[str, Any] = {"message": message, "type": type, "param": param, "code": code}
     if context is not None:
         error["n_prompt_tokens"], error["n_ctx"] = context
@@ -109,7 +118,7 @@ def llamacpp_error(
             "error": {
                 "code": status,
                 "message": message,
-                "type": "exceed_context_size_error",
+                "type": EXCEED_CONTEXT,
                 "n_prompt_tokens": context[0],
                 "n_ctx": context[1],
             }

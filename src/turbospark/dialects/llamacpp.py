@@ -3,9 +3,10 @@ and pure translations, so editors and tools written for llama-server
 (llama.vscode's ``/infill``, scripts using ``/completion`` or
 ``/tokenize``) work unchanged.
 
-- ``POST /completion``: a raw prompt (a string, token ids, or
-  ``{"prompt_string", "multimodal_data"}``: images and sound at its
-  ``<__media__>`` markers) →
+- ``POST /completion``: a raw prompt (a string, token ids, ids and texts
+  mixed, or ``{"prompt_string", "multimodal_data"}``: images and sound at
+  its ``<__media__>`` markers; a list of prompts answers a list of
+  results, ``dialects/prompts.py``) →
   ``{"content", "stop", "stop_type", "tokens_predicted",
   "tokens_evaluated", "tokens_cached", "timings", ...}``; streamed, one
   ``data: {"content": ..., "stop": false}`` per piece and a last frame with
@@ -35,20 +36,21 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.answer import Delta
-from ..core.request import ChatRequest, FillIn, Final, Media, Prepared, media_text
+from ..core.request import ChatRequest, FillIn, Final, Prepared
 from ..engine.slotcontrol import SlotAction, SlotState
-from ..engine.types import MEDIA_MARKER, GenerationConfig, PromptProgress, StopReason, TokenTimings
+from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenTimings
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, constrain, sse_data
 from .errors import Failure, llamacpp_error
-from .media import base64_item
 from .openai_chat import timings
-from .render import SSE, Unsent, prompt_progress, token_timings
+from .prompts import batch, prompts_of
+from .render import SSE, Unsent, progress_timings, prompt_progress, stop_type, token_timings
 from .translate import (
     SAMPLING,
     Translation,
     copy_sampling,
+    logit_bias,
     logprobs_setting,
     probabilities,
     sampling_params,
@@ -56,20 +58,9 @@ from .translate import (
     stop_strings,
 )
 
-#: llama-server's media marker (libmtmd's ``mtmd_default_marker()``)
-MTMD_MARKER = "<__media__>"
 #: llama-server's default when ``n_predict`` is -1 or absent is "until the
 #: end"; a server that must answer on a budget uses the context's room
 UNLIMITED = -1
-
-_STOP_TYPES = {
-    StopReason.END_OF_TURN: "eos",
-    StopReason.EOS: "eos",
-    StopReason.TOOL_CALLS: "eos",
-    StopReason.MAX_TOKENS: "limit",
-    StopReason.STOP_STRING: "word",
-    StopReason.CANCELLED: "none",
-}
 
 
 class CompletionBody(BaseModel):
@@ -78,9 +69,10 @@ class CompletionBody(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
-    #: text, token ids, or ``{"prompt_string", "multimodal_data"}`` (text
-    #: with llama-server's media marker, and each item's base64)
-    prompt: str | list[int | str | dict[str, Any]] | dict[str, Any] = ""
+    #: text, token ids, ids and texts mixed, ``{"prompt_string",
+    #: "multimodal_data"}`` (text with llama-server's media marker, and each
+    #: item's base64), or a list of such prompts (``dialects/prompts.py``)
+    prompt: str | list[Any] | dict[str, Any] = ""
     n_predict: int | None = Field(default=None, ge=-1)
     #: (below 0: greedy, as llama-server takes it)
     temperature: float | None = None
@@ -98,7 +90,7 @@ class CompletionBody(BaseModel):
     stream: bool | None = False
     n_probs: int | None = Field(default=None, ge=0)
     samplers: list[str] | str | None = None
-    logit_bias: list[list[Any]] | dict[str, float] | None = None
+    logit_bias: list[list[Any]] | dict[str, Any] | None = None
     id_slot: int | None = None
     #: editors' limits: stop where a later line is indented less (llama.vim,
     #: llama.vscode send the cursor's indentation), and once a line has
@@ -114,6 +106,8 @@ class CompletionBody(BaseModel):
     return_progress: bool | None = None
     #: the engine's timings so far on every streamed text chunk
     timings_per_token: bool | None = None
+    #: the answer's token ids in ``tokens`` (a stream's chunks always carry theirs)
+    return_tokens: bool | None = None
     #: ``n_probs`` as probabilities after the selection (top-k/p, temperature)
     post_sampling_probs: bool | None = None
 
@@ -175,6 +169,7 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     config.max_predict_seconds = max(0.0, (body.t_max_predict_ms or 0) / 1000.0)
     config.return_progress = bool(body.return_progress and body.stream)
     config.timings_per_token = bool(body.timings_per_token and body.stream)
+    config.token_ids = bool(body.stream)  # (each chunk's ``tokens``)
     config.post_sampling_probs = bool(body.post_sampling_probs)
     if body.cache_prompt is False:
         warnings.append("cache_prompt false is ignored: a reused prefix gives the same output")
@@ -183,25 +178,8 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     if body.n_probs:
         config.logprobs = logprobs_setting(True, body.n_probs, "n_probs")
     if body.logit_bias:
-        config.logit_bias = _logit_bias(body.logit_bias)
+        config.logit_bias, config.logit_bias_text = logit_bias(body.logit_bias)
     return config
-
-
-def _logit_bias(value: list[list[Any]] | dict[str, float]) -> dict[int, float]:
-    """llama-server's ``[[token, bias], ...]`` (``false`` bans the token) or
-    an OpenAI-style ``{"token": bias}``."""
-    pairs = value.items() if isinstance(value, dict) else value
-    out: dict[int, float] = {}
-    for pair in pairs:
-        try:
-            token, bias = pair
-            tid = int(token)
-        except (TypeError, ValueError):
-            raise BadRequest("logit_bias entries must be [token id, bias]", "logit_bias") from None
-        if tid < 0 or isinstance(bias, str):
-            raise BadRequest("logit_bias entries must be [token id, bias]", "logit_bias")
-        out[tid] = -100.0 if bias is False else max(-100.0, min(100.0, float(bias)))
-    return out
 
 
 def _budget(body: CompletionBody, req: ChatRequest) -> None:
@@ -214,54 +192,20 @@ def _budget(body: CompletionBody, req: ChatRequest) -> None:
     constrain(req, body.grammar, body.json_schema)
 
 
-def prompt_of(prompt: str | list[Any] | dict[str, Any]) -> tuple[str | None, list[int] | None, list[Media]]:
-    """(text, token ids, media): a string, a list of token ids (strings in a
-    mixed list are refused: tokenise them with /tokenize), or one multimodal
-    prompt (:func:`multimodal_prompt`; also as a list of one)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], dict):
-        prompt = prompt[0]
-    if isinstance(prompt, dict):
-        text, media = multimodal_prompt(prompt)
-        return text, None, media
-    if isinstance(prompt, str):
-        return prompt, None, []
-    if any(isinstance(t, dict) for t in prompt):
-        raise BadRequest("several prompts in one request are not supported: send one prompt per request", "prompt")
-    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return None, [int(t) for t in prompt], []
-    raise BadRequest("'prompt' must be a string or a list of token ids", "prompt")
-
-
-def multimodal_prompt(prompt: dict[str, Any]) -> tuple[str, list[Media]]:
-    """llama-server's ``{"prompt_string": "... <__media__> ...",
-    "multimodal_data": [base64, ...]}``: the items in order, one per
-    marker (its marker becomes the engine's :data:`MEDIA_MARKER`)."""
-    text, data = prompt.get("prompt_string"), prompt.get("multimodal_data") or []
-    if not isinstance(text, str):
-        raise BadRequest("'prompt.prompt_string' must be a string", "prompt.prompt_string")
-    if not isinstance(data, list) or not all(isinstance(d, str) for d in data):
-        raise BadRequest("'prompt.multimodal_data' must be a list of base64 strings", "prompt.multimodal_data")
-    if not data:
-        return text, []
-    markers = text.count(MTMD_MARKER)
-    if markers != len(data):
-        raise BadRequest(
-            f"'prompt.prompt_string' has {markers} media marker(s) ({MTMD_MARKER}) for "
-            f"{len(data)} item(s) of 'prompt.multimodal_data': one marker stands for each, in order",
-            "prompt.multimodal_data",
-        )
-    media = [base64_item(d, f"prompt.multimodal_data[{i}]") for i, d in enumerate(data)]
-    return media_text(text).replace(MTMD_MARKER, MEDIA_MARKER), media
-
-
 def translate_completion(body: CompletionBody) -> Translation:
     """``/completion``: a raw prompt (no template), with media where its
-    object form carries them."""
+    object form carries them; a list of prompts is several requests
+    (``ChatRequest.batch``), answered by their indexes."""
     warnings: list[str] = []
-    text, ids, media = prompt_of(body.prompt)
-    req = ChatRequest(prompt=text, prompt_ids=ids, config=_config(body, warnings), media=media)
-    _budget(body, req)
-    return Translation(req, warnings, bool(body.stream))
+
+    def make() -> ChatRequest:
+        req = ChatRequest(config=_config(body, warnings))
+        _budget(body, req)
+        return req
+
+    prompts = prompts_of(body.prompt)
+    req = batch(prompts, make)
+    return Translation(req, list(dict.fromkeys(warnings)), bool(body.stream), {"prompts": [p.shown for p in prompts]})
 
 
 def translate_infill(body: InfillBody) -> Translation:
@@ -280,10 +224,6 @@ def translate_infill(body: InfillBody) -> Translation:
     return Translation(req, warnings, bool(body.stream))
 
 
-def stop_type(reason: StopReason) -> str:
-    return _STOP_TYPES.get(reason, "none")
-
-
 class CompletionRenderer(Unsent):
     """``/completion`` and ``/infill`` answers: llama-server's JSON, or its
     stream of ``data:`` frames ending in one with ``"stop": true``."""
@@ -294,14 +234,18 @@ class CompletionRenderer(Unsent):
         self,
         model_name: str,
         stream: bool,
-        prompt: str,
+        prompts: list[str],
         stop_words: tuple[str, ...],
         settings: dict[str, Any] | None = None,
         fields: list[str] | None = None,
+        return_tokens: bool = False,
     ) -> None:
         self.model = model_name
+        #: the answer's ids in ``tokens`` (not streamed; a stream's chunks carry theirs)
+        self.return_tokens = return_tokens
         self.stream = stream
-        self.prompt = prompt
+        #: each prompt as the answer echoes it (its text; "" for token ids), by index
+        self.prompts = prompts
         self.stop_words = stop_words
         #: ``generation_settings`` (llama.vscode reads its ``n_ctx`` after every answer)
         self.settings = settings or {}
@@ -315,14 +259,14 @@ class CompletionRenderer(Unsent):
         if reason is StopReason.STOP_STRING:
             stopping = final.result.stop_string or next((w for w in self.stop_words if w), "")
         return {
-            "index": 0,
+            "index": final.choice,
             "id_slot": -1,
             "stop": True,
             "model": self.model,
             "tokens_predicted": final.completion_tokens,
             "tokens_evaluated": final.prompt_tokens,
             "tokens_cached": final.cached_tokens,
-            "prompt": self.prompt,
+            "prompt": self.prompts[final.choice] if final.choice < len(self.prompts) else "",
             "has_new_line": "\n" in final.text,
             "truncated": False,
             "stop_type": stop_type(reason),
@@ -332,15 +276,21 @@ class CompletionRenderer(Unsent):
         }
 
     def complete(self, final: Final) -> dict[str, Any]:
-        out = {"content": final.text, "tokens": [], **self._last(final)}
+        ids = list(final.result.token_ids) if self.return_tokens else []
+        out = {"content": final.text, "tokens": ids, **self._last(final)}
         if final.logprobs:
             out["completion_probabilities"] = probabilities(
                 final.logprobs, self.settings.get("post_sampling_probs", False)
             )
         return pick(out, self.fields)
 
+    def complete_choices(self, finals: list[Final]) -> list[dict[str, Any]]:
+        """Several prompts' answers: one result each, in index order, as
+        llama-server answers them (a list)."""
+        return [self.complete(final) for final in finals]
+
     def text(self, delta: Delta) -> bytes:
-        chunk = {"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": -1}
+        chunk = {"index": delta.choice, "content": delta.text, "tokens": list(delta.ids), "stop": False, "id_slot": -1}
         if delta.logprobs:
             chunk["completion_probabilities"] = probabilities(
                 delta.logprobs, self.settings.get("post_sampling_probs", False)
@@ -357,7 +307,10 @@ class CompletionRenderer(Unsent):
 
     def prompt_progress(self, progress: PromptProgress) -> bytes:
         chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1}
-        return sse_data({**chunk, "prompt_progress": prompt_progress(progress)})
+        chunk["prompt_progress"] = prompt_progress(progress)
+        if self.settings.get("timings_per_token"):
+            chunk["timings"] = progress_timings(progress)
+        return sse_data(chunk)
 
     def error(self, failure: Failure) -> bytes:
         return sse_data(failure.body(llamacpp_error))
@@ -382,15 +335,65 @@ def pick(answer: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def generation_settings(body: CompletionBody, n_ctx: int, config: GenerationConfig) -> dict[str, Any]:
-    """The settings an answer ran with (llama-server's ``generation_settings``)."""
+#: llama-server's samplers this server does not run, as its settings show
+#: them switched off (its defaults)
+SAMPLERS_OFF: dict[str, Any] = {
+    "dynatemp_range": 0.0,
+    "dynatemp_exponent": 1.0,
+    "top_n_sigma": -1.0,
+    "xtc_probability": 0.0,
+    "xtc_threshold": 0.1,
+    "typical_p": 1.0,
+    "dry_multiplier": 0.0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": -1,
+    "dry_sequence_breakers": ["\n", ":", '"', "*"],
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
+}
+#: the sampler chain, in its order, under llama-server's names
+SAMPLER_ORDER = ["penalties", "top_k", "top_p", "min_p", "temperature"]
+
+
+def generation_settings(body: CompletionBody, n_ctx: int, prepared: Prepared) -> dict[str, Any]:
+    """The settings an answer ran with: every key of llama-server's
+    ``generation_settings`` (with ``n_ctx``, which editors read); its
+    ``logit_bias`` holds the end-of-generation tokens ``ignore_eos`` bans
+    (bias ``null``: minus infinity, as llama-server writes it)."""
+    config = prepared.config
+    n_predict = body.n_predict if body.n_predict is not None else UNLIMITED
+    bias: list[dict[str, Any]] = [{"bias": b, "token": t} for t, b in config.logit_bias.items()]
+    bias += [{"bias": None, "token": t} for t in prepared.eog]
     return {
         "n_ctx": n_ctx,
         **sampling_params(config),
-        "n_predict": body.n_predict if body.n_predict is not None else UNLIMITED,
-        "n_probs": body.n_probs or 0,
-        "post_sampling_probs": bool(body.post_sampling_probs),
+        **SAMPLERS_OFF,
+        "max_tokens": n_predict,
+        "n_predict": n_predict,
+        "n_keep": 0,
+        "n_discard": 0,
         "stream": bool(body.stream),
+        "logit_bias": bias,
+        "n_probs": body.n_probs or 0,
+        "min_keep": 0,
+        "grammar": body.grammar or "",
+        "grammar_lazy": False,
+        "grammar_triggers": [],
+        "preserved_tokens": [],
+        "chat_format": "Content-only",
+        "reasoning_format": "none",
+        "reasoning_in_content": False,
+        "generation_prompt": "",
+        "samplers": SAMPLER_ORDER,
+        "speculative.types": "ngram-simple" if config.speculative else "none",
+        "timings_per_token": bool(body.timings_per_token),
+        "post_sampling_probs": bool(body.post_sampling_probs),
+        "backend_sampling": False,
+        "lora": [],
     }
 
 
@@ -475,13 +478,16 @@ def props(info: dict[str, Any], parallel: int, template: str) -> dict[str, Any]:
 
 def renderer(body: CompletionBody, tr: Translation, prepared: Prepared, served: Served) -> CompletionRenderer:
     """``/completion`` and ``/infill`` answers, with the settings they ran with."""
-    given = body.prompt[0] if isinstance(body.prompt, list) and len(body.prompt) == 1 else body.prompt
-    prompt = given if isinstance(given, str) else ""
-    if isinstance(given, dict) and isinstance(given.get("prompt_string"), str):
-        prompt = given["prompt_string"]
-    settings = generation_settings(body, served.max_context, prepared.config)
+    prompts = tr.extras.get("prompts") or [body.prompt if isinstance(body.prompt, str) else ""]
+    settings = generation_settings(body, served.max_context, prepared)
     return CompletionRenderer(
-        body.model or served.model, tr.stream, prompt, prepared.config.stop, settings, body.response_fields
+        body.model or served.model,
+        tr.stream,
+        prompts,
+        prepared.config.stop,
+        settings,
+        body.response_fields,
+        bool(body.return_tokens),
     )
 
 

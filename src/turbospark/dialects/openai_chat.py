@@ -31,11 +31,12 @@ from .common import (
 )
 from .errors import Failure, openai_error
 from .media import content_text
-from .render import SSE, prompt_progress, token_timings
+from .render import SSE, native_result, progress_timings, prompt_progress, token_timings
 from .translate import (
     ToolChoice,
     Translation,
     copy_sampling,
+    logit_bias,
     logprobs_setting,
     probabilities,
     sampling_params,
@@ -133,6 +134,12 @@ class ChatCompletionRequest(BaseModel):
     timings_per_token: bool | None = None
     #: llama-server's: log-probabilities as probabilities after the selection
     post_sampling_probs: bool | None = None
+    #: llama-server's (and vLLM's) template switches: the assistant's turn
+    #: opened after the messages, or the last (assistant) message continued
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | str | None = None
+    #: llama-server's: the answer carries its native result (``__verbose``)
+    verbose: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -142,8 +149,10 @@ class ChatCompletionRequest(BaseModel):
         return v
 
 
-def sampling(body: Any, config: GenerationConfig) -> None:
-    """Sampling fields shared by Chat Completions and Completions."""
+def sampling(body: Any, config: GenerationConfig, text_keys: bool = False) -> None:
+    """Sampling fields shared by Chat Completions and Completions;
+    ``text_keys``: a ``logit_bias`` key that is no token id is a text,
+    tokenized as llama-server does (else a 400: OpenAI's rule)."""
     copy_sampling(body, config)
     rp = body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty
     if rp is not None:
@@ -151,11 +160,8 @@ def sampling(body: Any, config: GenerationConfig) -> None:
     if body.stop is not None:
         config.stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
     if body.logit_bias:
-        try:
-            config.logit_bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in body.logit_bias.items()}
-        except ValueError:
-            raise BadRequest("logit_bias keys must be token ids", "logit_bias") from None
-        if any(k < 0 for k in config.logit_bias):
+        config.logit_bias, config.logit_bias_text = logit_bias(body.logit_bias)
+        if config.logit_bias_text and not text_keys:
             raise BadRequest("logit_bias keys must be token ids (non-negative integers)", "logit_bias")
     if body.ignore_eos:
         config.ignore_eos = True
@@ -212,6 +218,10 @@ def translate(body: ChatCompletionRequest) -> Translation:
         n=choices(body.n),
         media=media,
     )
+    req.continue_final, generation_prompt = continuation(body)
+    if not generation_prompt and not req.continue_final:
+        req.template_kwargs["add_generation_prompt"] = False
+    req.verbose = bool(body.verbose)
     req.tool_choice, req.tool_name, _ = tool_choice(body.tool_choice)
     check_tool_schemas(
         [
@@ -225,6 +235,38 @@ def translate(body: ChatCompletionRequest) -> Translation:
     if budget is not None:
         config.max_new_tokens = budget
     return Translation(req, warnings, bool(body.stream))
+
+
+def continuation(body: ChatCompletionRequest) -> tuple[bool, bool]:
+    """(continue the last message, open the assistant's turn), as
+    llama-server decides them: a last assistant message is a prefill
+    (continued, no generation prompt) unless the one before it is an
+    assistant's too, a 400; ``continue_final_message`` with
+    ``add_generation_prompt`` (true unless set false) is a 400, and so is a
+    continued message that is no assistant's or holds tool calls."""
+    messages, wanted = body.messages, body.continue_final_message
+    generation = body.add_generation_prompt is not False
+    last = len(messages) - 1
+    if wanted not in (None, False, True, "content"):
+        raise BadRequest(
+            f"continue_final_message {wanted!r} is not supported: true (or 'content') continues the answer's text",
+            "continue_final_message",
+        )
+    if wanted in (None, False):
+        if messages[last].role != "assistant":
+            return False, generation
+        if last >= 1 and messages[last - 1].role == "assistant":
+            raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.", "messages")
+        generation = False
+    if generation:
+        raise BadRequest(
+            "Cannot set both add_generation_prompt and continue_final_message to true.", "add_generation_prompt"
+        )
+    if messages[last].role != "assistant":
+        raise BadRequest("continue_final_message continues the last message, which must be an assistant's", "messages")
+    if messages[last].tool_calls:
+        raise BadRequest("Cannot continue an assistant message that contains tool calls.", f"messages[{last}]")
+    return True, False
 
 
 def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -319,12 +361,13 @@ def finish_reason(reason: StopReason) -> str:
     return "stop"
 
 
-def usage(*finals: Final) -> dict[str, Any]:
+def usage(*finals: Final, prompts: bool = False) -> dict[str, Any]:
     """Summed over the choices as OpenAI counts them: the prompt once (plus
-    the longer prompt of each other choice a guardrail re-ask answered),
-    every choice's completion; each choice's answered attempt only."""
+    the longer prompt of each other choice a guardrail re-ask answered;
+    ``prompts``: each choice had a prompt of its own, all counted), every
+    choice's completion; each choice's answered attempt only."""
     first = finals[0]
-    again = [f for f in finals[1:] if f.reasked]
+    again = [f for f in finals[1:] if f.reasked or prompts]
     p = first.prompt_tokens + sum(f.prompt_tokens for f in again)
     cached = first.cached_tokens + sum(f.cached_tokens for f in again)
     c = sum(f.completion_tokens for f in finals)
@@ -394,10 +437,14 @@ class ChatRenderer:
         self.model = model_name
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.want_timings = bool(body.timings)
+        #: llama-server's ``timings_per_token``: timings on every chunk, the last one's too
+        self.per_token = bool(body.timings_per_token and stream)
         self.logprobs = bool(body.logprobs)
         self.post = bool(body.post_sampling_probs)
         #: the settings it ran with, sent with ``timings`` (llama.cpp's extras)
         self.settings: dict[str, Any] = {}
+        #: llama-server's ``verbose``: its native result as ``__verbose``, with the prompt's text
+        self.verbose: str | None = None
         self.n = choices(body.n)
         self._finals: list[Final] = []
         #: a text chunk's frame before and after its text (serialized once)
@@ -429,6 +476,8 @@ class ChatRenderer:
         if self.want_timings:
             out["timings"] = timings(finals[0])
             out["generation_settings"] = self.settings
+        if self.verbose is not None:
+            out["__verbose"] = native_result(finals[0], self.model, self.verbose, self.settings)
         return out
 
     def token_timings(self, timings: TokenTimings) -> None:
@@ -437,6 +486,8 @@ class ChatRenderer:
     def prompt_progress(self, progress: PromptProgress) -> bytes:
         """llama-server's progress chunk: no choices, the prompt's prefill so far."""
         chunk = {**self._chunk({}), "choices": [], "prompt_progress": prompt_progress(progress)}
+        if self.per_token:
+            chunk["timings"] = progress_timings(progress)
         return sse_data(chunk)
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0) -> dict[str, Any]:
@@ -496,27 +547,35 @@ class ChatRenderer:
 
     def final(self, final: Final) -> bytes:
         """The choice's finish chunk; after the last choice's, the usage
-        chunk (when asked for) and ``[DONE]``."""
+        chunk (when asked for) and ``[DONE]``. With ``timings_per_token``
+        the stream's last chunk (the usage one, when asked for) carries the
+        whole run's ``timings``, as llama-server's does."""
         last = self._chunk({}, finish_reason(final.reason), final.choice)
         if self.want_timings:
             last["timings"] = timings(final)
             last["generation_settings"] = self.settings
+        elif self.per_token and not self.include_usage:
+            last["timings"] = timings(final)
+        if self.verbose is not None:
+            last["__verbose"] = native_result(final, self.model, self.verbose, self.settings)
         out = sse_data(last)
         self._finals.append(final)
         if len(self._finals) < self.n:
             return out
         if self.include_usage:
-            out += sse_data(
-                {
-                    "id": self.id,
-                    "object": "chat.completion.chunk",
-                    "created": self.created,
-                    "model": self.model,
-                    "system_fingerprint": "turbospark",
-                    "choices": [],
-                    "usage": usage(*sorted(self._finals, key=lambda f: f.choice)),
-                }
-            )
+            finals = sorted(self._finals, key=lambda f: f.choice)
+            chunk = {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": "turbospark",
+                "choices": [],
+                "usage": usage(*finals),
+            }
+            if self.per_token:
+                chunk["timings"] = timings(finals[0])
+            out += sse_data(chunk)
         return out + b"data: [DONE]\n\n"
 
     def error(self, failure: Failure) -> bytes:
@@ -526,9 +585,11 @@ class ChatRenderer:
 
 def renderer(body: ChatCompletionRequest, tr: Translation, prepared: Prepared, served: Served) -> ChatRenderer:
     made = ChatRenderer(body.model or served.model, body, tr.stream)
-    if made.want_timings:  # (llama.cpp's opt-in extras: its generation_settings too)
+    if made.want_timings or body.verbose:  # (llama.cpp's opt-in extras: its generation_settings too)
         settings = {"n_ctx": served.max_context, **sampling_params(prepared.config)}
         made.settings = {**settings, "post_sampling_probs": made.post, "stream": made.stream}
+    if body.verbose:
+        made.verbose = prepared.prompt_text or ""
     return made
 
 

@@ -12,21 +12,22 @@ chunk also carry llama.cpp's ``timings`` object, from the engine's result.
 the suffix with its fill-in-the-middle tokens (a model without them is a
 400). ``logprobs: N`` gives each token's log-probability and the N most
 likely at its place; ``n`` choices decode side by side from one prefill.
-Features the engine cannot give (``echo``, ``best_of`` above 1, token-id
-prompts) are refused with a 400 naming the field, rather than silently
-answered without them.
+A prompt may be token ids (mixed with texts, as llama-server takes them),
+and a list of prompts answers one choice each, by its index. Features the
+engine cannot give (``echo``, ``best_of`` above 1) are refused with a 400
+naming the field, rather than silently answered without them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.answer import Delta
 from ..core.request import ChatRequest, FillIn, Final, Prepared
-from ..engine.types import GenerationConfig, StopReason, TokenProb
+from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb, TokenTimings
 from . import base
 from .base import Kind, Served
 from .common import BadRequest, new_id, sse_data, unix_time
@@ -41,8 +42,9 @@ from .openai_chat import (
     timings,
     usage,
 )
-from .render import SSE, Unsent
-from .translate import Translation, logprob_value, logprobs_setting
+from .prompts import batch, prompts_of
+from .render import SSE, Unsent, native_result, progress_timings, prompt_progress, token_timings
+from .translate import Translation, logprob_value, logprobs_setting, sampling_params
 
 #: OpenAI's documented default for ``max_tokens`` on this endpoint.
 DEFAULT_MAX_TOKENS = 16
@@ -54,7 +56,9 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
-    prompt: str | list[Any]
+    #: a string, token ids, ids and texts mixed, llama-server's object, or a
+    #: list of prompts (``dialects/prompts.py``)
+    prompt: str | list[Any] | dict[str, Any]
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -84,6 +88,12 @@ class CompletionRequest(BaseModel):
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
+    #: llama-server's: the answer carries its native result (``__verbose``)
+    verbose: bool | None = None
+    #: llama-server's: ``prompt_progress`` chunks while a streamed prompt is
+    #: prefilled; the engine's timings so far on every text chunk
+    return_progress: bool | None = None
+    timings_per_token: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -91,24 +101,6 @@ class CompletionRequest(BaseModel):
         if isinstance(v, list) and len(v) > 16:
             raise ValueError("at most 16 stop sequences are supported")
         return v
-
-
-def prompt_text(prompt: str | list[Any]) -> str:
-    """The one prompt string; batches and token-id prompts are refused."""
-    if isinstance(prompt, str):
-        return prompt
-    if not prompt:
-        raise BadRequest("'prompt' must not be an empty list", "prompt")
-    if all(isinstance(p, str) for p in prompt):
-        if len(prompt) > 1:
-            raise BadRequest(
-                f"only one prompt per request is supported; 'prompt' is a list of {len(prompt)} strings",
-                "prompt",
-            )
-        return cast(str, prompt[0])
-    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt) or all(isinstance(p, list) for p in prompt):
-        raise BadRequest("token-id prompts are not supported; send 'prompt' as a string", "prompt")
-    raise BadRequest("'prompt' must be a string or a list with one string", "prompt")
 
 
 def _refuse_unsupported(body: CompletionRequest) -> None:
@@ -119,26 +111,42 @@ def _refuse_unsupported(body: CompletionRequest) -> None:
 
 
 def translate(body: CompletionRequest) -> Translation:
-    """A raw prompt, no template."""
+    """A raw prompt, no template: a string, token ids, ids and texts mixed,
+    or (llama-server's) a ``{"prompt_string", "multimodal_data"}`` object;
+    a list of prompts answers one choice each (``ChatRequest.batch``)."""
     _refuse_unsupported(body)
-    text = prompt_text(body.prompt)
-    config = GenerationConfig()
-    sampling(body, config)
-    config.logprobs = logprobs_setting(body.logprobs is not None, body.logprobs, "logprobs")
-    config.session_key = body.prompt_cache_key or body.user
-    fill = FillIn(text, body.suffix) if body.suffix is not None else None
-    req = ChatRequest(
-        prompt=None if fill else text,
-        fill_in=fill,
-        config=config,
-        max_tokens_explicit=body.max_tokens is not None,
-        default_max_tokens=DEFAULT_MAX_TOKENS,
-        n=choices(body.n),
-    )
-    if body.max_tokens is not None:
-        config.max_new_tokens = body.max_tokens
-    constraints(body, req)
-    return Translation(req, [], bool(body.stream))
+    prompts = prompts_of(body.prompt)
+    n = choices(body.n)
+    if len(prompts) > 1 and n > 1:
+        raise BadRequest("'n' above 1 with several prompts is not supported: send one prompt per request", "n")
+    if body.suffix is not None and (len(prompts) > 1 or prompts[0].text is None or prompts[0].media):
+        raise BadRequest("'suffix' goes with one text prompt", "suffix")
+
+    def make() -> ChatRequest:
+        config = GenerationConfig()
+        sampling(body, config, text_keys=True)
+        config.logprobs = logprobs_setting(body.logprobs is not None, body.logprobs, "logprobs")
+        config.session_key = body.prompt_cache_key or body.user
+        config.return_progress = bool(body.return_progress and body.stream)
+        config.timings_per_token = bool(body.timings_per_token and body.stream)
+        req = ChatRequest(
+            config=config,
+            max_tokens_explicit=body.max_tokens is not None,
+            default_max_tokens=DEFAULT_MAX_TOKENS,
+            n=n,
+        )
+        if body.max_tokens is not None:
+            config.max_new_tokens = body.max_tokens
+        constraints(body, req)
+        req.verbose = bool(body.verbose)
+        return req
+
+    if body.suffix is not None:
+        req = make()
+        req.fill_in = FillIn(prompts[0].text or "", body.suffix)
+    else:
+        req = batch(prompts, make)
+    return Translation(req, [], bool(body.stream), {"prompts": len(prompts)})
 
 
 def finish_reason(reason: StopReason) -> str:
@@ -152,16 +160,23 @@ class CompletionRenderer(Unsent):
 
     media_type = SSE
 
-    def __init__(self, model_name: str, body: Any, stream: bool = False) -> None:
+    def __init__(self, model_name: str, body: Any, stream: bool = False, prompts: int = 1) -> None:
         self.stream = stream
         self.id = new_id("cmpl-")
         self.created = unix_time()
         self.model = model_name
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.want_timings = bool(body.timings)
+        #: ``timings_per_token``: the engine's timings so far, put on text chunks
+        self.per_token = bool(body.timings_per_token and stream)
+        self._timings: dict[str, Any] | None = None
         self.logprobs = body.logprobs is not None
-        self.n = choices(body.n)
+        #: several prompts: a choice each (``n`` is then 1), each prompt counted in usage
+        self.prompts = prompts > 1
+        self.n = prompts if self.prompts else choices(body.n)
         self._finals: list[Final] = []
+        #: llama-server's ``verbose``: (the prompt's text, the settings) for ``__verbose``
+        self.verbose: tuple[str, dict[str, Any]] | None = None
         #: each choice's text so far, in characters (``text_offset``)
         self._offsets = [0] * self.n
 
@@ -202,9 +217,11 @@ class CompletionRenderer(Unsent):
 
     def complete_choices(self, finals: list[Final]) -> dict[str, Any]:
         out = self._object([self._choice(f.text, finish_reason(f.result.reason), f.choice, f.logprobs) for f in finals])
-        out["usage"] = usage(*finals)
+        out["usage"] = usage(*finals, prompts=self.prompts)
         if self.want_timings:
             out["timings"] = timings(finals[0])
+        if self.verbose is not None:
+            out["__verbose"] = native_result(finals[0], self.model, *self.verbose)
         return out
 
     def _chunk(self, choice: dict[str, Any], final: Final | None = None) -> bytes:
@@ -213,10 +230,27 @@ class CompletionRenderer(Unsent):
             chunk["usage"] = None
         if final is not None and self.want_timings:
             chunk["timings"] = timings(final)
+        if final is not None and self.verbose is not None:
+            chunk["__verbose"] = native_result(final, self.model, *self.verbose)
         return sse_data(chunk)
 
     def text(self, delta: Delta) -> bytes:
-        return self._chunk(self._choice(delta.text, None, delta.choice, delta.logprobs))
+        if self._timings is None:
+            return self._chunk(self._choice(delta.text, None, delta.choice, delta.logprobs))
+        chunk = self._object([self._choice(delta.text, None, delta.choice, delta.logprobs)])
+        if self.include_usage:
+            chunk["usage"] = None
+        return sse_data({**chunk, "timings": self._timings})
+
+    def token_timings(self, t: TokenTimings) -> None:
+        self._timings = token_timings(t)
+
+    def prompt_progress(self, progress: PromptProgress) -> bytes:
+        """llama-server's progress chunk: no choices, the prefill so far."""
+        chunk: dict[str, Any] = {**self._object([]), "prompt_progress": prompt_progress(progress)}
+        if self.per_token:
+            chunk["timings"] = progress_timings(progress)
+        return sse_data(chunk)
 
     def final(self, final: Final) -> bytes:
         out = self._chunk(self._choice("", finish_reason(final.result.reason), final.choice), final)
@@ -225,7 +259,7 @@ class CompletionRenderer(Unsent):
             return out
         if self.include_usage:
             last = self._object([])
-            last["usage"] = usage(*sorted(self._finals, key=lambda f: f.choice))
+            last["usage"] = usage(*sorted(self._finals, key=lambda f: f.choice), prompts=self.prompts)
             out += sse_data(last)
         return out + b"data: [DONE]\n\n"
 
@@ -235,7 +269,11 @@ class CompletionRenderer(Unsent):
 
 
 def renderer(body: CompletionRequest, tr: Translation, prepared: Prepared, served: Served) -> CompletionRenderer:
-    return CompletionRenderer(body.model or served.model, body, tr.stream)
+    made = CompletionRenderer(body.model or served.model, body, tr.stream, tr.extras.get("prompts", 1))
+    if body.verbose:
+        settings = {"n_ctx": served.max_context, **sampling_params(prepared.config), "stream": made.stream}
+        made.verbose = (prepared.prompt_text or "", settings)
+    return made
 
 
 Dialect = base.Dialect(

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.request import ChatRequest, Final, Media, Prepared
-from ..engine.types import GenerationConfig, StopReason, TokenProb
+from ..engine.types import GenerationConfig, PromptProgress, StopReason, TokenProb, TokenTimings
 from ..tools.calls import ToolCall
 from . import base
 from .base import Kind, Served
@@ -45,8 +45,8 @@ from .common import (
 )
 from .errors import Failure, openai_error
 from .media import content_text
-from .openai_chat import OPENAI_CORS_PREFIXES, REASONING_EFFORTS
-from .render import SSE
+from .openai_chat import OPENAI_CORS_PREFIXES, REASONING_EFFORTS, timings
+from .render import SSE, progress_timings, prompt_progress, token_timings
 from .translate import (
     SAMPLING,
     ToolChoice,
@@ -120,6 +120,12 @@ class ResponsesRequest(_Wire):
     #: extra output: "message.output_text.logprobs" is acted on, the others
     #: (encrypted reasoning, tool results) have nothing here to include
     include: list[str] | None = None
+    #: llama-server's: ``response.in_progress`` events with ``prompt_progress``
+    #: while a streamed prompt is prefilled
+    return_progress: bool | None = None
+    #: llama-server's: the engine's timings so far on every text delta, and
+    #: the whole run's on ``response.completed``
+    timings_per_token: bool | None = None
 
 
 class MessageItem(_Wire):
@@ -386,6 +392,8 @@ def translate(body: ResponsesRequest) -> Translation:
     wanted = INCLUDE_LOGPROBS in (body.include or ()) or bool(body.top_logprobs)
     config.logprobs = logprobs_setting(wanted, body.top_logprobs)
     config.session_key = body.prompt_cache_key or body.user
+    config.return_progress = bool(body.return_progress and body.stream)
+    config.timings_per_token = bool(body.timings_per_token and body.stream)
     if body.max_output_tokens is not None:
         config.max_new_tokens = body.max_output_tokens
     req = ChatRequest(
@@ -471,6 +479,10 @@ class ResponsesRenderer:
         #: the call being streamed: its item id, the call (arguments so far)
         self._call: tuple[str, ToolCall] | None = None
         self._had_call = False
+        #: llama-server's ``timings_per_token``: the engine's timings so far
+        #: (put on text deltas), and the run's on the terminal event
+        self._per_token = bool(body.timings_per_token and body.stream)
+        self._timings: dict[str, Any] | None = None
         reasoning = body.reasoning
         fmt = body.text.format if body.text and body.text.format else {"type": "text"}
         self._echo: dict[str, Any] = {
@@ -594,6 +606,18 @@ class ResponsesRenderer:
         """``response.in_progress`` alone (a queued run that starts)."""
         return self._event("response.in_progress", {"response": self._response("in_progress", [])})
 
+    def prompt_progress(self, progress: PromptProgress) -> bytes:
+        """llama-server's ``return_progress``: a ``response.in_progress``
+        event carrying the prefill so far (``prompt_progress``)."""
+        payload: dict[str, Any] = {"response": self._response("in_progress", list(self._done))}
+        payload["prompt_progress"] = prompt_progress(progress)
+        if self._per_token:
+            payload["timings"] = progress_timings(progress)
+        return self._event("response.in_progress", payload)
+
+    def token_timings(self, t: TokenTimings) -> None:
+        self._timings = token_timings(t)
+
     def ended(self, body: dict[str, Any]) -> bytes:
         """The terminal event of ``body`` (a response that ended without a
         streamed end: cancelled while queued, failed before it ran)."""
@@ -644,9 +668,10 @@ class ResponsesRenderer:
         self._open[2].append(delta.text)
         self._probs += delta.logprobs
         logprobs = [token_logprob(p) for p in delta.logprobs]
-        return out + self._event(
-            "response.output_text.delta", {**self._where(self._open[1]), "delta": delta.text, "logprobs": logprobs}
-        )
+        payload = {**self._where(self._open[1]), "delta": delta.text, "logprobs": logprobs}
+        if self._timings is not None:
+            payload["timings"] = self._timings
+        return out + self._event("response.output_text.delta", payload)
 
     def reasoning(self, delta: ReasoningDelta) -> bytes:
         out = b"" if self._open and self._open[0] == "reasoning" else self._start("reasoning")
@@ -702,7 +727,10 @@ class ResponsesRenderer:
             out += self._start("message")
         out += self._close(item_status)
         body = self._response(status, list(self._done), final)
-        return out + self._event(TERMINAL.get(body["status"], "response.incomplete"), {"response": body})
+        payload: dict[str, Any] = {"response": body}
+        if self._per_token:
+            payload["timings"] = timings(final)
+        return out + self._event(TERMINAL.get(body["status"], "response.incomplete"), payload)
 
     def error(self, failure: Failure) -> bytes:
         """Mid-stream failure: ``response.failed`` carrying the error and the

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..core.answer import Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallDelta
 from ..core.request import Final
-from ..engine.types import PromptProgress, TokenTimings
+from ..engine.types import PromptProgress, StopReason, TokenTimings
 from .errors import Failure
 
 #: what a renderer returns for one stream item: one frame, several, or none
@@ -119,6 +119,14 @@ def token_timings(t: TokenTimings) -> dict[str, Any]:
     }
 
 
+def progress_timings(progress: PromptProgress) -> dict[str, Any]:
+    """llama-server's ``timings`` on a ``prompt_progress`` chunk (with
+    ``timings_per_token``): the prefill so far, nothing predicted yet; the
+    first report, before any prompt token is decoded, has no prompt time."""
+    prompt_n = progress.processed - progress.cache
+    return token_timings(TokenTimings(progress.cache, prompt_n, progress.seconds if prompt_n else 0.0, 0, 0.0))
+
+
 def prompt_progress(progress: PromptProgress) -> dict[str, Any]:
     """llama-server's ``prompt_progress`` object."""
     return {
@@ -131,10 +139,11 @@ def prompt_progress(progress: PromptProgress) -> dict[str, Any]:
 
 class ChoicesRenderer(Renderer, Protocol):
     """A renderer of a dialect with ``n`` choices per request (OpenAI chat
-    and completions)."""
+    and completions), or several prompts (completions, llama-server's)."""
 
-    def complete_choices(self, finals: list[Final]) -> dict[str, Any]:
-        """Every choice in one JSON body (not streamed)."""
+    def complete_choices(self, finals: list[Final]) -> dict[str, Any] | list[dict[str, Any]]:
+        """Every choice in one JSON body (not streamed): one object (OpenAI's
+        choices), or a list of results (llama-server's several prompts)."""
         ...
 
 
@@ -155,3 +164,49 @@ class Unsent:
 
     def tool_call(self, delta: ToolCallDelta) -> FrameOut:
         return None
+
+
+#: llama-server's ``stop_type`` of each way a run ends
+STOP_TYPES = {
+    StopReason.END_OF_TURN: "eos",
+    StopReason.EOS: "eos",
+    StopReason.TOOL_CALLS: "eos",
+    StopReason.MAX_TOKENS: "limit",
+    StopReason.STOP_STRING: "word",
+    StopReason.CANCELLED: "none",
+}
+
+
+def stop_type(reason: StopReason) -> str:
+    return STOP_TYPES.get(reason, "none")
+
+
+def native_result(final: Final, model: str, prompt: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's own result of a run (its ``/completion`` answer), as
+    its OpenAI routes add it with ``verbose`` (``__verbose``)."""
+    run = final.result
+    timed = TokenTimings(
+        final.cached_tokens,
+        final.prompt_tokens - final.cached_tokens,
+        final.prefill_seconds,
+        final.completion_tokens,
+        final.decode_seconds,
+    )
+    return {
+        "index": final.choice,
+        "content": final.text,
+        "tokens": list(run.token_ids),
+        "id_slot": -1,
+        "stop": True,
+        "model": model,
+        "tokens_predicted": final.completion_tokens,
+        "tokens_evaluated": final.prompt_tokens,
+        "generation_settings": settings,
+        "prompt": prompt,
+        "has_new_line": "\n" in final.text,
+        "truncated": False,
+        "stop_type": stop_type(run.reason),
+        "stopping_word": run.stop_string or "",
+        "tokens_cached": final.cached_tokens,
+        "timings": token_timings(timed),
+    }

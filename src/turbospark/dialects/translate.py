@@ -194,3 +194,40 @@ def sampling_params(config: GenerationConfig) -> dict[str, Any]:
         "n_indent": config.n_indent,
         "t_max_predict_ms": round(config.max_predict_seconds * 1000),
     }
+
+
+def logit_bias(value: list[list[Any]] | dict[str, Any]) -> tuple[dict[int, float], tuple[tuple[str, float], ...]]:
+    """``logit_bias`` as llama-server takes it, ``[[token, bias], ...]`` or
+    ``{"token": bias}`` (OpenAI's): a
+    token by its id, or a text, each of whose tokens gets the bias
+    (tokenized by the model: ``GenerationConfig.logit_bias_text``); a bias
+    of ``false`` bans the token. (ids, texts)."""
+    pairs = value.items() if isinstance(value, dict) else value
+    ids: dict[int, float] = {}
+    texts: list[tuple[str, float]] = []
+    for pair in pairs:
+        try:
+            token, bias = pair
+        except (TypeError, ValueError):
+            raise BadRequest("logit_bias entries must be [token, bias]: a token id or a text", "logit_bias") from None
+        if isinstance(bias, bool) and bias is not False or not isinstance(bias, int | float):
+            raise BadRequest("a logit_bias bias must be a number, or false to ban the token", "logit_bias")
+        weight = -100.0 if bias is False else max(-100.0, min(100.0, float(bias)))
+        tid = _token_id(token)
+        if tid is None and isinstance(token, str):
+            texts.append((token, weight))
+        elif tid is None or tid < 0:
+            raise BadRequest("logit_bias entries must be [token, bias]: a token id or a text", "logit_bias")
+        else:
+            ids[tid] = weight
+    return ids, tuple(texts)
+
+
+def _token_id(token: Any) -> int | None:
+    """A token id, given as a number or as a string of digits (an object's
+    key); None for anything else (a text)."""
+    if isinstance(token, int) and not isinstance(token, bool):
+        return token
+    if isinstance(token, str) and token.lstrip("-").isdigit():
+        return int(token)
+    return None

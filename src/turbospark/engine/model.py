@@ -204,6 +204,7 @@ class LlamaChatModel:
         eos = self.file.token_text(self.file.eos) if self.file.eos >= 0 else ""
         self.template = ChatTemplate(opts.chat_template or self.file.chat_template(), bos, eos)
         self.end_turn_tokens = self._end_turn_tokens()
+        self.eog_tokens = tuple(sorted(self.file.eog_tokens))  # (ignore_eos bans them)
         # An embedding-only model or a reranker has no chat context, KV slots
         # or scheduler: only its own context, made at once since it is the point.
         self.kv_plan: KvPlan | None = None

@@ -32,7 +32,16 @@ from .llama import LlamaModelFile
 from .sampling import SamplerChain
 from .slots import Slot, SlotStore, TaskView
 from .speculative import NgramDrafter
-from .types import AdmissionError, EngineError, Progress, RawDecodeResult, StopReason, TokenProb, TokenTimings
+from .types import (
+    AdmissionError,
+    EngineError,
+    Progress,
+    PromptProgress,
+    RawDecodeResult,
+    StopReason,
+    TokenProb,
+    TokenTimings,
+)
 
 log = logging.getLogger("turbospark.engine")
 
@@ -51,6 +60,7 @@ class Seq:
         "decoding",
         "new_tokens",
         "generated",
+        "handed",
         "utf8",
         "stops",
         "text",
@@ -89,6 +99,8 @@ class Seq:
         self.decoding = False
         self.new_tokens = 0
         self.generated: list[int] = []
+        #: how many of ``generated`` went out with a report (``config.token_ids``)
+        self.handed = 0
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(job.config.stop)
         self.indent = IndentStop(job.config.n_indent) if job.config.n_indent > 0 else None
@@ -169,11 +181,14 @@ def hand_out(seq: Seq, tokens: int) -> None:
                 max(0.0, (seq.last_token_at or first) - first),
             )
         )
+    ids: list[int] | tuple[()] = ()
+    if seq.job.config.token_ids:
+        ids, seq.handed = seq.generated[seq.handed :], len(seq.generated)
     if seq.probs_out:
-        seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out, opening=opening))
+        seq.job.sink.put(Progress("".join(seq.out), tokens, seq.probs_out, opening=opening, ids=ids))
         seq.probs_out = []
     else:
-        seq.job.sink.put(Progress("".join(seq.out), tokens, opening=opening))
+        seq.job.sink.put(Progress("".join(seq.out), tokens, opening=opening, ids=ids))
     seq.out.clear()
 
 
@@ -268,7 +283,10 @@ class Running:
             slot.busy = False
             end_job(job, exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
             return
-        self.add(job, slot, chain, placed.reused, placed.evicted, placed.reused_from, placed.miss_at)
+        seq = self.add(job, slot, chain, placed.reused, placed.evicted, placed.reused_from, placed.miss_at)
+        if job.config.return_progress:  # (llama-server's first report: before any prefill, processed == cache)
+            took = time.perf_counter() - seq.admitted_at
+            job.sink.put(PromptProgress(len(job.prompt), seq.reused, seq.reused, took))
 
     def add(
         self,

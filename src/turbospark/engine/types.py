@@ -53,6 +53,10 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     #: Token id -> additive logit bias (OpenAI ``logit_bias``).
     logit_bias: dict[int, float] = field(default_factory=dict)
+    #: Text -> bias: each of its tokens (the text tokenized as text, no
+    #: BOS) gets the bias (llama-server's string ``logit_bias`` keys); the
+    #: local prepare moves them into :attr:`logit_bias`.
+    logit_bias_text: tuple[tuple[str, float], ...] = ()
     #: Never end on an end-of-generation token (llama.cpp's ``ignore_eos``).
     ignore_eos: bool = False
     #: Grammar constraining the output (llguidance's Lark syntax, see
@@ -98,6 +102,9 @@ class GenerationConfig:
     #: llama.cpp's ``timings_per_token``: the engine's own timings so far
     #: (:class:`TokenTimings`) with every piece of text
     timings_per_token: bool = False
+    #: llama-server's streamed ``tokens``: each report carries the ids of
+    #: the tokens sampled since the previous one (:attr:`Progress.ids`)
+    token_ids: bool = False
     #: A place on the wait list held since admission (``Scheduler.reserve``):
     #: the submit that takes it is never refused as overloaded.
     reservation: Any = field(default=None, repr=False, compare=False)
@@ -155,6 +162,9 @@ class Progress:
     #: open a call) or :data:`OPENING_HELD` (it holds the output: the text
     #: that matched its trigger arrives with this report or later)
     opening: int = 0
+    #: the ids of the tokens sampled since the previous report
+    #: (``GenerationConfig.token_ids``; else empty)
+    ids: Sequence[int] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ class _Rendered(NamedTuple):
     think: bool = False
     #: the engine's ``MediaPrompt`` when the prompt has media (``ids`` are its)
     media: Any = None
+    #: the prompt as text (only for a request that asked: ``ChatRequest.verbose``)
+    text: str | None = None
 
 
 def _media_bytes(req: ChatRequest) -> list[bytes]:
@@ -75,20 +77,24 @@ def _render(model: ChatModel, req: ChatRequest) -> _Rendered:
         raise AdmissionError("media go with a text prompt or messages, not a token-id or fill-in prompt", "prompt")
     if req.fill_in is not None:
         return _Rendered(fim_ids(model, req.fill_in))
-    if req.prompt_ids is not None:
-        bad = next((t for t in req.prompt_ids if not 0 <= t < model.vocab_size), None)
+    given = req.prompt_ids
+    if req.prompt_mixed is not None:  # (llama-server's: a text's BOS only as the first part)
+        mixed = enumerate(req.prompt_mixed)
+        given = [t for i, p in mixed for t in (model.tokenize(p, i == 0, False) if isinstance(p, str) else [p])]
+    if given is not None:
+        bad = next((t for t in given if not 0 <= t < model.vocab_size), None)
         if bad is not None:
             raise AdmissionError(f"the prompt names token {bad}, but the vocabulary has {model.vocab_size}", "prompt")
-        return _Rendered(list(req.prompt_ids))
+        return _Rendered(list(given), text=model.detokenize(given) if req.verbose else None)
     if req.prompt is not None:
         if req.prompt == "":
             raise AdmissionError("the prompt is empty", "prompt")
         if req.media:
             with _named(req):
                 media = model.media_prompt(req.prompt, _media_bytes(req), chat=False)
-            return _Rendered(media.ids, media=media)
-        return _Rendered(model.prompt_ids(req.prompt))
-    if not req.messages:
+            return _Rendered(media.ids, media=media, text=req.prompt)
+        return _Rendered(model.prompt_ids(req.prompt), text=req.prompt)
+    if not req.messages and not req.empty_chat:
         raise AdmissionError("'messages' must contain at least one message", "messages")
     source = model.template_source
     tools = req.tools if req.tool_choice != "none" else None
@@ -125,11 +131,34 @@ def _chat(
     offered: list[dict[str, Any]] | None,
     kwargs: dict[str, Any],
 ) -> _Rendered:
+    if req.continue_final:
+        return _prefilled(model, req, messages, offered, kwargs)
+    text = model.chat_text(messages, offered, **kwargs) if req.verbose else None
     if not req.media:
-        return _Rendered(model.render_chat(messages, tools=offered, **kwargs))
+        return _Rendered(model.render_chat(messages, tools=offered, **kwargs), text=text)
     with _named(req):
         media = model.render_media_chat(messages, _media_bytes(req), tools=offered, **kwargs)
-    return _Rendered(media.ids, media=media)
+    return _Rendered(media.ids, media=media, text=text)
+
+
+def _prefilled(
+    model: ChatModel,
+    req: ChatRequest,
+    messages: list[dict[str, Any]],
+    offered: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> _Rendered:
+    """A final assistant message continued (a prefill, llama-server's
+    ``continue_final_message``): the conversation before it and the
+    generation prompt, then its text, the answer going on from there; the
+    whole text tokenized at once, BOS as the model wants it."""
+    text = model.chat_text(messages[:-1], offered, **kwargs) + str(messages[-1].get("content") or "")
+    if req.media:
+        with _named(req):
+            media = model.media_prompt(text, _media_bytes(req), chat=True)
+        return _Rendered(media.ids, media=media, text=text)
+    ids, bos = model.tokenize(text, False, True), list(model.leading_bos)
+    return _Rendered(ids if not bos or ids[: len(bos)] == bos else bos + ids, text=text)
 
 
 def fim_ids(model: ChatModel, fill: FillIn) -> list[int]:
@@ -349,7 +378,8 @@ def prepare_local(model: ChatModel, req: ChatRequest) -> Prepared:
 
 
 def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
-    ids, syntax, think, media = _render(model, req)
+    rendered = _render(model, req)
+    ids, syntax, think, media = rendered.ids, rendered.syntax, rendered.think, rendered.media
     raw = req.is_raw()
     if not ids:
         raise AdmissionError("the prompt is empty", "prompt" if raw else "messages")
@@ -359,6 +389,9 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         config.max_new_tokens = model.default_max_new(len(ids), req.default_max_tokens)
     model.check_admission(len(ids), config.max_new_tokens)
     warnings = _fit_context_limit(model.max_context, req, len(ids))
+    for text, bias in config.logit_bias_text:  # (llama-server's string keys: each of the text's tokens)
+        config.logit_bias.update(dict.fromkeys(model.tokenize(text, False, False), bias))
+    config.logit_bias_text = ()
     for token in config.logit_bias:  # refused now, not after a stream's headers
         if not 0 <= token < model.vocab_size:
             raise AdmissionError(
@@ -407,4 +440,6 @@ def _prepare(model: ChatModel, req: ChatRequest) -> Prepared:
         call_grammar,
         may_force_call=not thinks_first,
         media=media,
+        eog=model.eog_tokens if config.ignore_eos else (),
+        prompt_text=rendered.text,
     )

@@ -1,6 +1,7 @@
 """OpenAI's model list: ``/v1/models`` (in Anthropic's shape for an
 Anthropic client; with llama-server's ``models`` list beside ``data``, as
-llama-server answers it and ``/models``) and ``/v1/models/{id}``;
+llama-server answers it and ``/models``) and ``/v1/models/{id}``; a Chat
+Completions body's prompt tokens (``/v1/chat/completions/input_tokens``);
 ``/v1/chat/completions`` is served by the generic handler
 (``dialects/openai_chat.py``)."""
 
@@ -13,12 +14,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..core.backend import Backend
 from ..dialects import anthropic, openai_chat
 from ..dialects.common import BadRequest
+from ..serving import media
 from .common import (
     JSONResponse,
+    dispatch,
     error_response,
+    normalize,
+    off_loop,
+    read_body,
     state_of,
+    warning_headers,
 )
 
 
@@ -120,7 +128,26 @@ async def get_model(request: Request) -> Response:
     return JSONResponse(model_card(entry, int(st.started_at)))
 
 
+async def input_tokens(request: Request) -> Response:
+    """``POST /v1/chat/completions/input_tokens`` (and llama-server's
+    ``/chat/completions/input_tokens``): the tokens a Chat Completions body's
+    prompt takes, rendered exactly as the request would prefill it."""
+    body = await read_body(request, openai_chat.ChatCompletionRequest)
+    tr = openai_chat.translate(body)
+    assert tr.request is not None
+    req = normalize(tr.request, request)  # counted as the real request will be prefilled
+
+    async def count(model: Backend) -> int:
+        ready = await media.counted(state_of(request).media, model, req)  # (URLs fetched; none it cannot take)
+        return await off_loop(model.count_prompt, ready)
+
+    n, _ = await dispatch(request).run(body.model, "chat", count, req.normalized)
+    return JSONResponse({"input_tokens": n}, headers=warning_headers(tr.warnings))
+
+
 routes = [
+    Route("/v1/chat/completions/input_tokens", input_tokens, methods=["POST"]),
+    Route("/chat/completions/input_tokens", input_tokens, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/models", list_models, methods=["GET"]),  # (llama-server answers it too)
     Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),

@@ -102,7 +102,8 @@ class Dispatch:
         streams included. The place is released with the response if never used."""
         await media.ready(self.state.media, model, req)
         prepared = await asyncio.to_thread(prepare_fn, model, req)
-        self.ctx.hold(model.reserve(prepared.config))
+        for each in (prepared, *prepared.batch):  # (a request's several prompts: a place each)
+            self.ctx.hold(model.reserve(each.config))
         return prepared
 
     async def admit(

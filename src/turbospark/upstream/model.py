@@ -164,7 +164,7 @@ class RemoteModel:
         raw = req.is_raw()  # (fill-in-the-middle was refused above)
         if req.prompt == "" or (req.prompt_ids is not None and not req.prompt_ids):
             raise AdmissionError("the prompt is empty", "prompt")
-        if not raw and not req.messages:
+        if not raw and not req.messages and not req.empty_chat:
             raise AdmissionError("'messages' must contain at least one message", "messages")
         if req.grammar is not None or (raw and (req.json_schema is not None or req.json_object)):
             # (a raw prompt's structure is not in an OpenAI chat body: it would go unenforced)

@@ -81,7 +81,9 @@ def request_body(req: Any, default_max: int | None) -> dict[str, Any]:
     and ``stream``. A chat request becomes a chat completion; a raw prompt
     (text or token ids) a completion."""
     body: dict[str, Any] = {}
-    if req.prompt is not None or req.prompt_ids is not None:
+    if req.prompt_mixed is not None:  # (llama-server's mixed ids and texts, as given)
+        body["prompt"] = list(req.prompt_mixed)
+    elif req.prompt is not None or req.prompt_ids is not None:
         body["prompt"] = req.prompt if req.prompt is not None else list(req.prompt_ids)
     else:
         body["messages"] = [_message(m) for m in req.messages]
@@ -128,8 +130,9 @@ def sampling(config: GenerationConfig) -> dict[str, Any]:
         out["presence_penalty"] = config.presence_penalty
     if config.frequency_penalty:
         out["frequency_penalty"] = config.frequency_penalty
-    if config.logit_bias:
-        out["logit_bias"] = {str(k): v for k, v in config.logit_bias.items()}
+    if config.logit_bias or config.logit_bias_text:
+        # (text keys as llama-server takes them: the upstream tokenizes them)
+        out["logit_bias"] = {**{str(k): v for k, v in config.logit_bias.items()}, **dict(config.logit_bias_text)}
     # fields OpenAI lacks but vLLM, SGLang, llama-server and turbospark take
     if config.top_k:
         out["top_k"] = config.top_k
