@@ -53,6 +53,7 @@ from .translate import (
     probabilities,
     sampling_params,
     set_sampling,
+    slot_setting,
     stop_strings,
 )
 
@@ -176,6 +177,7 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     config.return_progress = bool(body.return_progress and body.stream)
     config.timings_per_token = bool(body.timings_per_token and body.stream)
     config.post_sampling_probs = bool(body.post_sampling_probs)
+    config.slot = slot_setting(body.id_slot)
     if body.cache_prompt is False:
         warnings.append("cache_prompt false is ignored: a reused prefix gives the same output")
     if body.samplers is not None:
@@ -298,6 +300,7 @@ class CompletionRenderer(Unsent):
         stop_words: tuple[str, ...],
         settings: dict[str, Any] | None = None,
         fields: list[str] | None = None,
+        config: GenerationConfig | None = None,
     ) -> None:
         self.model = model_name
         self.stream = stream
@@ -306,8 +309,15 @@ class CompletionRenderer(Unsent):
         #: ``generation_settings`` (llama.vscode reads its ``n_ctx`` after every answer)
         self.settings = settings or {}
         self.fields = fields
+        #: the run's settings: the engine writes the slot it ran in there (``slot_used``)
+        self.config = config
         #: the engine's timings so far (``timings_per_token``), put on text chunks
         self._timings: dict[str, Any] | None = None
+
+    @property
+    def slot(self) -> int:
+        """The session slot the run was given (-1 before it was)."""
+        return self.config.slot_used if self.config is not None else -1
 
     def _last(self, final: Final) -> dict[str, Any]:
         reason = final.result.reason
@@ -316,7 +326,7 @@ class CompletionRenderer(Unsent):
             stopping = final.result.stop_string or next((w for w in self.stop_words if w), "")
         return {
             "index": 0,
-            "id_slot": -1,
+            "id_slot": final.result.slot,
             "stop": True,
             "model": self.model,
             "tokens_predicted": final.completion_tokens,
@@ -340,7 +350,7 @@ class CompletionRenderer(Unsent):
         return pick(out, self.fields)
 
     def text(self, delta: Delta) -> bytes:
-        chunk = {"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": -1}
+        chunk = {"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": self.slot}
         if delta.logprobs:
             chunk["completion_probabilities"] = probabilities(
                 delta.logprobs, self.settings.get("post_sampling_probs", False)
@@ -356,7 +366,7 @@ class CompletionRenderer(Unsent):
         return sse_data(pick({"content": "", "tokens": [], **self._last(final)}, self.fields))
 
     def prompt_progress(self, progress: PromptProgress) -> bytes:
-        chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1}
+        chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": self.slot}
         return sse_data({**chunk, "prompt_progress": prompt_progress(progress)})
 
     def error(self, failure: Failure) -> bytes:
@@ -405,10 +415,15 @@ def slot(state: SlotState, n_ctx: int, speculative: bool, show_task: bool) -> di
         "is_processing": state.processing,
     }
     task = state.task
-    if task is None or not show_task:
+    if not show_task:
+        return out
+    # (what the slot's KV holds: it follows a save, an erase and a restore)
+    out["n_prompt_tokens"] = state.tokens_cached
+    if task is None:
         return out
     out["id_task"] = task.id
-    out["n_prompt_tokens"] = task.n_prompt
+    out["n_prompt_tokens_processed"] = task.n_processed
+    out["n_prompt_tokens_cache"] = task.n_cached
     out["params"] = sampling_params(task.config)
     out["next_token"] = [
         {
@@ -481,7 +496,13 @@ def renderer(body: CompletionBody, tr: Translation, prepared: Prepared, served: 
         prompt = given["prompt_string"]
     settings = generation_settings(body, served.max_context, prepared.config)
     return CompletionRenderer(
-        body.model or served.model, tr.stream, prompt, prepared.config.stop, settings, body.response_fields
+        body.model or served.model,
+        tr.stream,
+        prompt,
+        prepared.config.stop,
+        settings,
+        body.response_fields,
+        prepared.config,
     )
 
 

@@ -40,6 +40,7 @@ from .translate import (
     probabilities,
     sampling_params,
     set_sampling,
+    slot_setting,
     token_logprob,
     tool_calls_for_template,
 )
@@ -104,6 +105,8 @@ class ChatCompletionRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
+    #: llama-server's: the session slot to run in (-1: any)
+    id_slot: int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
@@ -143,8 +146,10 @@ class ChatCompletionRequest(BaseModel):
 
 
 def sampling(body: Any, config: GenerationConfig) -> None:
-    """Sampling fields shared by Chat Completions and Completions."""
+    """Sampling fields shared by Chat Completions and Completions (and
+    llama-server's ``id_slot``, the slot the request runs in)."""
     copy_sampling(body, config)
+    config.slot = slot_setting(body.id_slot)
     rp = body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty
     if rp is not None:
         set_sampling(config, "repeat_penalty", rp)

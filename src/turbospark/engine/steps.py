@@ -294,6 +294,7 @@ class Stepper:
             end_job(job, exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
             return True
         job.admitted_at = time.perf_counter()
+        job.config.slot_used = slot.seq_id
         slot.busy = True
         slot.tokens = list(job.prompt)
         slot.prompt_len = len(job.prompt)

@@ -98,6 +98,12 @@ class GenerationConfig:
     #: llama.cpp's ``timings_per_token``: the engine's own timings so far
     #: (:class:`TokenTimings`) with every piece of text
     timings_per_token: bool = False
+    #: llama-server's ``id_slot``: run in this session slot (taken modulo the
+    #: slots, as llama-server does), waiting while it is busy; None: any.
+    slot: int | None = None
+    #: the session slot the engine admitted the job into (-1 until then):
+    #: written once by the engine thread, so an answer can report it
+    slot_used: int = -1
     #: A place on the wait list held since admission (``Scheduler.reserve``):
     #: the submit that takes it is never refused as overloaded.
     reservation: Any = field(default=None, repr=False, compare=False)

@@ -1,0 +1,149 @@
+"""llama-server's API, the rest of it (issue 46, items 6-9) on the real model
+through one real server, as llama.cpp's own server tests send it:
+``id_slot`` runs a request in the slot it names (a busy one is waited for,
+the requests behind it go on) and answers say the slot they ran in; ``/slots``
+counts follow save, erase and restore, and an idle slot has nothing left to
+decode (``n_remain`` -1)."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from turbospark import ListObserver, Server
+from turbospark.engine.model import ModelOptions
+from turbospark.models.catalog import resolve_model
+
+PATH = resolve_model("smollm2-135m")[0]
+FRANCE = "What is the capital of France?"
+GERMANY = "What is the capital of Germany?"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(server, observer, slot folder): ``slots``, two slots side by side
+    (no host tier: an erased slot's prefix is gone for good)."""
+    folder = tmp_path_factory.mktemp("slotfiles")
+    slots = ModelOptions(path=PATH, id="slots", ctx=1024, parallel=2, session_slots=2, speculative=False, cache_ram=0)
+    obs = ListObserver()
+    with Server(models=[slots], observer=obs, slot_save_path=str(folder)) as srv:
+        yield srv, obs, folder
+
+
+def complete(srv: Server, prompt: str, **more) -> dict:
+    body = {"prompt": prompt, "n_predict": 4, "temperature": 0, **more}
+    r = httpx.post(srv.url + "/completion", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def slot(srv: Server, i: int) -> dict:
+    return httpx.get(srv.url + "/slots", timeout=30).json()[i]
+
+
+def act(srv: Server, i: int, action: str, filename: str | None = None) -> dict:
+    body = {"filename": filename} if filename else None
+    r = httpx.post(f"{srv.url}/slots/{i}?action={action}", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_id_slot_runs_there_and_slot_counts_follow_save_erase_restore(served):
+    """llama.cpp's test_slot_save_restore, on SmolLM2: a prompt in slot 1,
+    saved; a second prompt sharing its start in slot 1 prefills only what
+    differs; restored into slot 0, the second prompt there does too."""
+    srv, _, _ = served
+    for i in (0, 1):
+        act(srv, i, "erase")
+    first = complete(srv, FRANCE, id_slot=1)
+    assert first["id_slot"] == 1 and first["timings"]["cache_n"] == 0
+    held = slot(srv, 1)
+    assert held["n_prompt_tokens"] == first["tokens_evaluated"] + first["tokens_predicted"] - 1
+    # an idle slot has nothing left to decode (llama-server resets what it released)
+    assert held["is_processing"] is False and held["next_token"][0]["n_remain"] == -1
+    assert held["next_token"][0]["n_decoded"] == 0
+    saved = act(srv, 1, "save", "slot1.bin")
+    assert saved["n_saved"] == held["n_prompt_tokens"]
+    again = complete(srv, GERMANY, id_slot=1)
+    assert again["id_slot"] == 1 and 0 < again["timings"]["prompt_n"] < first["timings"]["prompt_n"]
+    restored = act(srv, 0, "restore", "slot1.bin")
+    assert restored["n_restored"] == saved["n_saved"] == slot(srv, 0)["n_prompt_tokens"]
+    there = complete(srv, GERMANY, id_slot=0)
+    assert there["id_slot"] == 0 and there["timings"]["prompt_n"] == again["timings"]["prompt_n"]
+    assert there["content"] == again["content"]
+    held = slot(srv, 0)["n_prompt_tokens"]
+    assert act(srv, 0, "erase")["n_erased"] == held > 0
+    assert slot(srv, 0)["n_prompt_tokens"] == 0
+    # a slot number past the last wraps round, as llama-server takes it
+    assert complete(srv, FRANCE, id_slot=3)["id_slot"] == 1
+
+
+def test_a_busy_named_slot_is_waited_for_while_others_go_on(served):
+    """A request naming a busy slot waits for it (llama-server defers it);
+    one behind it that names none runs at once in the other slot."""
+    srv, _, _ = served
+    started = threading.Event()
+    stop = threading.Event()
+    seen: dict[str, object] = {}
+
+    def long_stream() -> None:
+        body = {"prompt": FRANCE, "n_predict": 400, "ignore_eos": True, "stream": True, "id_slot": 0}
+        with httpx.stream("POST", srv.url + "/completion", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    seen.setdefault("first", line)
+                    started.set()
+                if stop.is_set():
+                    break
+        started.set()
+
+    def waiter() -> None:
+        seen["waiter"] = complete(srv, GERMANY, id_slot=0, n_predict=2)
+
+    reader = threading.Thread(target=long_stream)
+    pinned = threading.Thread(target=waiter)
+    reader.start()
+    try:
+        assert started.wait(60)
+        assert '"id_slot":0' in str(seen["first"]).replace(" ", "")  # streamed chunks say it too
+        pinned.start()
+        free = complete(srv, GERMANY, n_predict=2)
+        assert free["id_slot"] == 1
+        assert pinned.is_alive() and slot(srv, 0)["is_processing"] is True
+    finally:
+        stop.set()  # (the long stream is left: its slot frees, and the waiting request runs there)
+        reader.join(120)
+    pinned.join(120)
+    assert seen["waiter"]["id_slot"] == 0  # type: ignore[index]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_id_slot_on_the_openai_routes(served, path):
+    srv, _, _ = served
+    body = {"model": "slots", "max_tokens": 2, "temperature": 0}
+    body |= {"messages": [{"role": "user", "content": FRANCE}]} if "chat" in path else {"prompt": FRANCE}
+    for named in (1, 0):  # (the same prompt again: without id_slot it would go back to its slot)
+        before = [slot(srv, i).get("id_task", 0) for i in (0, 1)]
+        r = httpx.post(srv.url + path, json={**body, "id_slot": named}, timeout=120)
+        assert r.status_code == 200, r.text
+        after = [slot(srv, i).get("id_task", 0) for i in (0, 1)]
+        assert after[1 - named] == before[1 - named] and after[named] > max(before)  # there, and only there
+
+
+def test_several_choices_in_a_named_slot(served):
+    """llama.cpp's own check: ``n`` 2 naming slot 0 does not lock the
+    scheduler up (the first choice runs there, the other in a free slot)."""
+    srv, _, _ = served
+    body = {"max_tokens": 2, "n": 2, "id_slot": 0, "messages": [{"role": "user", "content": FRANCE}]}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert [c["finish_reason"] for c in r.json()["choices"]] == ["length", "length"]
+
+
+def test_a_bad_id_slot_is_a_400(served):
+    srv, _, _ = served
+    r = httpx.post(srv.url + "/completion", json={"prompt": "hi", "n_predict": 1, "id_slot": -2}, timeout=30)
+    assert r.status_code == 400 and "id_slot" in r.json()["error"]["message"]
+
