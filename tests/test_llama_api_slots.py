@@ -10,15 +10,19 @@ from __future__ import annotations
 import threading
 
 import httpx
+import orjson
 import pytest
 
 from turbospark import ListObserver, Server
 from turbospark.engine.model import ModelOptions
 from turbospark.models.catalog import resolve_model
 
+from .support import wait_until
+
 PATH = resolve_model("smollm2-135m")[0]
 FRANCE = "What is the capital of France?"
 GERMANY = "What is the capital of Germany?"
+SEED = 42
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +30,14 @@ def served(tmp_path_factory):
     """(server, observer, slot folder): ``slots``, two slots side by side
     (no host tier: an erased slot's prefix is gone for good)."""
     folder = tmp_path_factory.mktemp("slotfiles")
-    slots = ModelOptions(path=PATH, id="slots", ctx=1024, parallel=2, session_slots=2, speculative=False, cache_ram=0)
+    small = {"path": PATH, "speculative": False, "cache_ram": 0}
+    # (--seed, --alias and --tags as the command line sets them)
+    named = {"sampling": {"seed": SEED}, "aliases": ("slot-model",), "tags": ("chat", "small")}
+    slots = ModelOptions(id="slots", ctx=1024, parallel=2, session_slots=2, **small, **named)
+    # (unloaded after a second idle: llama-server's --sleep-idle-seconds 1)
+    sleepy = ModelOptions(id="sleepy", ctx=512, parallel=1, keep_alive=1, **small)
     obs = ListObserver()
-    with Server(models=[slots], observer=obs, slot_save_path=str(folder)) as srv:
+    with Server(models=[slots, sleepy], observer=obs, slot_save_path=str(folder)) as srv:
         yield srv, obs, folder
 
 
@@ -146,4 +155,91 @@ def test_a_bad_id_slot_is_a_400(served):
     srv, _, _ = served
     r = httpx.post(srv.url + "/completion", json={"prompt": "hi", "n_predict": 1, "id_slot": -2}, timeout=30)
     assert r.status_code == 400 and "id_slot" in r.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------ --seed
+
+
+def test_seed_flag_sets_the_default_seed_beside_the_files_sampling(tmp_path):
+    from turbospark.cli import _model_options, parser
+
+    config = tmp_path / "t.toml"
+    config.write_text(f'[models.chat]\nmodel = "{PATH}"\ntemperature = 0.5\n')
+    (o,) = _model_options(parser().parse_args(["serve", "--config", str(config), "--seed", "42"]))
+    assert o.sampling == {"temperature": 0.5, "seed": 42}
+    args = parser().parse_args(["serve", "--model", PATH, "-s", "7"])
+    (o,) = _model_options(args)
+    assert o.sampling == {"seed": 7} and args.model_defaults["sampling"] == {"seed": 7}
+    (o,) = _model_options(parser().parse_args(["serve", "--model", PATH, "--seed", "-1"]))  # random
+    assert "seed" not in o.sampling
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--seed", "4294967296"])
+
+
+def test_without_a_seed_a_streamed_and_a_whole_answer_agree(served):
+    """The server's default seed (--seed) is every request's that sets none,
+    so llama-server's clients see the same sampled text either way."""
+    srv, _, _ = served
+    body = {"prompt": FRANCE, "n_predict": 8, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    whole = httpx.post(srv.url + "/completion", json=body, timeout=120).json()["content"]
+    with httpx.stream("POST", srv.url + "/completion", json={**body, "stream": True}, timeout=120) as r:
+        chunks = [orjson.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert "".join(c["content"] for c in chunks) == whole
+    props = httpx.get(srv.url + "/props", timeout=30).json()
+    assert props["default_generation_settings"]["params"]["seed"] == SEED
+
+
+# ------------------------------------------------- models list and sleeping
+
+
+def test_model_lists_carry_aliases_and_tags(served, tmp_path):
+    srv, _, _ = served
+    for path in ("/v1/models", "/models"):
+        cards = {m["id"]: m for m in httpx.get(srv.url + path, timeout=30).json()["data"]}
+        assert (cards["slots"]["aliases"], cards["slots"]["tags"]) == (["slot-model"], ["chat", "small"])
+        assert (cards["sleepy"]["aliases"], cards["sleepy"]["tags"]) == ([], [])
+    from turbospark.cli import _model_options, parser
+
+    (o,) = _model_options(parser().parse_args(["serve", "--model", PATH, "--tags", "chat, fim,,small"]))
+    assert o.tags == ("chat", "fim", "small")
+    config = tmp_path / "t.toml"
+    config.write_text(f'[models.chat]\nmodel = "{PATH}"\ntags = ["code"]\n')
+    (o,) = _model_options(parser().parse_args(["serve", "--config", str(config)]))
+    assert o.tags == ("code",)
+
+
+def test_sleep_idle_seconds_is_the_keep_alive(served):
+    from turbospark.cli import _model_options, parser
+
+    (o,) = _model_options(parser().parse_args(["serve", "--model", PATH, "--sleep-idle-seconds", "1"]))
+    assert o.keep_alive == 1
+    (o,) = _model_options(parser().parse_args(["serve", "--model", PATH, "--sleep-idle-seconds", "-1"]))
+    assert o.keep_alive is None  # (llama-server's -1: never)
+
+
+def test_an_idle_model_sleeps_and_the_next_request_wakes_it(served):
+    """llama.cpp's test_sleep: after its idle time the model is unloaded;
+    /health, /props, /models and /metrics answer without waking it, and
+    /props says it sleeps; a generation wakes it."""
+    srv, obs, _ = served
+    props = srv.url + "/props?model=sleepy"
+
+    def sleeping() -> bool:
+        return httpx.get(props, timeout=30).json()["is_sleeping"]
+
+    wait_until(sleeping, timeout=30, what="the idle model going to sleep")
+    asleep = [e for e in obs.events if e.kind == "modelDetached" and e.model == "sleepy"]
+    assert asleep and "keep-alive" in (asleep[-1].reason or "")
+    assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+    body = httpx.get(props, timeout=30).json()
+    assert body["default_generation_settings"]["n_ctx"] == 512 and body["chat_template"]
+    assert "sleepy" in [m["id"] for m in httpx.get(srv.url + "/models", timeout=30).json()["data"]]
+    assert httpx.get(srv.url + "/metrics", timeout=30).status_code == 200
+    assert sleeping() and srv.registry.lookup("sleepy").model is None  # none of them woke it
+    body = {"model": "sleepy", "prompt": "Hello", "n_predict": 8, "stream": True}
+    with httpx.stream("POST", srv.url + "/completion", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        assert r.status_code == 200 and next(x for x in lines if x.startswith("data: "))
+        assert not sleeping()  # awake (and held by this stream)
+        assert any('"stop":true' in x.replace(" ", "") for x in lines)
 

@@ -476,7 +476,8 @@ def props(info: dict[str, Any], parallel: int, template: str) -> dict[str, Any]:
                 "top_k": 40,
                 "top_p": 0.95,
                 "min_p": 0.05,
-                **(info.get("sampling") or {}),  # the model's preset (config file)
+                "seed": 0xFFFFFFFF,  # (llama.cpp's "random": none given by --seed or the preset)
+                **(info.get("sampling") or {}),  # the model's preset (config file, --seed)
             },
         },
         "total_slots": parallel,

@@ -53,6 +53,8 @@ class ModelOptions:
     path: str
     id: str | None = None
     aliases: tuple[str, ...] = ()
+    #: informational tags the model lists show (llama-server's ``--tags``)
+    tags: tuple[str, ...] = ()
     #: "chat" (chat, completions and embeddings) or "embedding" (embeddings only)
     kind: str = "chat"
     #: seconds idle before the registry unloads it (None: stays resident)
@@ -261,6 +263,7 @@ class LlamaChatModel:
         return {
             "id": self.model_id,
             "aliases": list(self.aliases),
+            "tags": list(self.opts.tags),
             "path": self.opts.path,
             "architecture": md.get("general.architecture", ""),
             "name": md.get("general.name", ""),

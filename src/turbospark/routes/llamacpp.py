@@ -80,12 +80,22 @@ async def apply_template(request: Request) -> Response:
 
 
 async def props(request: Request) -> Response:
-    model, route = await dispatch(request).route(request.query_params.get("model"), "chat", False)
-    info = route.entry.info or {}
-    template = str(info.get("chat_template") or "")
-    props = ll.props(info, int(info.get("parallel") or 1), template)
+    """``GET /props``, from what the model's load said: it is no activity
+    (a model unloaded after its keep-alive, ``--sleep-idle-seconds``, stays
+    asleep, ``is_sleeping`` true, and a loaded one's idle time runs on, as
+    llama-server's do); only a model never loaded yet (or a replica group)
+    is routed, loaded on demand, as a request would be."""
+    requested = request.query_params.get("model")
+    entry = state_of(request).registry.resolve(requested, "chat").entry
+    # (a load's info has its engine settings, ``parallel``: what is known before a load has none)
+    if entry.group is not None or "parallel" not in entry.info:
+        entry = (await dispatch(request).route(requested, "chat", False))[1].entry
+    asleep = entry.state == "unloaded"
+    info = entry.info or {}
+    props = ll.props(info, int(info.get("parallel") or 1), str(info.get("chat_template") or ""))
     # what its projector takes (media are refused without it): llama.cpp's web UI reads it
-    props["modalities"] = {"vision": model.capabilities.vision, "audio": model.capabilities.audio}
+    props["modalities"] = entry.modalities()
+    props["is_sleeping"] = asleep
     return JSONResponse(props)
 
 
