@@ -1,9 +1,12 @@
-"""llama-server's API, the rest of it (issue 46, items 6-9) on the real model
-through one real server, as llama.cpp's own server tests send it:
+"""llama-server's API, the rest of it (issue 46, items 6-9), on the real model
+through one real server, sent as llama.cpp's own server tests send it:
 ``id_slot`` runs a request in the slot it names (a busy one is waited for,
 the requests behind it go on) and answers say the slot they ran in; ``/slots``
 counts follow save, erase and restore, and an idle slot has nothing left to
-decode (``n_remain`` -1)."""
+decode (``n_remain`` -1); the model lists carry ``aliases`` and ``tags``; an
+idle model sleeps (``--sleep-idle-seconds``) and a request wakes it; ``--seed``
+makes a streamed and a whole answer agree; ``/metrics`` has llama-server's
+``llamacpp:*`` series."""
 
 from __future__ import annotations
 
@@ -242,4 +245,79 @@ def test_an_idle_model_sleeps_and_the_next_request_wakes_it(served):
         assert r.status_code == 200 and next(x for x in lines if x.startswith("data: "))
         assert not sleeping()  # awake (and held by this stream)
         assert any('"stop":true' in x.replace(" ", "") for x in lines)
+    # its engine's decodes stay counted once it sleeps again (a counter never goes back)
+    awake = llamacpp_metrics(srv)["n_decode_total"]
+    wait_until(sleeping, timeout=30, what="the model going back to sleep")
+    assert llamacpp_metrics(srv)["n_decode_total"] == awake
 
+
+# ------------------------------------------------------------- llamacpp:*
+
+COUNTERS = [
+    "prompt_tokens_total",
+    "prompt_tokens_cached_total",
+    "prompt_seconds_total",
+    "tokens_predicted_total",
+    "tokens_predicted_seconds_total",
+    "n_decode_total",
+    "n_tokens_max",
+    "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total",
+    "spec_decode_num_drafts_total",
+]
+GAUGES = [
+    "prompt_tokens_seconds",
+    "predicted_tokens_seconds",
+    "requests_processing",
+    "requests_deferred",
+    "n_busy_slots_per_decode",
+]
+
+
+def llamacpp_metrics(srv: Server, kinds: dict[str, str] | None = None) -> dict[str, float]:
+    """llama-server's series as its own tests read them: name -> value
+    (``kinds``: filled with each one's ``# TYPE``; every one has a ``# HELP``)."""
+    r = httpx.get(srv.url + "/metrics", timeout=30)
+    assert r.status_code == 200 and "process-start-time-unix" in r.headers
+    types, out = {}, {}
+    for line in r.text.splitlines():
+        if line.startswith("# TYPE llamacpp:"):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        elif line.startswith("llamacpp:"):
+            name, value = line.split(" ", 1)
+            assert name in types and f"# HELP {name} " in r.text
+            out[name.removeprefix("llamacpp:")] = float(value)
+    if kinds is not None:
+        kinds.update({k.removeprefix("llamacpp:"): v for k, v in types.items()})
+    return out
+
+
+def test_metrics_export_llama_servers_series(served):
+    """llama.cpp's test_metrics: the same names and types, prompt tokens
+    prefilled and cached counted apart, tokens predicted as the answers say,
+    the rate over decode steps and over the window since the last scrape."""
+    srv, _, _ = served
+    kinds: dict[str, str] = {}
+    before = llamacpp_metrics(srv, kinds)
+    assert {n: kinds[n] for n in COUNTERS + GAUGES} == {
+        **dict.fromkeys(COUNTERS, "counter"),
+        **dict.fromkeys(GAUGES, "gauge"),
+    }
+    answers = [complete(srv, "the quick brown fox jumps over the lazy dog", id_slot=0) for _ in range(2)]
+    after = llamacpp_metrics(srv)
+    timings = [a["timings"] for a in answers]
+    assert timings[1]["cache_n"] > 0  # the second reused the first's prompt
+    assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == sum(t["prompt_n"] for t in timings)
+    assert after["prompt_tokens_cached_total"] - before["prompt_tokens_cached_total"] == sum(
+        t["cache_n"] for t in timings
+    )
+    assert after["tokens_predicted_total"] - before["tokens_predicted_total"] == sum(t["predicted_n"] for t in timings)
+    assert after["n_decode_total"] > before["n_decode_total"] and after["requests_processing"] == 0
+    assert after["predicted_tokens_seconds"] > 0 and 1 <= after["n_busy_slots_per_decode"] <= 2
+    assert llamacpp_metrics(srv)["predicted_tokens_seconds"] == 0  # nothing ran since the last scrape
+    # the first token is free (it comes from the prompt's last batch): the rate is over the others
+    one = complete(srv, "I believe", n_predict=1)["timings"]
+    assert one["predicted_n"] == 1 and one["predicted_per_second"] == one["predicted_per_token_ms"] == 0.0
+    more = complete(srv, "I believe", n_predict=6, ignore_eos=True)["timings"]
+    assert more["predicted_per_second"] == pytest.approx(1e3 / more["predicted_ms"] * 5)

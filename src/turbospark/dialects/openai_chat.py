@@ -364,8 +364,9 @@ def timings(final: Final) -> dict[str, Any]:
         "prompt_per_second": prompt_n / prefill if prefill else 0.0,
         "predicted_n": new,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / new if new else 0.0,
-        "predicted_per_second": new / decode if decode else 0.0,
+        # (over decode steps, as llama-server: the first token comes from the prompt's last batch)
+        "predicted_per_token_ms": predicted_ms / (new - 1) if new > 1 else 0.0,
+        "predicted_per_second": (new - 1) / decode if new > 1 and decode else 0.0,
     }
 
 

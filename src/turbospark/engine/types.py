@@ -123,6 +123,20 @@ class GenerationConfig:
                 setattr(self, name, value)
 
 
+@dataclass(slots=True)
+class StepCounts:
+    """What one engine's steps did (llama-server's ``/metrics``), counted by
+    the engine thread and read from any thread: ``llama_decode`` calls over
+    token batches (a media chunk's and the idle timing's are not counted),
+    the sequences running at each of them summed, and the sequences' steps
+    that verified drafts. ``closed`` once the engine has stopped."""
+
+    decodes: int = 0
+    busy: int = 0
+    draft_steps: int = 0
+    closed: bool = False
+
+
 @dataclass(slots=True, frozen=True)
 class TokenProb:
     """One token and its log-probability; for a sampled token, ``top`` holds
