@@ -21,10 +21,12 @@ from .cli_options import (
     SERVE,
     Option,
     add_options,
+    apply_values,
     merge_server,
     model_defaults,
     model_values,
     server_settings,
+    with_values,
 )
 from .models.catalog import CATALOG, DEFAULT_MODEL, ModelNotFound, cache_dir
 
@@ -75,7 +77,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     opts: list[Any] = []
     server: dict[str, Any] = {}
     given = model_values(args)
-    defaults = {**model_defaults(), **given}
+    defaults = with_values(model_defaults(), given)
     args.config_loaded = None
     if args.config:
         cfg, defaults = _read_config(args, aliases=False)
@@ -92,8 +94,7 @@ def _model_options(args: argparse.Namespace) -> list[Any]:
     _add_projectors(opts, given_models, args.mmproj or [], bool(args.no_mmproj))
     args.default_model = _default_model(args.config_loaded, given_models, opts)
     for o in _local_options(opts):
-        for attr, value in given.items():
-            setattr(o, attr, value)
+        apply_values(o, given)
     args.model_defaults = defaults
     merge_server(args, server)
     return opts
@@ -166,8 +167,7 @@ def _read_config(args: argparse.Namespace, aliases: bool = True) -> tuple[Any, d
     cfg = load_config(args.config, pull=_pull_resolver(args.models_dir))
     given = model_values(args)
     for o in _local_options(cfg.models):
-        for attr, value in given.items():
-            setattr(o, attr, value)
+        apply_values(o, given)
     if aliases:
         ids = {o.id for o in cfg.models}
         for alias in args.alias or []:
@@ -176,7 +176,7 @@ def _read_config(args: argparse.Namespace, aliases: bool = True) -> tuple[Any, d
                 _add_alias(cfg.models, alias)
         if not args.model and not args.no_mmproj:  # (the file's one model's --mmproj)
             _add_projectors(cfg.models, [], args.mmproj or [], False)
-    return cfg, {**model_defaults(), **model_fields(cfg.defaults), **given}
+    return cfg, with_values({**model_defaults(), **model_fields(cfg.defaults)}, given)
 
 
 def _add_alias(opts: list[Any], alias: str) -> None:

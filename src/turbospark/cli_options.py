@@ -55,6 +55,33 @@ def duration(text: str) -> float:
     return n
 
 
+def seed(text: str) -> int | None:
+    """llama-server's ``--seed``: 0 … 2³²−2, or -1 (its 2³²−1 too) for a random seed."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a seed: {text!r} (a whole number; -1: random)") from None
+    if n in (-1, 0xFFFFFFFF):
+        return None
+    if not 0 <= n < 0xFFFFFFFF:
+        raise argparse.ArgumentTypeError("a seed is 0 … 4294967294 (-1: random)")
+    return n
+
+
+def idle_seconds(text: str) -> float | None:
+    """Seconds idle before a model is unloaded; a negative number (-1) never."""
+    try:
+        n = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r} (-1: never)") from None
+    return None if n < 0 else n
+
+
+def tags(text: str) -> tuple[str, ...]:
+    """``chat,fim,small``: each tag, stripped (empty ones dropped)."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 def _send_timeout() -> float:
     from .web.middleware import SEND_TIMEOUT  # (lazily: the command starts without the server's modules)
 
@@ -100,6 +127,8 @@ class Option:
     default: Any = None
     #: the model option it sets
     model: str | None = None
+    #: the model's sampling default it sets (a key of ``ModelOptions.sampling``)
+    sampling: str | None = None
     #: for a choice that sets a boolean model option: the choice meaning True
     true_choice: str | None = None
     #: a ``store_true`` flag that turns its model option off (sets it to None)
@@ -179,6 +208,14 @@ SERVE: tuple[Option, ...] = (
         fallback=False,
     ),
     Option(("--alias",), "another name a model answers to (repeatable)", action="append", metavar="[MODEL_ID=]NAME"),
+    Option(
+        ("--seed", "-s"),
+        "the seed of requests that set none (llama-server's), so a streamed and a whole answer agree "
+        "(default -1: a random one each)",
+        type=seed,
+        sampling="seed",
+        metavar="N",
+    ),
     _server("--host", "address to listen on (default 127.0.0.1)", fallback="127.0.0.1"),
     _server("--port", "port (default 8080; 0 = any free port)", type=int, fallback=8080),
     _model("--ctx", "context per request in tokens (default 4096; 0 = the model's)", type=int, model_default=4096),
@@ -236,11 +273,20 @@ SERVE: tuple[Option, ...] = (
         type=int,
         metavar="MIB",
     ),
-    _model(
-        "--keep-alive",
-        "unload a model after this long idle; it reloads on the next request",
-        type=float,
+    Option(
+        ("--keep-alive", "--sleep-idle-seconds"),
+        "unload a model after this long idle (llama-server's sleep: /props says is_sleeping, and /health, "
+        "/props, /models and /metrics leave it asleep); it reloads on the next request (-1: never, the default)",
+        type=idle_seconds,
+        model="keep_alive",
         metavar="SECONDS",
+    ),
+    Option(
+        ("--tags",),
+        "tags the model lists carry (llama-server's; informational, comma-separated)",
+        type=tags,
+        model="tags",
+        metavar="TAG,...",
     ),
     _server(
         "--max-resident",
@@ -473,7 +519,27 @@ def model_values(args: argparse.Namespace) -> dict[str, Any]:
                 out[str(o.model)] = None
         elif o.model is not None and value is not None:
             out[o.model] = value == o.true_choice if o.true_choice is not None else value
+        elif o.sampling is not None and value is not None:
+            out.setdefault("sampling", {})[o.sampling] = value
     return out
+
+
+def with_values(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """Model options ``base`` with the flags' ``given`` over them (the
+    sampling defaults merged key by key)."""
+    out = {**base, **given}
+    if "sampling" in given:
+        out["sampling"] = {**(base.get("sampling") or {}), **given["sampling"]}
+    return out
+
+
+def apply_values(options: Any, given: dict[str, Any]) -> None:
+    """Set the flags' model options on a model's options (its sampling
+    defaults merged key by key)."""
+    for attr, value in given.items():
+        if attr == "sampling":
+            value = {**options.sampling, **value}
+        setattr(options, attr, value)
 
 
 def merge_server(args: argparse.Namespace, server: dict[str, Any]) -> None:

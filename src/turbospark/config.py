@@ -107,6 +107,7 @@ class ConfigError(ValueError):
 MODEL_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "model": ("path", (str,)),
     "aliases": ("aliases", (list,)),
+    "tags": ("tags", (list,)),
     "kind": ("kind", (str,)),
     "ctx": ("ctx", (int,)),
     "context": ("ctx", (int,)),
@@ -266,7 +267,7 @@ def model_fields(values: dict[str, Any]) -> dict[str, Any]:
         elif key == "mmproj":  # a file, or false: none (a pulled model's left off)
             out[attr] = value or None
         else:
-            out[attr] = tuple(value) if key == "aliases" else value
+            out[attr] = tuple(value) if key in ("aliases", "tags") else value
     return out
 
 

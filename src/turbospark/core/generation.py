@@ -78,6 +78,10 @@ def prepare(backend: Backend, req: ChatRequest) -> Prepared:
     if req.tool_choice in ("required", "named") and not tool_names(req.tools):
         raise AdmissionError("tool_choice requires a tool call but no tools were offered", "tool_choice")
     refuse_media(backend, req)
+    if req.config.slot is not None and backend.slot_control() is None:
+        raise AdmissionError(
+            f"model {backend.model_id!r} has no session slots here: 'id_slot' cannot be honoured", "id_slot"
+        )
     prepared = backend.prepare(req)
     prepared.batch = [prepare(backend, other) for other in req.batch]
     return prepared
@@ -189,6 +193,7 @@ async def stream(
             prepared.config,
             seed=None if prepared.config.seed is None else prepared.config.seed + i,
             session_key=None,  # the conversation's slot stays choice 0's
+            slot=None,  # (so does a slot the request names: the others take free ones)
             reservation=None,
         )
         for i in range(1, n)

@@ -55,6 +55,7 @@ from .translate import (
     probabilities,
     sampling_params,
     set_sampling,
+    slot_setting,
     stop_strings,
 )
 
@@ -171,6 +172,7 @@ def _config(body: CompletionBody, warnings: list[str]) -> GenerationConfig:
     config.timings_per_token = bool(body.timings_per_token and body.stream)
     config.token_ids = bool(body.stream)  # (each chunk's ``tokens``)
     config.post_sampling_probs = bool(body.post_sampling_probs)
+    config.slot = slot_setting(body.id_slot)
     if body.cache_prompt is False:
         warnings.append("cache_prompt false is ignored: a reused prefix gives the same output")
     if body.samplers is not None:
@@ -239,6 +241,7 @@ class CompletionRenderer(Unsent):
         settings: dict[str, Any] | None = None,
         fields: list[str] | None = None,
         return_tokens: bool = False,
+        config: GenerationConfig | None = None,
     ) -> None:
         self.model = model_name
         #: the answer's ids in ``tokens`` (not streamed; a stream's chunks carry theirs)
@@ -250,8 +253,15 @@ class CompletionRenderer(Unsent):
         #: ``generation_settings`` (llama.vscode reads its ``n_ctx`` after every answer)
         self.settings = settings or {}
         self.fields = fields
+        #: the run's settings: the engine writes the slot it ran in there (``slot_used``)
+        self.config = config
         #: the engine's timings so far (``timings_per_token``), put on text chunks
         self._timings: dict[str, Any] | None = None
+
+    @property
+    def slot(self) -> int:
+        """The session slot the run was given (-1 before it was)."""
+        return self.config.slot_used if self.config is not None else -1
 
     def _last(self, final: Final) -> dict[str, Any]:
         reason = final.result.reason
@@ -260,7 +270,7 @@ class CompletionRenderer(Unsent):
             stopping = final.result.stop_string or next((w for w in self.stop_words if w), "")
         return {
             "index": final.choice,
-            "id_slot": -1,
+            "id_slot": final.result.slot,
             "stop": True,
             "model": self.model,
             "tokens_predicted": final.completion_tokens,
@@ -290,7 +300,13 @@ class CompletionRenderer(Unsent):
         return [self.complete(final) for final in finals]
 
     def text(self, delta: Delta) -> bytes:
-        chunk = {"index": delta.choice, "content": delta.text, "tokens": list(delta.ids), "stop": False, "id_slot": -1}
+        chunk = {
+            "index": delta.choice,
+            "content": delta.text,
+            "tokens": list(delta.ids),
+            "stop": False,
+            "id_slot": self.slot,
+        }
         if delta.logprobs:
             chunk["completion_probabilities"] = probabilities(
                 delta.logprobs, self.settings.get("post_sampling_probs", False)
@@ -306,7 +322,7 @@ class CompletionRenderer(Unsent):
         return sse_data(pick({"content": "", "tokens": [], **self._last(final)}, self.fields))
 
     def prompt_progress(self, progress: PromptProgress) -> bytes:
-        chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1}
+        chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": self.slot}
         chunk["prompt_progress"] = prompt_progress(progress)
         if self.settings.get("timings_per_token"):
             chunk["timings"] = progress_timings(progress)
@@ -408,10 +424,15 @@ def slot(state: SlotState, n_ctx: int, speculative: bool, show_task: bool) -> di
         "is_processing": state.processing,
     }
     task = state.task
-    if task is None or not show_task:
+    if not show_task:
+        return out
+    # (what the slot's KV holds: it follows a save, an erase and a restore)
+    out["n_prompt_tokens"] = state.tokens_cached
+    if task is None:
         return out
     out["id_task"] = task.id
-    out["n_prompt_tokens"] = task.n_prompt
+    out["n_prompt_tokens_processed"] = task.n_processed
+    out["n_prompt_tokens_cache"] = task.n_cached
     out["params"] = sampling_params(task.config)
     out["next_token"] = [
         {
@@ -464,7 +485,8 @@ def props(info: dict[str, Any], parallel: int, template: str) -> dict[str, Any]:
                 "top_k": 40,
                 "top_p": 0.95,
                 "min_p": 0.05,
-                **(info.get("sampling") or {}),  # the model's preset (config file)
+                "seed": 0xFFFFFFFF,  # (llama.cpp's "random": none given by --seed or the preset)
+                **(info.get("sampling") or {}),  # the model's preset (config file, --seed)
             },
         },
         "total_slots": parallel,
@@ -488,6 +510,7 @@ def renderer(body: CompletionBody, tr: Translation, prepared: Prepared, served: 
         settings,
         body.response_fields,
         bool(body.return_tokens),
+        prepared.config,
     )
 
 

@@ -41,6 +41,7 @@ from .translate import (
     probabilities,
     sampling_params,
     set_sampling,
+    slot_setting,
     token_logprob,
     tool_calls_for_template,
 )
@@ -105,6 +106,8 @@ class ChatCompletionRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
+    #: llama-server's: the session slot to run in (-1: any)
+    id_slot: int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
@@ -150,10 +153,12 @@ class ChatCompletionRequest(BaseModel):
 
 
 def sampling(body: Any, config: GenerationConfig, text_keys: bool = False) -> None:
-    """Sampling fields shared by Chat Completions and Completions;
+    """Sampling fields shared by Chat Completions and Completions (and
+    llama-server's ``id_slot``, the slot the request runs in);
     ``text_keys``: a ``logit_bias`` key that is no token id is a text,
     tokenized as llama-server does (else a 400: OpenAI's rule)."""
     copy_sampling(body, config)
+    config.slot = slot_setting(body.id_slot)
     rp = body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty
     if rp is not None:
         set_sampling(config, "repeat_penalty", rp)
@@ -402,8 +407,9 @@ def timings(final: Final) -> dict[str, Any]:
         "prompt_per_second": prompt_n / prefill if prefill else 0.0,
         "predicted_n": new,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / new if new else 0.0,
-        "predicted_per_second": new / decode if decode else 0.0,
+        # (over decode steps, as llama-server: the first token comes from the prompt's last batch)
+        "predicted_per_token_ms": predicted_ms / (new - 1) if new > 1 else 0.0,
+        "predicted_per_second": (new - 1) / decode if new > 1 and decode else 0.0,
     }
 
 

@@ -65,6 +65,8 @@ class CompletionRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
+    #: llama-server's: the session slot to run in (-1: any)
+    id_slot: int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)

@@ -114,8 +114,11 @@ def token_timings(t: TokenTimings) -> dict[str, Any]:
         "prompt_per_second": t.prompt_n / t.prompt_seconds if t.prompt_seconds else 0.0,
         "predicted_n": t.predicted_n,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / t.predicted_n if t.predicted_n else 0.0,
-        "predicted_per_second": t.predicted_n / t.predicted_seconds if t.predicted_seconds else 0.0,
+        # (over decode steps, as llama-server: the first token comes from the prompt's last batch)
+        "predicted_per_token_ms": predicted_ms / (t.predicted_n - 1) if t.predicted_n > 1 else 0.0,
+        "predicted_per_second": (t.predicted_n - 1) / t.predicted_seconds
+        if t.predicted_n > 1 and t.predicted_seconds
+        else 0.0,
     }
 
 

@@ -134,6 +134,17 @@ MAX_TOP_LOGPROBS = 20
 FORBIDDEN_LOGPROB = -9999.0
 
 
+def slot_setting(id_slot: int | None) -> int | None:
+    """llama-server's ``id_slot``: the session slot to run in (a number
+    past the last slot wraps round, as llama-server takes it); -1 or
+    absent: any."""
+    if id_slot is None or id_slot == -1:
+        return None
+    if id_slot < -1:
+        raise BadRequest("'id_slot' must be a slot id (0 or more), or -1 for any slot", "id_slot")
+    return id_slot
+
+
 def logprobs_setting(wanted: bool | None, top: int | None, param: str = "top_logprobs") -> int | None:
     """``GenerationConfig.logprobs`` from a dialect's on/off switch and
     alternative count: None (off), or how many alternatives to report."""

@@ -145,18 +145,25 @@ class WaitList:
 
     def admit_locked(self, running: int) -> list[tuple[Job, Slot, bool]]:
         """FIFO: the head of the wait list gets the next free slot, while
-        fewer than ``parallel`` sequences run (``running`` now). Every slot
+        fewer than ``parallel`` sequences run (``running`` now); a job that
+        names a busy slot (``id_slot``) keeps its place and the jobs behind
+        it go first, as llama-server defers it. Every slot
         has its own KV stream of the per-request context, which admission
         (``LlamaChatModel.check_admission``) already checked the job fits."""
         admitted: list[tuple[Job, Slot, bool]] = []
-        while self.jobs and running + len(admitted) < self.parallel:
-            job = self.jobs[0]
+        i = 0
+        while i < len(self.jobs) and running + len(admitted) < self.parallel:
+            job = self.jobs[i]
             choice = self._slots.choose(job, taken={s for _, s, _ in admitted})
             if choice is None:
-                break
+                if job.config.slot is None:
+                    break
+                i += 1
+                continue
             slot, extension = choice
-            self.jobs.popleft()
+            del self.jobs[i]
             job.admitted_at = time.perf_counter()
+            job.config.slot_used = slot.seq_id
             slot.busy = True
             admitted.append((job, slot, extension))
         return admitted

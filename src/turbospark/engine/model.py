@@ -56,6 +56,8 @@ class ModelOptions:
     path: str
     id: str | None = None
     aliases: tuple[str, ...] = ()
+    #: informational tags the model lists show (llama-server's ``--tags``)
+    tags: tuple[str, ...] = ()
     #: "chat" (chat, completions and embeddings), "embedding" (embeddings
     #: only) or "rerank" (a reranker: rerank only; a GGUF whose pooling is
     #: rank is one whatever its kind says)
@@ -290,6 +292,7 @@ class LlamaChatModel:
         return {
             "id": self.model_id,
             "aliases": list(self.aliases),
+            "tags": list(self.opts.tags),
             "path": self.opts.path,
             "architecture": md.get("general.architecture", ""),
             "name": md.get("general.name", ""),

@@ -37,7 +37,7 @@ from .sequences import Running, task_view
 from .slots import COPY_MIN_SHARE, COPY_MIN_TOKENS, Slot, SlotStore, TaskView
 from .speculative import Calibration, StepCosts
 from .steps import Stepper
-from .types import EngineError
+from .types import EngineError, StepCounts
 
 log = logging.getLogger("turbospark.engine")
 T = TypeVar("T")
@@ -142,6 +142,11 @@ class Scheduler:
     @kv_copy.setter
     def kv_copy(self, on: bool) -> None:
         self._slots.kv_copy = on
+
+    @property
+    def counts(self) -> StepCounts:
+        """What the steps did so far (``llama_decode`` calls, ... : llama-server's /metrics)."""
+        return self._steps.counts
 
     @property
     def step_costs(self) -> StepCosts:
@@ -296,6 +301,7 @@ class Scheduler:
 
     def _stop(self) -> None:
         """The loop's end: fail what still waits or runs, keep the host tier."""
+        self._steps.counts.closed = True  # (no step runs any more)
         with self._cond:
             self._wait_list.stopping = True
             waiting = self._wait_list.take_all_locked()

@@ -163,6 +163,8 @@ def task_view(seq: Seq) -> TaskView:
         has_next_token=not seq.finished,
         has_new_line=any("\n" in t for t in list(seq.text)),
         stopping_word=seq.stops.matched or "",
+        n_processed=seq.fed,
+        n_cached=seq.reused,
     )
 
 
@@ -325,7 +327,7 @@ class Running:
         seq.chain.close()
         seq.slot.busy = False
         seq.slot.last_used = time.time()
-        seq.slot.task = task_view(seq)
+        seq.slot.task = task_view(seq).ended()
         if seq in self.active:
             self.active.remove(seq)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .hostcache import read_record, write_record
 from .scheduler import Scheduler
 from .slots import TaskView
-from .types import SlotActionError
+from .types import SlotActionError, StepCounts
 
 #: how long an action waits for the engine thread to get to it
 ACTION_TIMEOUT = 60.0
@@ -62,6 +62,11 @@ class SlotControl:
     @property
     def speculative(self) -> bool:
         return self._scheduler.speculative
+
+    @property
+    def counts(self) -> StepCounts:
+        """What its engine's steps did so far (llama-server's ``/metrics``)."""
+        return self._scheduler.counts
 
     def idle(self) -> bool:
         """Whether a job submitted now would start at once: fewer than

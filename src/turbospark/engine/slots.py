@@ -60,7 +60,9 @@ HOST_MIN_TOKENS = 64
 @dataclass(frozen=True)
 class TaskView:
     """The job a slot runs, or ran last (llama-server's ``/slots``): its
-    task id, its settings, its prompt's length and how far it has got."""
+    task id, its settings, its prompt's length and how far it has got (a
+    job that ended shows none of its progress, as llama-server resets a
+    slot it releases: ``n_remain`` -1, nothing decoded)."""
 
     id: int
     config: GenerationConfig
@@ -70,6 +72,13 @@ class TaskView:
     has_next_token: bool
     has_new_line: bool
     stopping_word: str
+    #: prompt tokens prefilled so far, and those its slot's KV already held
+    n_processed: int = 0
+    n_cached: int = 0
+
+    def ended(self) -> TaskView:
+        """The view of its slot once released."""
+        return TaskView(self.id, self.config, self.n_prompt, 0, -1, False, False, "")
 
 
 @dataclass(eq=False)
@@ -178,10 +187,12 @@ class SlotStore:
         record whose whole previous prompt the new prompt starts with), else
         an empty one, else the least recently used. Returns (slot,
         is_same_conversation)."""
+        cfg = job.config
+        if cfg.slot is not None:
+            return self._named(job, taken)
         free = [s for s in self.slots if not s.busy and s not in taken]
         if not free:
             return None
-        cfg = job.config
         mine = [s for s in free if s.owner == cfg.owner and s.tokens]
         if cfg.session_key is not None:
             for s in mine:
@@ -208,6 +219,20 @@ class SlotStore:
             busy = {s.seq_id for s in self.slots if s.busy} | {s.seq_id for s in taken}
             return min(empty, key=lambda s: (_runs(busy | {s.seq_id}), s.seq_id)), False
         return min(free, key=lambda s: s.last_used), False
+
+    def _named(self, job: Job, taken: set[Slot]) -> tuple[Slot, bool] | None:
+        """The slot a job names (llama-server's ``id_slot``, modulo the
+        slots as llama-server takes it), or None while it is busy. It holds
+        the same conversation when it is the owner's and the prompt extends
+        its previous one (or carries its session key)."""
+        cfg = job.config
+        slot = self.slots[(cfg.slot or 0) % len(self.slots)]
+        if slot.busy or slot in taken:
+            return None
+        mine = slot.owner == cfg.owner and bool(slot.tokens)
+        if cfg.session_key is not None and slot.session_key is not None:
+            return slot, mine and slot.session_key == cfg.session_key
+        return slot, mine and self.prefix_reuse and _holds_prefix_of(slot, job.prompt)
 
     # ---------------------------------------------------------------- reuse
     def prepare(self, job: Job, slot: Slot, extension: bool) -> Placement:

@@ -27,7 +27,7 @@ from .sampling import SamplerChain
 from .sequences import Feed, Running, Seq, hand_out
 from .slots import Slot, SlotStore
 from .speculative import TIMING_LOCK, Calibration, StepCosts
-from .types import AdmissionError, EngineError, PromptProgress, StopReason, TokenProb
+from .types import AdmissionError, EngineError, PromptProgress, StepCounts, StopReason, TokenProb
 
 
 class Stepper:
@@ -59,6 +59,8 @@ class Stepper:
         self._media = MediaFeeds(ctx, running)
         self._pieces = model.pieces
         self._eog = model.eog_tokens
+        #: what the steps did so far (llama-server's /metrics)
+        self.counts = StepCounts()
 
     # ----------------------------------------------------------------- step
     def step(self) -> None:
@@ -84,12 +86,19 @@ class Stepper:
                 self._failed(chosen, rc)
                 chosen = []
             else:
+                self._count(chosen)
                 self._advance(chosen)
         self._media.decode(media, self._advance, self._failed)
         for feed in chosen + media:
             seq = feed.seq
             if (seq.out or seq.probs_out) and not seq.finished:
                 hand_out(seq, 1)
+
+    def _count(self, chosen: list[Feed]) -> None:
+        counts = self.counts
+        counts.decodes += 1
+        counts.busy += len(self._active)
+        counts.draft_steps += sum(1 for feed in chosen if feed.drafts)
 
     def _add_decoders(self, chosen: list[Feed], room: int) -> int:
         """Choose the decoders' tokens first (one token each, plus drafts),
@@ -294,6 +303,7 @@ class Stepper:
             end_job(job, exc if isinstance(exc, AdmissionError) else EngineError(str(exc)))
             return True
         job.admitted_at = time.perf_counter()
+        job.config.slot_used = slot.seq_id
         slot.busy = True
         slot.tokens = list(job.prompt)
         slot.prompt_len = len(job.prompt)

@@ -105,6 +105,12 @@ class GenerationConfig:
     #: llama-server's streamed ``tokens``: each report carries the ids of
     #: the tokens sampled since the previous one (:attr:`Progress.ids`)
     token_ids: bool = False
+    #: llama-server's ``id_slot``: run in this session slot (taken modulo the
+    #: slots, as llama-server does), waiting while it is busy; None: any.
+    slot: int | None = None
+    #: the session slot the engine admitted the job into (-1 until then):
+    #: written once by the engine thread, so an answer can report it
+    slot_used: int = -1
     #: A place on the wait list held since admission (``Scheduler.reserve``):
     #: the submit that takes it is never refused as overloaded.
     reservation: Any = field(default=None, repr=False, compare=False)
@@ -122,6 +128,20 @@ class GenerationConfig:
         for name, value in defaults.items():
             if name not in self.given:
                 setattr(self, name, value)
+
+
+@dataclass(slots=True)
+class StepCounts:
+    """What one engine's steps did (llama-server's ``/metrics``), counted by
+    the engine thread and read from any thread: ``llama_decode`` calls over
+    token batches (a media chunk's and the idle timing's are not counted),
+    the sequences running at each of them summed, and the sequences' steps
+    that verified drafts. ``closed`` once the engine has stopped."""
+
+    decodes: int = 0
+    busy: int = 0
+    draft_steps: int = 0
+    closed: bool = False
 
 
 @dataclass(slots=True, frozen=True)

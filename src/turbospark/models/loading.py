@@ -218,7 +218,7 @@ def spec_for(opts: ModelOptions) -> ModelSpec:
         options=dataclasses.replace(opts, id=model_id),
         keep_alive=opts.keep_alive,
         path=opts.path,
-        facts=projector_facts(opts.mmproj),
+        facts={**projector_facts(opts.mmproj), "tags": list(opts.tags)},
     )
 
 

@@ -67,6 +67,7 @@ def spec(
     opts.aliases = aliases
     # (the projector it loads with, if any: its absolute path and what it takes)
     shown = {**facts(model), "mmproj": None, **projector_facts(opts.mmproj), "sampling": dict(opts.sampling)}
+    shown["tags"] = list(opts.tags)
     return dataclasses.replace(spec_for(opts), facts=shown)
 
 

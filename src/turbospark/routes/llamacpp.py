@@ -90,15 +90,25 @@ def _props_capability(registry: Registry, name: str | None) -> Capability:
 
 
 async def props(request: Request) -> Response:
-    name = request.query_params.get("model")
-    way = dispatch(request)
-    model, route = await way.route(name, _props_capability(way.state.registry, name), False)
-    info = route.entry.info or {}
-    template = str(info.get("chat_template") or "")
-    props = ll.props(info, int(info.get("parallel") or 1), template)
+    """``GET /props``, from what the model's load said: it is no activity
+    (a model unloaded after its keep-alive, ``--sleep-idle-seconds``, stays
+    asleep, ``is_sleeping`` true, and a loaded one's idle time runs on, as
+    llama-server's do); only a model never loaded yet (or a replica group)
+    is routed, loaded on demand, as a request would be."""
+    requested = request.query_params.get("model")
+    registry = state_of(request).registry
+    capability = _props_capability(registry, requested)
+    entry = registry.resolve(requested, capability).entry
+    # (a load's info has its engine settings, ``parallel``: what is known before a load has none)
+    if entry.group is not None or "parallel" not in entry.info:
+        entry = (await dispatch(request).route(requested, capability, False))[1].entry
+    asleep = entry.state == "unloaded"
+    info = entry.info or {}
+    props = ll.props(info, int(info.get("parallel") or 1), str(info.get("chat_template") or ""))
     # what its projector takes (media are refused without it): llama.cpp's web UI reads it
-    props["modalities"] = {"vision": model.capabilities.vision, "audio": model.capabilities.audio}
-    props["reranking"] = model.capabilities.rerank  # (/v1/rerank: llama-server's --reranking)
+    props["modalities"] = entry.modalities()
+    props["is_sleeping"] = asleep
+    props["reranking"] = entry.capable("rerank")  # (/v1/rerank: llama-server's --reranking)
     return JSONResponse(props)
 
 

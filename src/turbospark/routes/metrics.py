@@ -1,5 +1,6 @@
 """``GET /metrics``: the Prometheus text exposition of the server's
-:class:`~turbospark.sinks.prometheus.PrometheusSink`.
+:class:`~turbospark.sinks.prometheus.PrometheusSink` (turbospark's series,
+then llama-server's ``llamacpp:*``).
 
 Behind the API key like every route, unless the server was started with
 ``--metrics-auth off`` (see :mod:`turbospark.access.auth`)."""
@@ -14,8 +15,10 @@ from .common import state_of
 
 
 async def metrics(request: Request) -> Response:
-    body, content_type = state_of(request).metrics.exposition()
-    return Response(body, headers={"content-type": content_type})
+    st = state_of(request)
+    body, content_type = st.metrics.exposition()
+    # (llama-server's header: when the counters started)
+    return Response(body, headers={"content-type": content_type, "process-start-time-unix": str(int(st.started_at))})
 
 
 routes = [Route("/metrics", metrics, methods=["GET"])]

@@ -58,10 +58,13 @@ def facts(entry: Any) -> dict[str, Any]:
 
 
 def model_card(entry: Any, created: int) -> dict[str, Any]:
-    """OpenAI's model object, plus this server's ``state`` (loaded,
-    unloaded, stalled, failed), for a failed model its ``error``, and
-    :func:`facts`."""
+    """OpenAI's model object, plus llama-server's ``aliases`` and ``tags``,
+    this server's ``state`` (loaded, unloaded, stalled, failed), for a
+    failed model its ``error``, and :func:`facts`."""
     card = {"id": entry.id, "object": "model", "created": created, "owned_by": "turbospark", "state": entry.state}
+    # llama-server's: the other names it answers to, and its informational tags (--tags)
+    card["aliases"] = list(entry.aliases)
+    card["tags"] = list(entry.info.get("tags") or ())
     if entry.state == "failed":
         card["error"] = entry.failure
     return {**card, **facts(entry)}

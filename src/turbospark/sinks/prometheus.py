@@ -6,7 +6,9 @@ and nothing else; the only numbers read at scrape time are the engine's
 *state* (sequences running and waiting now), which no event describes.
 
 Each sink owns its ``CollectorRegistry`` (never the process-global one), so
-several servers in one process keep separate numbers.
+several servers in one process keep separate numbers. llama-server's own
+series (``llamacpp:*``) follow turbospark's in the exposition
+(:mod:`.llamacpp`): the same events, and the engines' step counts.
 
 Timing semantics, all from events:
 
@@ -51,9 +53,11 @@ from ..observe import (
     RequestStarted,
     ServerEvent,
 )
+from .llamacpp import LlamaServerMetrics
 from .paths import UNMATCHED, RouteTemplates, default_templates, method_label
 
 if TYPE_CHECKING:
+    from ..core.backend import Backend
     from ..models.registry import Registry
 
 #: Latency buckets (seconds), close to vLLM's: sub-10 ms for a tiny model on
@@ -112,6 +116,9 @@ class PrometheusSink:
         self._loaded: set[str] = set()
         self._load_collector: EngineLoadCollector | None = None
         self._replica_collector: ReplicaCollector | None = None
+        #: llama-server's own series (``llamacpp:*``), and the models they read
+        self.llamacpp = LlamaServerMetrics()
+        self._models: Registry | None = None
         r = self.registry
         self._declare_request_counters(r)
         self._declare_token_counters(r)
@@ -285,6 +292,15 @@ class PrometheusSink:
             self.registry.register(self._load_collector)
             self._replica_collector = ReplicaCollector(models)
             self.registry.register(self._replica_collector)
+            self._models = models
+        for model in models.models():  # (loaded before: later loads come as modelAttached)
+            self._follow(model)
+
+    def _follow(self, model: Backend | None) -> None:
+        """Follow a model's engine steps for ``llamacpp:n_decode_total`` and friends."""
+        control = model.slot_control() if model is not None else None
+        if control is not None:
+            self.llamacpp.engine(control.counts)
 
     def watch_event_log(self, sink: Any) -> None:
         """Report the event log's failed writes and lost events (``sink``: a
@@ -292,8 +308,10 @@ class PrometheusSink:
         self.registry.register(EventLogCollector(sink))
 
     def exposition(self) -> tuple[bytes, str]:
-        """The text exposition and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The text exposition (turbospark's series, then llama-server's)
+        and its content type."""
+        models = self._models.models() if self._models is not None else []
+        return generate_latest(self.registry) + self.llamacpp.exposition(models), CONTENT_TYPE_LATEST
 
     def _template(self, path: str) -> str:
         if self._templates is None:
@@ -316,6 +334,7 @@ class PrometheusSink:
                     o.model = event.served
         elif isinstance(event, Generated):
             self._generated(event, now)
+            self.llamacpp.generated(event)
         elif isinstance(event, Ranked):
             self._ranked(event)
         elif isinstance(event, RequestFinished):
@@ -328,6 +347,9 @@ class PrometheusSink:
             if event.state == "down":  # a replica taken out of routing, a lone remote model unanswering
                 self.replica_down.labels(event.model).inc()
         elif isinstance(event, (ModelAttached, ModelDetached)):
+            if isinstance(event, ModelAttached) and self._models is not None:
+                known = self._models.lookup(event.model)
+                self._follow(known.model if known is not None else None)
             with self._lock:
                 if isinstance(event, ModelAttached):
                     self._loaded.add(event.model)
