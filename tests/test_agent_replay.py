@@ -66,9 +66,13 @@ def send(srv: Server, rec: dict[str, Any]) -> httpx.Response:
 
 
 def sse(text: str) -> list[tuple[str | None, dict[str, Any]]]:
-    """(event name, data) of every SSE frame."""
+    """(event name, data) of every SSE frame; a frame of comment lines only
+    (the keep-alive sent while a slow prefill runs) is skipped, as every SSE
+    parser does."""
     out = []
     for frame in text.strip().split("\n\n"):
+        if all(line.startswith(":") for line in frame.splitlines()):
+            continue
         event, data = None, None
         for line in frame.splitlines():
             if line.startswith("event: "):
