@@ -53,7 +53,12 @@ def image(salt: int) -> bytes:
 
 
 def ask(url: str, messages: list[dict], n: int) -> tuple[float, str]:
-    s = stream_chat(url, {"model": "m", "messages": messages, "max_tokens": n, "temperature": 0})
+    # (ignore_eos: a random projector can make the model end at once, and an
+    # answer without text has no first token to time)
+    body = {"model": "m", "messages": messages, "max_tokens": n, "temperature": 0, "ignore_eos": True}
+    s = stream_chat(url, body)
+    if not s.first:
+        raise SystemExit("an answer came without text: no time to first token")
     return s.ttft, s.text
 
 

@@ -16,15 +16,20 @@ fi
 # FOR_TESTS=1 (make test) also installs what only the tests need.
 FOR_TESTS=${FOR_TESTS:-0}
 
-# The dashboard tests drive a real headless Chromium (Debian's package).
+# The dashboard and page tests drive a real headless Chromium (Debian's
+# package). It installs in the background while llama.cpp builds (network and
+# disk beside the compilers' CPU), and the script waits for it before it ends.
+apt_pid=
 if [ "$FOR_TESTS" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get update -q >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >&2
+        { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >&2 &
+        apt_pid=$!
     else
         echo "note: chromium is not installed (the dashboard tests need it): apt-get install chromium" >&2
     fi
 fi
+# (a failed Chromium install fails the set-up, as it did when it ran first)
+trap 'if [ -n "$apt_pid" ]; then wait "$apt_pid" || exit $?; fi' EXIT
 
 wheel=$(PYTHON="$PY" "$ROOT/scripts/llama-wheel.sh")
 stamp="$VENV/.turbospark-installed"
