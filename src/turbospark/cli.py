@@ -196,6 +196,20 @@ def _add_alias(opts: list[Any], alias: str) -> None:
     chosen.aliases = (*chosen.aliases, name)
 
 
+def _followed(opts: list[Any], given_models: list[Any], after: int, refusal: str) -> Any:
+    """The ``--model`` a per-model flag follows (``after``: how many came
+    before it); given before any ``--model``, the one model served, else a
+    :class:`ConfigError` saying ``refusal``."""
+    from .config import ConfigError
+
+    if after:
+        return given_models[after - 1]
+    local = _local_options(opts)
+    if len(opts) == 1 and len(local) == 1:
+        return local[0]
+    raise ConfigError(refusal)
+
+
 def _rerankers(
     opts: list[Any],
     given_models: list[Any],
@@ -206,7 +220,6 @@ def _rerankers(
     """``--rerank FILE``: a reranker besides the ``--model`` ones (returned);
     ``--rerank`` alone: the ``--model`` it follows is one (given before any
     ``--model``: the one model served)."""
-    from .config import ConfigError
 
     added = []
     for after, arg in given:
@@ -214,14 +227,8 @@ def _rerankers(
             added.append(_option_for(arg, base, store))
             added[-1].kind = "rerank"
             continue
-        local = _local_options(opts)
-        if after:
-            target = given_models[after - 1]
-        elif len(opts) == 1 and len(local) == 1:
-            target = local[0]
-        else:
-            raise ConfigError("--rerank without a file comes before any --model: give it after the --model it marks")
-        target.kind = "rerank"
+        refusal = "--rerank without a file comes before any --model: give it after the --model it marks"
+        _followed(opts, given_models, after, refusal).kind = "rerank"
     return added
 
 
@@ -237,16 +244,11 @@ def _add_projectors(opts: list[Any], given_models: list[Any], given: list[tuple[
     for after, path in given:
         if not os.path.isfile(path):
             raise ConfigError(f"--mmproj {path}: no such file")
-        local = _local_options(opts)
-        if after:
-            target = given_models[after - 1]
-        elif len(opts) == 1 and len(local) == 1:
-            target = local[0]
-        else:
-            raise ConfigError(
-                f"--mmproj {path} comes before any --model, and {len(opts)} models are served: "
-                "give it after the --model it belongs to"
-            )
+        refusal = (
+            f"--mmproj {path} comes before any --model, and {len(opts)} models are served: "
+            "give it after the --model it belongs to"
+        )
+        target = _followed(opts, given_models, after, refusal)
         if id(target) in chosen:
             raise ConfigError(f"--mmproj {path}: that model has a --mmproj already (one projector a model)")
         chosen.add(id(target))
