@@ -90,3 +90,50 @@ def test_bad_parameters(listed):
         r = get(srv, **params)
         assert_openai_error(r, 404 if param == "after" else 400, param)
     assert get(srv, "wrong-key").status_code == 401
+
+
+def test_last_used_first(listed):
+    """The list is by last use: a conversation given an item moves to the
+    top (a rename is no use); paging with ``after`` sees each once. Runs
+    last in this module: it reorders the list."""
+    srv, made, _ = listed
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEYS[0], max_retries=0, timeout=60)
+    oai.conversations.items.create(made[1], items=[{"type": "message", "role": "user", "content": "Back to soup."}])
+    oai.conversations.update(made[3], metadata={"title": "Tax return 2026"})
+    expected = [made[1], *[c for c in reversed(made) if c != made[1]]]
+    assert [c["id"] for c in get(srv, limit=100).json()["data"]] == expected
+    paged, after = [], None
+    while True:
+        page = get(srv, limit=2, **({"after": after} if after else {})).json()
+        paged += [c["id"] for c in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert paged == expected
+    assert [c["id"] for c in get(srv, search="soup").json()["data"]] == [made[1]]
+
+
+def test_a_version_2_file_lists_by_creation_until_used(tmp_path):
+    """A file written before conversations kept their last use (schema 2) is
+    brought up to date in place: its conversations listed as before (by
+    creation) until one is used."""
+    import asyncio
+    import sqlite3
+
+    from turbospark.state import responses
+
+    with sqlite3.connect(tmp_path / responses.FILE) as db:
+        db.executescript(responses.V2)
+        for n, cid in enumerate(("conv_old", "conv_new")):
+            db.execute("INSERT INTO conversations VALUES (?, 't', ?, ?, '{}')", (cid, 1000.0 + n, time.time() + 60))
+        db.execute("PRAGMA user_version=2")
+    store = responses.ResponseStore(str(tmp_path))
+    try:
+        listing = store.conversations.listing
+        assert [c.id for c in asyncio.run(listing("t", 10))[0]] == ["conv_new", "conv_old"]
+        asyncio.run(store.conversations.append("conv_old", "t", [{"id": "msg_1", "type": "message"}]))
+        assert [c.id for c in asyncio.run(listing("t", 10))[0]] == ["conv_old", "conv_new"]
+    finally:
+        store.close()
+    with sqlite3.connect(tmp_path / responses.FILE) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == responses.VERSION == 3

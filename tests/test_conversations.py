@@ -211,3 +211,30 @@ def test_another_tenant_finds_nothing(served):
             call()
     assert mine.conversations.retrieve(conv.id).metadata == {"owner": "a"}  # untouched, still its owner's
     assert [i.id for i in mine.conversations.items.list(conv.id).data] == [item.id]
+
+
+def test_a_turns_answer_keeps_the_engines_numbers(served):
+    """The last item a turn adds to its conversation carries the engine's
+    numbers for that request (this server's ``timings``: llama.cpp's object,
+    the queue wait, the request's id), so a page read back later shows them
+    without one request per answer; the response object itself is OpenAI's."""
+    srv, events = served
+    oai = client(srv)
+    conv = oai.conversations.create()
+    for stream in (False, True):
+        if stream:
+            done = list(oai.responses.create(model="m", input="Hi.", conversation=conv.id, max_output_tokens=3,
+                                             stream=True))[-1].response  # fmt: skip
+        else:
+            done = oai.responses.create(model="m", input="Hi.", conversation=conv.id, max_output_tokens=3)
+        routed, gen = made_by(events, done.id)
+        last = oai.conversations.items.list(conv.id, limit=1).data[0].model_dump()
+        assert last["id"] == done.output[-1].id and "timings" not in done.output[-1].model_dump()
+        t = last["timings"]
+        assert t["request_id"] == routed.id and t["predicted_n"] == gen.new_tokens == done.usage.output_tokens
+        reused = gen.reused_prefix_tokens
+        assert t["cache_n"] == reused and t["prompt_n"] == gen.prompt_tokens - reused
+        assert t["prompt_ms"] == pytest.approx(gen.prefill_seconds * 1000)
+        assert t["queue_ms"] == pytest.approx(gen.queue_seconds * 1000)
+        assert t["predicted_ms"] == pytest.approx(gen.decode_seconds * 1000)
+        assert "timings" not in oai.responses.retrieve(done.id).output[-1].model_dump()

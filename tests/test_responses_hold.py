@@ -308,7 +308,7 @@ def test_a_version_1_file_is_migrated_and_keeps_its_responses(tmp_path):
     after a restart, in order."""
     from turbospark.state import responses
 
-    v1 = responses.SCHEMA.replace(responses.EVENTS + ";", "")
+    v1 = responses.V2.replace(responses.EVENTS + ";", "")
     with sqlite3.connect(tmp_path / responses.FILE) as db:
         db.executescript(v1)
         db.execute(
@@ -331,7 +331,7 @@ def test_a_version_1_file_is_migrated_and_keeps_its_responses(tmp_path):
     finally:
         again.close()
     with sqlite3.connect(tmp_path / responses.FILE) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == responses.VERSION == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == responses.VERSION
 
 
 def test_kept_events_of_a_cut_run_end_with_its_recovered_status(served):

@@ -466,6 +466,8 @@ class ResponsesRenderer:
         self.id = stored.get("id") or new_id("resp_")
         #: the last response object built (what the store keeps)
         self.result: dict[str, Any] | None = None
+        #: the answer the response ended with (its engine numbers), once it has
+        self.answered: Final | None = None
         self.msg_id = new_id("msg_")
         self.reasoning_id = new_id("rs_")
         self.created = unix_time()
@@ -518,6 +520,8 @@ class ResponsesRenderer:
         error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        if final is not None:
+            self.answered = final
         self.result = {
             "id": self.id,
             "object": "response",

@@ -137,7 +137,7 @@ class Job:
                 async for item in items:
                     if isinstance(item, Final):
                         said = renderer.final(item)
-                        await self.turn.write(renderer.result)
+                        await self.turn.write(renderer.result, item)
                         await self._say(said)
                     else:
                         await self._say(b"".join(frames_of(render_item(renderer, item))))

@@ -89,7 +89,7 @@ class Responder:
                 return JSONResponse(cast(ChoicesRenderer, renderer).complete_choices(finals), headers=headers)
             answer = renderer.complete(finals[0])
             if self.turn is not None:
-                await self.turn.write(answer)
+                await self.turn.write(answer, finals[0])
             return JSONResponse(answer, headers=headers)
         started = await self.first_item(model, prepared) if prepared.body is not None else None
         frames = self.frames(model, prepared, renderer, started)

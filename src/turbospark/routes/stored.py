@@ -14,7 +14,9 @@ from typing import Any
 from pydantic import BaseModel
 from starlette.requests import Request
 
+from ..core.request import Final
 from ..dialects.common import BadRequest, new_id
+from ..dialects.openai_chat import timings
 from ..dialects.openai_responses import ResponsesRenderer, ResponsesRequest
 from ..dialects.render import Renderer
 from ..dialects.translate import Translation
@@ -69,6 +71,14 @@ def conversation_items(value: str | list[Any]) -> list[dict[str, Any]]:
     return [{**item, "status": item.get("status") or "completed"} for item in input_items(value)]
 
 
+def figures(final: Final, request_id: int | None) -> dict[str, Any]:
+    """The engine's numbers for a turn's answer, kept with its last item in
+    a conversation (this server's extension ``timings``, docs/RESPONSES.md):
+    llama.cpp's ``timings`` object, the engine's queue wait (``queue_ms``)
+    and the request's id (its ``x-request-id``)."""
+    return {**timings(final), "queue_ms": final.queue_seconds * 1000.0, "request_id": request_id}
+
+
 def conversation_named(body: ResponsesRequest) -> str | None:
     """The id ``conversation`` names (a string, or ``{"id": ...}``); 400
     with ``previous_response_id`` too, as OpenAI."""
@@ -121,6 +131,8 @@ class Turn:
     #: the conversation its items join when it ends
     conversation_id: str | None = None
     joined: bool = False
+    #: the request's id (``x-request-id``), kept with the answer's numbers
+    request_id: int | None = None
 
     @property
     def background(self) -> bool:
@@ -145,14 +157,17 @@ class Turn:
             return f"conversation:{self.conversation_id}"
         return f"response-chain:{self.root_id}"
 
-    async def join(self, body: dict[str, Any] | None) -> None:
+    async def join(self, body: dict[str, Any] | None, final: Final | None = None) -> None:
         """Once the turn has ended (completed or incomplete), its input and
         output items are appended to its conversation, stored or not (as
-        OpenAI does); raises :class:`NotStored` when they cannot be."""
+        OpenAI does), the last with the engine's numbers (``final``'s);
+        raises :class:`NotStored` when they cannot be."""
         if self.conversation_id is None or self.joined or body is None or body.get("status") not in ENDED:
             return
         self.joined = True
         said = [item for item in body.get("output") or [] if isinstance(item, dict)]
+        if said and final is not None:  # (a copy: the response object is left as it is)
+            said[-1] = {**said[-1], "timings": figures(final, self.request_id)}
         try:
             there = await self.store.conversations.append(self.conversation_id, self.tenant, self.input + said)
         except Exception as exc:  # noqa: BLE001 - any failure to keep them is a 503
@@ -167,9 +182,10 @@ class Turn:
             self.id, self.tenant, status, self.previous_id, self.root_id, self.conversation_id, body, self.input
         )
 
-    async def write(self, body: dict[str, Any] | None) -> None:
-        """Keep the response as it is now (raises :class:`NotStored`)."""
-        await self.join(body)
+    async def write(self, body: dict[str, Any] | None, final: Final | None = None) -> None:
+        """Keep the response as it is now (raises :class:`NotStored`);
+        ``final``: the answer it ended with."""
+        await self.join(body, final)
         if not self.kept or body is None:
             return
         try:
@@ -181,7 +197,7 @@ class Turn:
     async def keep(self, renderer: Renderer) -> None:
         """Keep the response the renderer last built (a stream's end)."""
         if isinstance(renderer, ResponsesRenderer):
-            await self.write(renderer.result)
+            await self.write(renderer.result, renderer.answered)
 
     async def begin(self, renderer: Renderer) -> None:
         """Keep it as running, before generation (a 503 before any byte)."""
@@ -256,4 +272,5 @@ async def open_turn(body: BaseModel, request: Request) -> tuple[BaseModel, Turn 
         turn.extras["background"] = True
     ctx = context(request)
     ctx.response_id, ctx.previous_response_id = rid, body.previous_response_id
+    turn.request_id = ctx.id
     return expanded, turn

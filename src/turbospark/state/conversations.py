@@ -4,7 +4,8 @@ reads its items before its own input and appends its input and output
 items when it ends; clients add, read and delete items directly too. Each
 use keeps a conversation another ``ttl``. An id of another tenant is not
 found, as an unknown one; an expired one neither, on every route, whenever
-the clean-up last ran."""
+the clean-up last ran. Its last use is when an item was last added (a
+turn, or items posted): the tenant's list is newest use first."""
 
 from __future__ import annotations
 
@@ -59,8 +60,10 @@ class ConversationStore:
         db.execute("UPDATE conversations SET expires_at = ? WHERE id = ?", (now + self.ttl, cid))
         return Conversation(cid, row[0], json.loads(row[1]))
 
-    @staticmethod
-    def _append(db: sqlite3.Connection, cid: str, items: list[dict[str, Any]]) -> None:
+    def _append(self, db: sqlite3.Connection, cid: str, items: list[dict[str, Any]]) -> None:
+        """``items`` at its end; when there are any, a use: it moves to the top of the list."""
+        if items:
+            db.execute("UPDATE conversations SET used_at = ? WHERE id = ?", (self.clock(), cid))
         last = db.execute("SELECT MAX(position) FROM conversation_items WHERE conversation_id = ?", (cid,)).fetchone()
         start = (last[0] if last[0] is not None else -1) + 1
         db.executemany(
@@ -74,8 +77,9 @@ class ConversationStore:
 
         def write(db: sqlite3.Connection) -> None:
             db.execute(
-                "INSERT INTO conversations (id, tenant, created_at, expires_at, metadata) VALUES (?, ?, ?, ?, ?)",
-                (made.id, tenant, made.created_at, made.created_at + self.ttl, _dumps(metadata)),
+                "INSERT INTO conversations (id, tenant, created_at, expires_at, metadata, used_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (made.id, tenant, made.created_at, made.created_at + self.ttl, _dumps(metadata), made.created_at),
             )
             self._append(db, made.id, items)
 
@@ -85,23 +89,24 @@ class ConversationStore:
     async def listing(
         self, tenant: str, limit: int, after: str | None = None, search: str | None = None
     ) -> tuple[list[Conversation], bool] | None:
-        """The tenant's live conversations, newest first (by creation, then
-        id), from the one after ``after``; ``search``: only those whose
-        ``title`` (metadata) holds it, in any case. None: ``after`` is none
-        of them. Listing is no use: it keeps nothing longer."""
+        """The tenant's live conversations, the last used first (an item
+        added; then by id), from the one after ``after`` (where it is now:
+        one used while a client pages moves to the top); ``search``: only
+        those whose ``title`` (metadata) holds it, in any case. None:
+        ``after`` is none of them. Listing is no use: it keeps nothing longer."""
 
         def read(db: sqlite3.Connection) -> tuple[list[Conversation], bool] | None:
             now = self.clock()
             where, args = "tenant = ? AND expires_at >= ?", [tenant, now]
             if after is not None:
-                row = db.execute(f"SELECT created_at FROM conversations WHERE id = ? AND {where}", (after, *args))
+                row = db.execute(f"SELECT used_at FROM conversations WHERE id = ? AND {where}", (after, *args))
                 start = row.fetchone()
                 if start is None:
                     return None
-                where += " AND (created_at < ? OR (created_at = ? AND id < ?))"
+                where += " AND (used_at < ? OR (used_at = ? AND id < ?))"
                 args += [start[0], start[0], after]
             rows = db.execute(
-                f"SELECT id, created_at, metadata FROM conversations WHERE {where} ORDER BY created_at DESC, id DESC",
+                f"SELECT id, created_at, metadata FROM conversations WHERE {where} ORDER BY used_at DESC, id DESC",
                 args,
             )
             wanted = search.casefold() if search else None

@@ -18,7 +18,7 @@ from typing import Any
 from .conversations import ConversationStore
 from .db import Database
 
-VERSION = 2
+VERSION = 3
 #: a background run's stream events, as they were sent (``sequence_number`` from 0)
 EVENTS = """
 CREATE TABLE response_events (
@@ -27,9 +27,15 @@ CREATE TABLE response_events (
     event BLOB NOT NULL,
     PRIMARY KEY (response_id, seq)
 )"""
+#: conversations listed by their last use (an item added), not their creation
+USED = """
+ALTER TABLE conversations ADD COLUMN used_at REAL NOT NULL DEFAULT 0;
+UPDATE conversations SET used_at = created_at;
+CREATE INDEX conversations_used ON conversations (tenant, used_at)"""
 #: the script that brings a file of version N to N + 1, by N
-MIGRATIONS = {1: EVENTS}
-SCHEMA = (
+MIGRATIONS = {1: EVENTS, 2: USED}
+#: the tables of version 2 (a new file gets them, then every later script)
+V2 = (
     EVENTS
     + """;
 CREATE TABLE responses (
@@ -59,9 +65,10 @@ CREATE TABLE conversation_items (
     item TEXT NOT NULL,
     PRIMARY KEY (conversation_id, position)
 );
-CREATE INDEX conversation_item_ids ON conversation_items (conversation_id, id);
+CREATE INDEX conversation_item_ids ON conversation_items (conversation_id, id)
 """
 )
+SCHEMA = V2 + ";" + USED
 #: the longest chain followed (a loop or a runaway chain ends here)
 MAX_CHAIN = 10_000
 #: statuses of a run that has not ended
