@@ -236,5 +236,5 @@ def test_a_turns_answer_keeps_the_engines_numbers(served):
         assert t["cache_n"] == reused and t["prompt_n"] == gen.prompt_tokens - reused
         assert t["prompt_ms"] == pytest.approx(gen.prefill_seconds * 1000)
         assert t["queue_ms"] == pytest.approx(gen.queue_seconds * 1000)
-        assert t["predicted_ms"] == pytest.approx(gen.decode_seconds * 1000)
+        assert t["predicted_ms"] == pytest.approx(gen.decode_seconds * 1000) and t["stop_reason"] == gen.stop_reason
         assert "timings" not in oai.responses.retrieve(done.id).output[-1].model_dump()

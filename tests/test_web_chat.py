@@ -3,7 +3,8 @@ server with the bundled model and two API keys: the key asked for and kept
 in the tab only; a message typed and sent from the keyboard streams in, with
 the engine's numbers and a link to its request in Activity; Esc stops an
 answer and the engine run ends ``cancelled``; the conversation is on the
-server (a reload finds it, another browser with the same key too, another
+server (a reload finds it, each answer with its numbers, another browser
+with the same key too, another
 key does not); a phone-wide window never scrolls sideways; the first load
 stays under its weight. One server, two browsers."""
 
@@ -81,6 +82,7 @@ def test_chat_streams_stops_and_keeps_the_conversation(chatting):
         g = generated(seen, rid)
         stats = page.wait(f"{answer_js()}.stats.textContent")
         assert f"{g.new_tokens} tokens" in stats and f"request {rid}" in stats, stats
+        first = (rid, g)
         cid = page.js(f"{CHAT}.cid")
         said = items(srv, cid)
         assert [(i["role"], i["type"]) for i in said] == [("user", "message"), ("assistant", "message")]
@@ -94,7 +96,8 @@ def test_chat_streams_stops_and_keeps_the_conversation(chatting):
         escape(page)
         idle(page)
         rid = page.js(f"{answer_js()}.requestId")
-        assert generated(seen, rid).stop_reason == "cancelled"
+        stopped = (rid, generated(seen, rid))
+        assert stopped[1].stop_reason == "cancelled"
         page.wait(f"{answer_js()}.node.dataset.stop === 'cancelled'")
         assert "(stopped)" in page.js(f"{answer_js()}.body.textContent")
         said = items(srv, cid)
@@ -114,6 +117,11 @@ def test_chat_streams_stops_and_keeps_the_conversation(chatting):
         page.wait(f"!!document.querySelector('#c-list li[data-id=\"{cid}\"]')")
         page.js(f"document.querySelector('#c-list li[data-id=\"{cid}\"] .open').click()")
         page.wait(f"{CHAT}.entries.length === 4 && document.querySelectorAll('#c-log .msg').length === 4")
+        # each answer read back shows the engine's numbers for its request, kept in the conversation
+        for n, (rid, g) in ((1, first), (3, stopped)):
+            back = page.js(f"{answer_js(n)}.stats.textContent")
+            assert f"{g.new_tokens} tokens · " in back and " tok/s · first token " in back, back
+            assert back.endswith(f"request {rid}") and ("stopped: cancelled" in back) == (n == 3), back
         assert not foreign(page, srv.url) and not page.errors(), (foreign(page, srv.url), page.errors())
         assert all(KEYS[0] not in url for url in page.requested())  # a key never in a URL
 

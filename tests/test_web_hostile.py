@@ -2,8 +2,10 @@
 real model cannot be made to say or do on cue: an answer of hostile HTML and
 Markdown renders inert (no dialog, no script run, no request to another
 origin: checked through the DevTools protocol); several answers at once with
-arrows, the picked one kept; regenerate; an earlier message edited into a
-new branch; a 200-turn conversation that opens and scrolls. One server
+arrows, all kept with the picked one and their numbers (a reload shows them
+and the pick still changes); regenerate; an earlier message edited into a
+new branch; the list by last use; a 200-turn conversation that opens and
+scrolls. One server
 (no keys: loopback), one browser."""
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ SCRIPTS = [
     Script(["Second ", "choice."]),
     Script(["Regenerated ", "answer."]),
     Script(["Branch ", "answer."]),
+    Script(["Later ", "answer."]),
 ]
 
 
@@ -51,6 +54,14 @@ def scripted_page(tmp_path_factory):
 def texts(srv, cid: str) -> list[tuple[str, str]]:
     r = httpx.get(f"{srv.url}/v1/conversations/{cid}/items?order=asc&limit=100", timeout=10)
     return [(i["role"], "".join(p.get("text", "") for p in i["content"])) for i in r.json()["data"]]
+
+
+def picked(srv, cid: str, text: str) -> None:
+    """The conversation's last item is the picked answer (written back by the page)."""
+    deadline = time.monotonic() + 30
+    while texts(srv, cid)[-1] != ("assistant", text) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert texts(srv, cid)[-2:] == [("user", "Give me two."), ("assistant", text)]
 
 
 def test_hostile_output_renders_inert(scripted_page):
@@ -88,13 +99,24 @@ def test_several_answers_regenerate_and_a_branch(scripted_page):
     assert page.js(f"{answer_js()}.arrows.textContent") == "‹1 / 2›"
     assert page.js(f"{answer_js()}.body.textContent").strip() == "First choice."
     assert texts(srv, cid)[-2:] == [("user", "Give me two."), ("assistant", "First choice.")]
+    rid, stats = page.js(f"{answer_js()}.requestId"), [page.js(f"{answer_js()}.stats.textContent")]
     page.js(f"{answer_js()}.arrows.querySelector('[aria-label=\"Next answer\"]').click()")
     page.wait(f"{answer_js()}.body.textContent.trim() === 'Second choice.'")
-    deadline = time.monotonic() + 30  # (the pick is written back to the conversation)
-    while texts(srv, cid)[-1] != ("assistant", "Second choice.") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert texts(srv, cid)[-2:] == [("user", "Give me two."), ("assistant", "Second choice.")]
+    stats.append(page.js(f"{answer_js()}.stats.textContent"))
+    assert all(t.startswith("2 tokens · ") and t.endswith(f"request {rid}") for t in stats), stats
+    picked(srv, cid, "Second choice.")
     shot(page, "choices")
+
+    # a reload: both answers, the picked one shown, each with its numbers; the pick still changes
+    page.navigate(f"{srv.url}/#/chat/{cid}")
+    page.wait(f"{CHAT}.cid === '{cid}' && {CHAT}.entries.length === 4")
+    assert page.js(f"{answer_js()}.arrows.textContent") == "‹2 / 2›"
+    assert page.js(f"{answer_js()}.body.textContent").strip() == "Second choice."
+    assert page.js(f"{answer_js()}.stats.textContent") == stats[1]
+    page.js(f"{answer_js()}.arrows.querySelector('[aria-label=\"Previous answer\"]').click()")
+    assert page.js(f"{answer_js()}.body.textContent").strip() == "First choice."
+    assert page.js(f"{answer_js()}.stats.textContent") == stats[0]
+    picked(srv, cid, "First choice.")
 
     page.js("document.getElementById('c-n').value = '1'")
     page.js(f"{answer_js()}.actions.querySelector('button').click()")  # Regenerate
@@ -115,6 +137,18 @@ def test_several_answers_regenerate_and_a_branch(scripted_page):
     meta = httpx.get(f"{srv.url}/v1/conversations/{branch}", timeout=10).json()["metadata"]
     assert meta["branch_of"] == cid and meta["title"].endswith("(edit)")
     assert page.js("document.querySelectorAll('#c-list li').length") == 2
+
+    # the list is by last use: a new turn in the original moves it to the top, here and after a reload
+    first = "document.querySelector('#c-list li').dataset.id"
+    assert page.js(first) == branch
+    page.js(f"document.querySelector('#c-list li[data-id=\"{cid}\"] .open').click()")
+    page.wait(f"{CHAT}.cid === '{cid}' && {CHAT}.entries.length === 4")
+    send(page, "One more.")
+    idle(page)
+    assert page.js(first) == cid and texts(srv, cid)[-1] == ("assistant", "Later answer.")
+    page.navigate(f"{srv.url}/#/chat/{cid}")
+    page.wait("document.getElementById('c-list').dataset.loaded === '1'")
+    assert page.js("[...document.querySelectorAll('#c-list li')].map((li) => li.dataset.id)") == [cid, branch]
 
 
 def test_a_long_conversation_opens_and_scrolls(scripted_page):

@@ -74,9 +74,11 @@ def conversation_items(value: str | list[Any]) -> list[dict[str, Any]]:
 def figures(final: Final, request_id: int | None) -> dict[str, Any]:
     """The engine's numbers for a turn's answer, kept with its last item in
     a conversation (this server's extension ``timings``, docs/RESPONSES.md):
-    llama.cpp's ``timings`` object, the engine's queue wait (``queue_ms``)
-    and the request's id (its ``x-request-id``)."""
-    return {**timings(final), "queue_ms": final.queue_seconds * 1000.0, "request_id": request_id}
+    llama.cpp's ``timings`` object, the engine's queue wait (``queue_ms``),
+    why its run ended (``stop_reason``, the ``generated`` event's) and the
+    request's id (its ``x-request-id``)."""
+    engine = {"queue_ms": final.queue_seconds * 1000.0, "stop_reason": final.result.reason.value}
+    return {**timings(final), **engine, "request_id": request_id}
 
 
 def conversation_named(body: ResponsesRequest) -> str | None:

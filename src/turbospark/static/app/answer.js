@@ -1,7 +1,8 @@
 // One message in the chat log. A user's: its text (as text) and images. An
 // answer: its Markdown (sanitized), reasoning folded, tool calls, and a line
 // with the engine's numbers, a link to the request in Activity and actions;
-// several answers at once (n) with arrows between them.
+// several answers at once (n) with arrows between them. The numbers of an
+// answer read back are those the conversation keeps with it (``timings``).
 import { el } from "./dom.js";
 import { render } from "./markdown.js";
 import { imagesOf, textOf } from "./thread.js";
@@ -13,13 +14,29 @@ export function userMessage(item, actions) {
   return el("div", { class: "msg user" }, el("div", { class: "body", text: textOf(item) }), ...images, meta);
 }
 
-const blank = () => ({ text: "", reasoning: "", calls: [], end: null });
+const blank = () => ({ text: "", reasoning: "", calls: [], end: null, timings: null });
+
+/** A request's record (/v1/stats) from the engine's numbers a conversation keeps with an answer. */
+export function fromTimings(t) {
+  return { generations: 1, newTokens: t.predicted_n, promptTokens: t.cache_n + t.prompt_n, reusedTokens: t.cache_n,
+           decodeTokPerSec: t.predicted_ms > 0 ? t.predicted_n / (t.predicted_ms / 1000) : null,
+           queuedMs: t.queue_ms ?? 0, prefillMs: t.prompt_ms, stopReason: t.stop_reason ?? null };
+}
+
+/** The engine's numbers of a request's record, as a conversation keeps them with an answer. */
+export function toTimings(rec, requestId) {
+  if (!rec || !(rec.generations > 0)) return null;
+  return { cache_n: rec.reusedTokens, prompt_n: rec.promptTokens - rec.reusedTokens, prompt_ms: rec.prefillMs,
+           predicted_n: rec.newTokens, predicted_ms: rec.decodeMs, queue_ms: rec.queuedMs ?? 0,
+           request_id: requestId, stop_reason: rec.stopReason };
+}
 
 export class Answer {
   constructor() {
     this.alts = [blank()];
     this.shown = 0;
     this.requestId = null;
+    this.rec = null;
     this.reasoningBox = el("details", { class: "reasoning", hidden: true }, el("summary", { text: "Reasoning" }), el("pre"));
     this.callsBox = el("div", { class: "calls" });
     this.body = el("div", { class: "body" });
@@ -40,6 +57,14 @@ export class Answer {
       else if (item.type === "function_call_output") alt.calls.push({ name: "→ output", args: String(item.output ?? "") });
     }
     if (items.some((i) => i.status === "incomplete")) alt.end = "incomplete";
+    alt.timings = [...items].reverse().find((i) => i.timings)?.timings || null;
+    const several = items.find((i) => Array.isArray(i.alternatives) && i.alternatives.length > 1);
+    if (several) {
+      a.alts = several.alternatives.map((x) => ({ ...blank(), text: textOf(x), timings: x.timings || null,
+                                                  end: x.status === "incomplete" ? "incomplete" : null }));
+      a.shown = Math.min(Math.max(0, Number(several.chosen) || 0), a.alts.length - 1);
+      a.arrows.hidden = false;
+    }
     a.draw();
     return a;
   }
@@ -78,6 +103,7 @@ export class Answer {
         el("span", { class: "which", text: `${this.shown + 1} / ${this.alts.length}` }),
         el("button", { type: "button", "aria-label": "Next answer", text: "›", onclick: () => this.pick(this.shown + 1) }));
     }
+    if (this.rec || this.alt(this.shown).timings) this.drawStats();
   }
 
   pick(i) {
@@ -91,7 +117,15 @@ export class Answer {
 
   /** The engine's numbers for this request (its record in /v1/stats), and a link to it in Activity. */
   showStats(rec) {
-    const parts = [];
+    this.rec = rec;
+    this.drawStats();
+    this.node.dataset.stop = rec?.stopReason ?? "";
+  }
+
+  /** The numbers of the answer shown: those kept with it, else its request's record. */
+  drawStats() {
+    const t = this.alt(this.shown).timings, rec = t ? fromTimings(t) : this.rec;
+    const id = t?.request_id ?? this.requestId, parts = [];
     if (rec && rec.generations > 0) {
       const ttft = (rec.queuedMs ?? 0) + rec.prefillMs;
       parts.push(`${rec.newTokens} tokens`, rec.decodeTokPerSec === null ? "" : `${rec.decodeTokPerSec.toFixed(1)} tok/s`,
@@ -101,9 +135,7 @@ export class Answer {
         + "measured by the engine), prompt " + rec.promptTokens + " tokens of which " + rec.reusedTokens + " reused";
     }
     this.stats.replaceChildren(el("span", { text: parts.filter(Boolean).join(" · ") }),
-      this.requestId ? el("span", { text: parts.length ? " · " : "" }) : "",
-      this.requestId ? el("a", { href: "#/activity/" + this.requestId, text: "request " + this.requestId,
-                                 title: "this request in Activity" }) : "");
-    this.node.dataset.stop = rec?.stopReason ?? "";
+      id ? el("span", { text: parts.length ? " · " : "" }) : "",
+      id ? el("a", { href: "#/activity/" + id, text: "request " + id, title: "this request in Activity" }) : "");
   }
 }

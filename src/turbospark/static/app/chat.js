@@ -25,6 +25,7 @@ export function entryNode(entry, i) {
       "aria-label": "Edit this message and continue from it (a new branch)", onclick: () => editing(i) })]);
   } else {
     entry.answer = entry.answer || Answer.fromItems(entry.items);
+    if (entry.answer.alts.length > 1 && !entry.answer.onpick) entry.answer.onpick = (k) => ops.choose(state.cid, entry, k);
     entry.node = entry.answer.node;
   }
   return entry.node;

@@ -4,7 +4,7 @@
 import { $, randomId } from "./dom.js";
 import { api, ApiError, banner } from "./api.js";
 import * as list from "./convlist.js";
-import { Answer } from "./answer.js";
+import { Answer, toTimings } from "./answer.js";
 import { record } from "./stats.js";
 import { append, copyable, create, imagesOf, removeItems, textOf, toMessages } from "./thread.js";
 import { choices, respond } from "./turn.js";
@@ -73,10 +73,14 @@ async function turn(s, run, userItem, before, said) {
   }
   answer.streaming(false);
   if (run.stopped) answer.end("stopped", answer.shown);
+  const rec = answer.requestId ? await record(answer.requestId) : null;
+  for (const a of answer.alts.length > 1 ? answer.alts : [])  // (each choice's own; the queue is the request's)
+    if (a.timings) Object.assign(a.timings, { queue_ms: rec?.queuedMs ?? 0, request_id: answer.requestId });
   // the server keeps a turn that ended; a stopped one, or several answers, are kept here
-  said.items = final && !run.stopped ? final.output : await keep(s.cid, userItem, answer);
-  answer.onpick = s.n > 1 ? (i) => { said.saving = pick(s.cid, said, i).catch((e) => banner(e.message)); } : null;
-  if (answer.requestId) answer.showStats(await record(answer.requestId));
+  said.items = final && !run.stopped ? final.output : await keep(s.cid, userItem, answer, rec);
+  if (s.n > 1) answer.onpick = (i) => choose(s.cid, said, i);
+  list.used(s.cid);
+  if (answer.requestId) answer.showStats(rec);
 }
 
 /** A message the server refused (a 4xx): out of the log, back in the composer. */
@@ -87,23 +91,42 @@ function unsent(userItem, e) {
   banner("Not sent: " + e.message);
 }
 
-async function keep(cid, userItem, answer) {
+async function keep(cid, userItem, answer, rec) {
   // (the server may have kept the turn just before the stop reached it)
   const tail = await api("/v1/conversations/" + encodeURIComponent(cid) + "/items?order=desc&limit=20");
   const at = tail.data.findIndex((i) => i.id === userItem.id);
   if (at >= 0) return tail.data.slice(0, at).reverse();
-  const a = answer.alt(answer.shown);
-  const reply = a.text ? [{ type: "message", role: "assistant", status: a.end ? "incomplete" : "completed",
-                            content: [{ type: "output_text", text: a.text }] }] : [];
+  if (answer.alts.length > 1) return (await append(cid, [userItem, chosen(answer.alts.map(kept), answer.shown)])).slice(1);
+  const a = kept(answer.alt(answer.shown));
+  const timings = toTimings(rec, answer.requestId);
+  const reply = textOf(a) ? [{ type: "message", role: "assistant", ...a, ...(timings ? { timings } : {}) }] : [];
   return (await append(cid, [userItem, ...reply])).slice(1);
 }
 
-/** Another of several answers picked: it becomes the kept one (the last answer only). */
+/** One answer as a conversation keeps it (its text, whether it ended, the engine's numbers). */
+function kept(a) {
+  return { status: a.end ? "incomplete" : "completed", content: [{ type: "output_text", text: a.text }],
+           ...(a.timings ? { timings: a.timings } : {}) };
+}
+
+/** Several answers as one item: the picked one's, with all of them (``alternatives``) and which (``chosen``). */
+function chosen(alternatives, i) {
+  return { type: "message", role: "assistant", ...alternatives[i], alternatives, chosen: i };
+}
+
+/** Another of several answers picked (the last answer only): kept as the conversation's, now or after a reload. */
+export function choose(cid, said, i) {
+  said.saving = pick(cid, said, i).catch((e) => banner(e.message));
+}
+
 async function pick(cid, said, i) {
   const entries = ui.state.entries;
   if (ui.state.busy || entries[entries.length - 1] !== said) return;
+  await said.saving;
+  const all = said.items.find((x) => Array.isArray(x.alternatives))?.alternatives || said.answer.alts.map(kept);
   await removeItems(cid, said.items);
-  said.items = await append(cid, [{ type: "message", role: "assistant", content: [{ type: "output_text", text: said.answer.alt(i).text }] }]);
+  said.items = await append(cid, [chosen(all, i)]);
+  list.used(cid);
 }
 
 export async function regenerate(s) {

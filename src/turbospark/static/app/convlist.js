@@ -1,5 +1,6 @@
 // The conversations list (GET /v1/conversations, this server's extension):
-// newest first, searched by title, paged; rename and delete in place.
+// the last used first (a turn, or an answer picked, moves one to the top),
+// searched by title, paged; rename and delete in place.
 import { api, banner } from "./api.js";
 import { $, el } from "./dom.js";
 import { remove, rename } from "./thread.js";
@@ -24,7 +25,7 @@ export async function load(more = false) {
   const q = "?limit=" + PAGE + (search ? "&search=" + encodeURIComponent(search) : "") +
             (more && last ? "&after=" + encodeURIComponent(last) : "");
   const page = await api("/v1/conversations" + q);
-  const rows = page.data.map(row);
+  const rows = page.data.filter((c) => !more || !$("c-list").querySelector(`li[data-id="${CSS.escape(c.id)}"]`)).map(row);
   if (more) $("c-list").append(...rows); else $("c-list").replaceChildren(...rows);
   last = page.last_id ?? last;
   $("c-more").hidden = !page.has_more;
@@ -34,6 +35,12 @@ export async function load(more = false) {
 export const titleOf = (c) => c.metadata?.title || "Untitled " + new Date(c.created_at * 1000).toLocaleString();
 
 export function prepend(c) { $("c-list").prepend(row(c)); setCurrent(c.id); }
+
+/** Conversation ``cid`` was just used (an item added): to the top, as the server now lists it. */
+export function used(cid) {
+  const li = $("c-list").querySelector(`li[data-id="${CSS.escape(cid)}"]`);
+  if (li && li !== $("c-list").firstElementChild) $("c-list").prepend(li);
+}
 
 function row(c) {
   const title = titleOf(c);

@@ -1,7 +1,8 @@
 // One answer, streamed through the server's own API. One answer: the
 // Responses API in the conversation (the server reads its items, appends the
 // turn's, and keeps its KV warm in the conversation's session). Several
-// (n > 1): Chat Completions with n, the same session (prompt_cache_key).
+// (n > 1): Chat Completions with n, the same session (prompt_cache_key), each
+// choice's engine numbers from its last chunk (llama.cpp's ``timings``).
 import { api, ApiError } from "./api.js";
 import { frames } from "./sse.js";
 
@@ -36,7 +37,7 @@ export async function respond(s, userItem, answer, signal) {
 
 /** Several answers at once; usage from the stream's last chunk. */
 export async function choices(s, messages, answer, signal) {
-  const body = { model: s.model, n: s.n, stream: true, stream_options: { include_usage: true },
+  const body = { model: s.model, n: s.n, stream: true, stream_options: { include_usage: true }, timings: true,
                  temperature: s.temperature, max_tokens: s.maxTokens, prompt_cache_key: "conversation:" + s.cid,
                  messages: [...(s.system ? [{ role: "system", content: s.system }] : []), ...messages] };
   const r = await api("/v1/chat/completions", { method: "POST", body, signal, raw: true });
@@ -55,6 +56,7 @@ export async function choices(s, messages, answer, signal) {
         if (tc.function?.arguments) answer.callArgs(tc.function.arguments, ch.index);
       }
       if (ch.finish_reason === "length") answer.end("incomplete", ch.index);
+      if (ch.finish_reason && c.timings) answer.alt(ch.index).timings = { ...c.timings };
     }
   }
 }
