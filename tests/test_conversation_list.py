@@ -1,5 +1,5 @@
 """``GET /v1/conversations`` (issue 44), this server's extension: the
-caller's conversations newest first, paged by ``after``/``limit``, each
+caller's conversations the last used first, paged by ``after``/``limit``, each
 tenant its own, titles searched in any case, expired ones gone; bad
 parameters are 400s in OpenAI's shape. Conversations are made with the
 official ``openai`` SDK; the listing (which the SDK has no method for) is

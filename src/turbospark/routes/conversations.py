@@ -2,8 +2,9 @@
 metadata and up to 20 first items), read, its metadata replaced, deleted;
 its items added (up to 20 at a time), listed (``after``/``limit``/``order``),
 read and deleted one by one; and this server's own ``GET
-/v1/conversations``, the caller's conversations newest first. ``responses.create(conversation=...)`` reads
-and extends the same list (``routes/stored.py``). Another tenant's
+/v1/conversations``, the caller's conversations, the last used first.
+``responses.create(conversation=...)`` reads and extends the same list
+(``routes/stored.py``). Another tenant's
 conversation is not found, as an unknown one; ``include`` asks for nothing
 this server has beyond the items themselves, so any value is refused."""
 
@@ -125,12 +126,12 @@ def _limit(request: Request) -> int:
 
 async def list_conversations(request: Request) -> Response:
     """This server's extension (OpenAI's API lists no conversations): the
-    caller's conversations, newest first, ``after`` a conversation id,
-    ``limit`` 1 to 100 (20), ``search``: only titles (``metadata.title``)
+    caller's conversations, the last used (an item added) first, ``after``
+    a conversation id, ``limit`` 1 to 100 (20), ``search``: only titles (``metadata.title``)
     holding it, in any case."""
     q = request.query_params
     if q.get("order", "desc") != "desc":
-        raise BadRequest("'order' must be 'desc': conversations are listed newest first", "order")
+        raise BadRequest("'order' must be 'desc': conversations are listed the last used first", "order")
     after, search = q.get("after") or None, q.get("search") or None
     listed = await store_of(request).listing(tenant_of(request), _limit(request), after, search)
     if listed is None:

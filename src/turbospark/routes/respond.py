@@ -27,9 +27,10 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 class Keeper(Protocol):
     """What keeps an answer before it is sent (``routes.stored.Turn``): the
-    answer's body, or the renderer's last one (a stream's)."""
+    answer's body (and the answer, for its engine numbers), or the
+    renderer's last one (a stream's)."""
 
-    async def write(self, body: dict[str, Any] | None) -> None: ...
+    async def write(self, body: dict[str, Any] | None, final: Final | None = None) -> None: ...
 
     async def keep(self, renderer: Renderer) -> None: ...
 
