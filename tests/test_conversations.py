@@ -2,7 +2,8 @@
 ``openai`` SDK: a conversation created, read, its metadata replaced and
 deleted; its items added, paged, read and deleted; ``responses.create``
 turns in a conversation (one streamed) reading its items first and
-appending theirs when they end, from warm KV; tenants kept apart."""
+appending theirs when they end, from warm KV, the last with the engine's
+numbers for its request; tenants kept apart."""
 
 from __future__ import annotations
 
