@@ -89,8 +89,71 @@ def test_a_client_that_leaves_mid_rerank_stops_its_pairs(live, monkeypatch):
     # its first step ran to its end; nothing after it: the rest were dropped, not scored
     wait_until(lambda: ranker.waiting == 0, 30, "the reranker's queue empties")
     assert 0 < held.pairs < N_DOCS and held.pairs == job.done, (held.pairs, job.done)
-    assert job.future.exception() is not None
+    # reported as a cut generation is: a rerank, cancelled, with the pairs it had scored
+    ranked = wait_event(events, rid, "ranked")
+    assert (ranked.model, ranked.stop_reason, ranked.pairs, ranked.steps) == ("rr", "cancelled", held.pairs, 1)
+    assert ranked.prompt_tokens == sum(map(len, job.pairs[: held.pairs])) and ranked.compute_seconds > 0
+    assert [e.kind for e in events.of(rid)] == ["requestStarted", "requestRouted", "ranked", "requestFinished"]
+    rec = next(x for x in httpx.get(srv.url + "/v1/stats", timeout=30).json()["records"] if x["id"] == rid)
+    assert (rec["kind"], rec["pairs"], rec["stopReason"], rec["status"]) == ("rerank", held.pairs, "cancelled", 499)
     # the server serves on: the next rerank gets every score
     r = httpx.post(srv.url + "/v1/rerank", json={"model": "rr", "query": QUERY, "documents": [DOC] * 3}, timeout=60)
     assert r.status_code == 200 and len(r.json()["results"]) == 3
     assert held.pairs == job.done + 3
+
+
+ROW = (
+    "(() => {{ const tr = document.querySelector('#rows tr[data-id=\"{rid}\"]');"
+    " return tr ? [...tr.children].map((td) => td.textContent) : null; }})()"
+)
+
+
+def choose_model(page: LivePage, name: str) -> None:
+    page.js(
+        f"(() => {{ const s = document.getElementById('model'); s.value = {json.dumps(name)};"
+        " s.dispatchEvent(new Event('change')); })()"
+    )
+
+
+def test_the_activity_view_shows_a_rerank_row_and_filters_it(live):
+    srv, events = live
+    chat = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "model": "smollm2-135m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
+    rr = httpx.post(srv.url + "/v1/rerank", json={"model": "rr", "query": QUERY, "documents": [DOC] * 5}, timeout=60)
+    assert chat.status_code == rr.status_code == 200
+    cid, rid = int(chat.headers["x-request-id"]), int(rr.headers["x-request-id"])
+    ranked = wait_event(events, rid, "ranked")
+    wait_event(events, rid, "requestFinished")
+    with LivePage(srv.url + "/dashboard") as page:
+        page.wait("document.getElementById('state').textContent === 'live'")
+        cells = page.wait(ROW.format(rid=rid))
+        # id, status, method, path, route, stream, prompt, new, media, encoded, prefill, decode, queued, overhead, tok/s
+        assert cells[1:6] == ["200", "POST", "/v1/rerank", "rr → rr", "no"], cells
+        assert (cells[6], cells[7]) == (str(ranked.prompt_tokens), "5 pairs"), cells
+        assert ranked.prompt_tokens == rr.json()["usage"]["total_tokens"]
+        assert cells[10] != "–" and cells[11] == "–" and cells[14] == "–", cells  # compute as prefill, no decode
+        assert page.js("document.getElementById('rerankBox').hidden") is False
+        stats = httpx.get(srv.url + "/v1/stats", timeout=30).json()
+        band = page.js("document.getElementById('reranks').textContent")
+        assert band.startswith(f"{stats['reranks']} ({stats['rerankPairs']} pairs, ") and stats["reranks"] >= 1, band
+        page.js(f"document.querySelector('#rows tr[data-id=\"{rid}\"]').click()")
+        details = json.loads(page.js("document.getElementById('details').textContent"))
+        assert details["kind"] == "rerank" and details["pairs"] == 5 and details["model"] == "rr", details
+        # the time chart has a bar for each (the rerank's compute as its prefill), the rate chart the chat only
+        shown = lambda: page.js("[...document.querySelectorAll('#rows tr')].map((tr) => Number(tr.dataset.id))")
+        points = lambda: (page.js("document.getElementById('timeChart').dataset.points"),
+                          page.js("document.getElementById('rateChart').dataset.points"))  # fmt: skip
+        records = stats["records"]
+
+        def expected(model: str) -> tuple[str, str]:  # (bars: timed requests, points: decode rates)
+            mine = [x for x in records if model in (x["served"], x["model"])]
+            return str(sum(x["kind"] is not None for x in mine)), str(sum(x["decodeTokPerSec"] is not None for x in mine))
+
+        assert cid in shown() and rid in shown()
+        choose_model(page, "rr")
+        assert rid in shown() and cid not in shown()
+        assert points() == expected("rr") and points()[1] == "0"
+        choose_model(page, "smollm2-135m")
+        assert cid in shown() and rid not in shown()
+        assert points() == expected("smollm2-135m") and points()[1] != "0"
+        assert not page.errors(), page.errors()
