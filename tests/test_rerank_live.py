@@ -102,6 +102,42 @@ def test_a_client_that_leaves_mid_rerank_stops_its_pairs(live, monkeypatch):
     assert held.pairs == job.done + 3
 
 
+def test_a_drains_deadline_cuts_a_rerank_and_reports_what_it_scored(live, monkeypatch):
+    """A server around the same reranker stops with a rerank inside its
+    first step and half a second to drain: at the deadline the rerank is
+    cut (its client gets the drain's 503 in its shape), its remaining pairs
+    are dropped, and its ``ranked`` says cancelled with the pairs scored."""
+    srv, _ = live
+    backend = srv.registry.lookup("rr").model
+    ranker = backend.engine.ranker
+    held = HeldStep(ranker, monkeypatch)
+    events = ListObserver()
+    other = Server(models=[backend], observer=events, drain_timeout=0.5).start()
+    answer: dict[str, httpx.Response] = {}
+
+    def ask() -> None:
+        answer["r"] = httpx.post(other.url + "/v1/rerank", json={"query": QUERY, "documents": [DOC] * N_DOCS}, timeout=60)
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    try:
+        assert held.inside.wait(60), "the rerank never reached the engine"
+        cut = threading.Event()
+        ranker._jobs[0].cancel.on_cancel(cut.set)
+        stopping = threading.Thread(target=other.stop, daemon=True)
+        stopping.start()
+        assert cut.wait(60), "the drain's deadline never cut the rerank"
+    finally:
+        held.release.set()
+    stopping.join(60)
+    asking.join(60)
+    r = answer["r"]
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"], r.text
+    ranked = wait_event(events, int(r.headers["x-request-id"]), "ranked")
+    assert (ranked.stop_reason, ranked.pairs) == ("cancelled", held.pairs) and 0 < held.pairs < N_DOCS
+    assert ranker.waiting == 0
+
+
 ROW = (
     "(() => {{ const tr = document.querySelector('#rows tr[data-id=\"{rid}\"]');"
     " return tr ? [...tr.children].map((td) => td.textContent) : null; }})()"
