@@ -116,7 +116,9 @@ def test_a_drains_deadline_cuts_a_rerank_and_reports_what_it_scored(live, monkey
     answer: dict[str, httpx.Response] = {}
 
     def ask() -> None:
-        answer["r"] = httpx.post(other.url + "/v1/rerank", json={"query": QUERY, "documents": [DOC] * N_DOCS}, timeout=60)
+        answer["r"] = httpx.post(
+            other.url + "/v1/rerank", json={"query": QUERY, "documents": [DOC] * N_DOCS}, timeout=60
+        )
 
     asking = threading.Thread(target=ask, daemon=True)
     asking.start()
@@ -183,7 +185,8 @@ def test_the_activity_view_shows_a_rerank_row_and_filters_it(live):
 
         def expected(model: str) -> tuple[str, str]:  # (bars: timed requests, points: decode rates)
             mine = [x for x in records if model in (x["served"], x["model"])]
-            return str(sum(x["kind"] is not None for x in mine)), str(sum(x["decodeTokPerSec"] is not None for x in mine))
+            bars = sum(x["kind"] is not None for x in mine)
+            return str(bars), str(sum(x["decodeTokPerSec"] is not None for x in mine))
 
         assert cid in shown() and rid in shown()
         choose_model(page, "rr")
