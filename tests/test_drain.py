@@ -136,26 +136,78 @@ def assert_log_complete(events: list[dict[str, Any]]) -> None:
         assert kinds[0] == "requestStarted" and kinds[-1] == "requestFinished", kinds
 
 
+def held_rerank(url: str, body: bytes) -> socket.socket:
+    """A rerank whose body waits: its headers sent with ``Expect:
+    100-continue``, returned once the server's 100 Continue says the app is
+    reading it (in flight: the drain waits for it)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=120)
+    sock.sendall(b"POST /v1/rerank HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 100"), got
+    return sock
+
+
+def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], Any]:
+    """An HTTP/1.1 answer with a Content-Length: (status, headers, JSON body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(rest) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk, rest
+        rest += chunk
+    return int(lines[0].split()[1]), headers, json.loads(rest)
+
+
 def test_sigterm_lets_four_dialect_streams_finish_refuses_new_requests_and_exits_0(tmp_path):
+    """Besides the four streams, a rerank (the tiny reranker beside the chat
+    model) whose body is sent after the signal is scored whole while the
+    server drains, as a new rerank is refused."""
+    from .reranker import write_reranker
+
+    reranker = write_reranker(tmp_path / "tiny-reranker.gguf")
+    docs = [f"the cat sat on the mat {i} times" for i in range(24)]
+    rerank_body = json.dumps({"query": "where do cats sleep", "documents": docs}).encode()
     # a drain window no loaded 2-core box outlasts: the streams must finish, not be cut
-    proc, url, log = serve(tmp_path, "--parallel", "4", "--drain-timeout", "300")
+    proc, url, log = serve(tmp_path, "--parallel", "4", "--drain-timeout", "300", "--rerank", str(reranker))
     readers = [Reader(name, url + path, body) for name, path, body in stream_bodies(128)]
+    held = None
     try:
         threads = [r.start() for r in readers]
         for r in readers:
             assert r.first_byte.wait(60), r.name
+        held = held_rerank(url, rerank_body)
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)  # the drain begins on the server's loop
         refused = httpx.post(url + "/v1/messages", json={"model": "m", "max_tokens": 4, "messages": COUNT}, timeout=30)
         health = httpx.get(url + "/health", timeout=30)
         ollama_refused = httpx.post(url + "/api/chat", json={"model": "m", "messages": COUNT}, timeout=30)
+        rerank_refused = httpx.post(url + "/v1/rerank", json={"query": "cats", "documents": ["a cat"]}, timeout=30)
+        held.sendall(rerank_body)  # the rerank in flight goes on: scored on the draining server
+        ranked_status, ranked_headers, ranked = read_answer(held)
         for t in threads:
             t.join(120)
     finally:
+        if held is not None:
+            held.close()
         err = finish(proc)
     assert proc.returncode == 0, err
-    assert "draining 4 request(s)" in err, err
+    assert "draining 5 request(s)" in err, err
+    # the rerank: 200 with every document's score; a new one refused in its shape
+    assert ranked_status == 200 and sorted(x["index"] for x in ranked["results"]) == list(range(len(docs))), ranked
+    assert rerank_refused.status_code == 503 and SHUTTING_DOWN in rerank_refused.json()["error"]["message"]
     # new work is refused in the caller's dialect, with a time to come back
     assert refused.status_code == 503 and refused.headers["retry-after"].isdigit()
     assert refused.json()["type"] == "error" and SHUTTING_DOWN in refused.json()["error"]["message"]
@@ -171,7 +223,11 @@ def test_sigterm_lets_four_dialect_streams_finish_refuses_new_requests_and_exits
         generated = [e for e in mine if e["kind"] == "generated"]
         assert len(generated) == 1 and generated[0]["stopReason"] != "cancelled", (r.name, mine)
         assert mine[-1].get("error") is None, (r.name, mine[-1])
+    mine = [e for e in events if e.get("id") == int(ranked_headers["x-request-id"])]
+    assert [e["kind"] for e in mine] == ["requestStarted", "requestRouted", "ranked", "requestFinished"], mine
+    assert mine[2]["pairs"] == len(docs) and "stopReason" not in mine[2] and mine[-1]["status"] == 200, mine
     refused_ids = {int(refused.headers["x-request-id"]), int(ollama_refused.headers["x-request-id"])}
+    refused_ids.add(int(rerank_refused.headers["x-request-id"]))
     for e in events:
         if e["kind"] == "requestFinished" and e["id"] in refused_ids:
             assert e["status"] == 503 and SHUTTING_DOWN in e["error"]

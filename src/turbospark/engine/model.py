@@ -547,9 +547,7 @@ class LlamaChatModel:
         if self.ranker is None:
             raise AdmissionError(f"model {self.model_id!r} is not a reranker (its GGUF's pooling is not rank)", "model")
         pairs = self.ranker.format.pairs(query, documents, truncate, max_doc_tokens)
-        ranking = self.ranker.submit(pairs.ids, cancel).result()
-        ranking.truncated = pairs.truncated
-        return ranking
+        return self.ranker.submit(pairs.ids, cancel, pairs.truncated).result()
 
     def close(self) -> None:
         with self._embedder_lock:

@@ -14,7 +14,8 @@ remaining pairs, then the next request's), up to :data:`PACK_TOKENS` tokens
 and :data:`MAX_SEQS` pairs a step (a pair longer than that goes alone), so
 two requests' pairs share decodes and a short request is not held behind a
 long one for more than a step. A cancelled request's remaining pairs are
-dropped before the next step.
+dropped before the next step; its future fails with :class:`RankCancelled`,
+which carries what it had scored (for its ``ranked`` event).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from .gguf import POOLING_RANK
 from .llama import Batch, ContextOptions, LlamaContext, LlamaModelFile, default_threads, lib
 from .rankpairs import PairFormat
-from .types import CancelFlag, EngineError, Ranking
+from .types import CancelFlag, EngineError, RankCancelled, Ranking
 
 log = logging.getLogger("turbospark.engine")
 
@@ -50,6 +51,8 @@ class RankJob:
 
     pairs: list[list[int]]
     cancel: CancelFlag
+    #: documents cut to fit (told by the caller, for its ranking)
+    truncated: int = 0
     future: Future[Ranking] = field(default_factory=Future)
     scores: list[float] = field(default_factory=list)
     #: the next pair to put in a step, and how many were scored
@@ -102,10 +105,11 @@ class Ranker:
         self._thread.start()
 
     # -- the caller's side ---------------------------------------------------------
-    def submit(self, pairs: list[list[int]], cancel: CancelFlag) -> Future[Ranking]:
-        """Queue a request's pairs; its future resolves with their scores in
-        order, or fails (cancelled: :class:`EngineError` naming why)."""
-        job = RankJob(pairs, cancel)
+    def submit(self, pairs: list[list[int]], cancel: CancelFlag, truncated: int = 0) -> Future[Ranking]:
+        """Queue a request's pairs (``truncated``: how many of its documents
+        were cut, for its ranking); its future resolves with their scores in
+        order, or fails (cancelled: :class:`RankCancelled` naming why)."""
+        job = RankJob(pairs, cancel, truncated)
         with self._cond:
             if self._closing or self.failure is not None:
                 raise EngineError(self.failure or "the reranker is closed")
@@ -154,7 +158,10 @@ class Ranker:
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._jobs if j.cancel.cancelled]:
             self._jobs.remove(job)
-            job.future.set_exception(job.cancel.error or EngineError(f"cancelled: {job.cancel.reason}"))
+            # (a step's pairs are scored together, a job's in order: its first ``done`` are scored)
+            done = job.pairs[: job.done]
+            partial = self._ranking(job, job.scores[: job.done], [len(p) for p in done], cancelled=True)
+            job.future.set_exception(RankCancelled(f"cancelled: {job.cancel.reason}", partial))
 
     def _plan(self) -> list[tuple[RankJob, int]]:
         """The next pairs, in order, as one step packs them."""
@@ -216,17 +223,21 @@ class Ranker:
         if error is not None:
             job.future.set_exception(error)
             return
+        job.future.set_result(self._ranking(job, job.scores, [len(p) for p in job.pairs]))
+
+    def _ranking(self, job: RankJob, scores: list[float], tokens: list[int], cancelled: bool = False) -> Ranking:
+        """``job``'s ranking now: its queue and compute times until this moment."""
         end = time.perf_counter()
         started = job.started if job.started is not None else end
-        job.future.set_result(
-            Ranking(
-                scores=job.scores,
-                token_counts=[len(p) for p in job.pairs],
-                queue_seconds=started - job.submitted,
-                compute_seconds=end - started,
-                steps=job.steps,
-                probabilities=self.probabilities,
-            )
+        return Ranking(
+            scores=scores,
+            token_counts=tokens,
+            queue_seconds=started - job.submitted,
+            compute_seconds=end - started,
+            steps=job.steps,
+            truncated=job.truncated,
+            probabilities=self.probabilities,
+            cancelled=cancelled,
         )
 
     def info(self) -> dict[str, object]:

@@ -288,6 +288,9 @@ class Ranking:
     #: the scores are probabilities already (a causal reranker's softmax
     #: over its labels, Qwen3-Reranker's), not logits
     probabilities: bool = False
+    #: cancelled before its last pair: ``scores`` holds the pairs scored
+    #: until then (the first ones, in order), ``token_counts`` their tokens
+    cancelled: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -371,6 +374,16 @@ class ReaderBehind(Exception):
 
 class EngineError(RuntimeError):
     """The engine failed while running a request (llama.cpp error, ...)."""
+
+
+class RankCancelled(EngineError):
+    """A rerank cancelled before its last pair was scored; ``ranking``:
+    what it had scored by then (``cancelled`` set), for its ``ranked``
+    event (the error its flag may carry, a drain's, is the flag's)."""
+
+    def __init__(self, message: str, ranking: Ranking) -> None:
+        super().__init__(message)
+        self.ranking = ranking
 
 
 class AdmissionError(ValueError):

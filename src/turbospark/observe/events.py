@@ -175,7 +175,9 @@ class Ranked(ServerEvent):
     reranker's engine thread: queue = submitted → its first step, compute =
     its first step → the end of its last (steps it shared with other
     requests' pairs included). ``truncated``: documents cut to fit
-    (omitted when none)."""
+    (omitted when none). A rerank cancelled before its last pair (its
+    client left, a drain's deadline) has ``stop_reason`` "cancelled" (else
+    omitted), its pairs and tokens those scored until then."""
 
     id: RequestId
     model: str
@@ -185,6 +187,8 @@ class Ranked(ServerEvent):
     compute_seconds: float
     steps: int
     truncated: int = 0
+    stop_reason: str | None = None
+    _optional: ClassVar[frozenset[str]] = frozenset({"stop_reason"})
 
     def to_dict(self) -> dict[str, Any]:
         out = ServerEvent.to_dict(self)

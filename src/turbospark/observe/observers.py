@@ -188,6 +188,7 @@ class Reporter:
                 compute_seconds=ranking.compute_seconds,
                 steps=ranking.steps,
                 truncated=ranking.truncated,
+                stop_reason="cancelled" if ranking.cancelled else None,
             ),
         )
 

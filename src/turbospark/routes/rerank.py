@@ -7,7 +7,8 @@ once): the dialect reads the body into a :class:`RerankAsk`, the model's
 blocking ``rerank`` runs in a worker thread while its pairs are scored on
 the reranker's engine thread, and the request's ``ranked`` event carries
 its pairs, tokens and times. A client that disconnects, or a drain's
-deadline, cancels the pairs not yet scored.
+deadline, cancels the pairs not yet scored; its ``ranked`` then says
+``stopReason: "cancelled"`` and counts the pairs scored before.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..core.backend import Backend
 from ..dialects import cohere_rerank as cohere
 from ..dialects import rerank as jina
 from ..dialects.rerank import RerankAsk
-from ..engine.types import CancelFlag, EngineError, Ranking
+from ..engine.types import CancelFlag, EngineError, RankCancelled, Ranking
 from .common import JSONResponse, dispatch, read_body, state_of
 from .respond import DisconnectWatch
 
@@ -34,18 +35,22 @@ async def rank(request: Request, requested: str | None, ask: RerankAsk) -> tuple
     returns the ranking and the id of the model that served it."""
     way = dispatch(request)
     cancel = way.ctx.cancel = CancelFlag()
+    served: list[str] = []  # the model it ran on (its last, in a replica group)
 
     async def run(model: Backend) -> Ranking:
         def blocking() -> Ranking:
             return model.rerank(ask.query, ask.documents, cancel, ask.truncate, ask.max_doc_tokens)
 
+        served.append(model.model_id)
         return await anyio.to_thread.run_sync(blocking)
 
     with way.state.drain.watch(cancel):
         async with DisconnectWatch(request.receive, cancel) as watch:
             try:
                 ranking, route = await way.run(requested, "rerank", run)
-            except EngineError:
+            except EngineError as exc:
+                if isinstance(exc, RankCancelled):  # what it scored until then, as a cut generation's
+                    way.ctx.reporting.ranked(served[-1], exc.ranking)
                 if cancel.error is not None:  # the drain's deadline, a client too slow
                     raise cancel.error from None
                 if watch.gone:

@@ -94,6 +94,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "model": _text,
         **dict.fromkeys(("pairs", "promptTokens", "steps", "truncated"), _int),
         **dict.fromkeys(("queueSeconds", "computeSeconds"), _number),
+        "stopReason": _text,
     },
     "requestFinished": {"id": _int, "status": _int, "durationMs": _number, "error": _text},
     "modelPull": {
@@ -505,7 +506,7 @@ class Fold:
             self._generated(self._record(rid), event)
         elif kind == "ranked":
             rec = self._record(rid)
-            rec.model = event.get("model")
+            rec.model, rec.stop_reason = event.get("model"), event.get("stopReason")
             for acc in (rec.rerank, self.rerank, self._model(rec.model).rerank):
                 acc.add(event)
         elif kind == "requestFinished":
