@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode  # noqa: E402
 
 from turbospark import ListObserver, Server  # noqa: E402
-from turbospark.observe import Generated, RequestFinished, RequestRouted, RequestStarted  # noqa: E402
+from turbospark.observe import Generated, Ranked, RequestFinished, RequestRouted, RequestStarted  # noqa: E402
 from turbospark.sinks.otel import OtelSink, otel_wanted, traces_url  # noqa: E402
 
 MODEL = "smollm2-135m"
@@ -201,6 +201,22 @@ def test_a_request_still_open_at_close_is_ended_incomplete():
     sink.close()
     (span,) = exporter.get_finished_spans()
     assert span.name == "chat m" and span.attributes["turbospark.incomplete"] is True
+
+
+def test_a_rerank_span_carries_its_pairs_and_a_cut_one_says_cancelled():
+    sink, exporter = memory_sink()
+    for rid, stop in ((1, None), (2, "cancelled")):
+        sink.record(RequestStarted(id=rid, at_ms=1000, method="POST", path="/v1/rerank"))
+        sink.record(RequestRouted(id=rid, requested="rr", served="rr", stream=False))
+        figures = {"pairs": 3, "prompt_tokens": 40, "queue_seconds": 0.1, "compute_seconds": 0.2, "steps": 1}
+        sink.record(Ranked(id=rid, model="rr", stop_reason=stop, **figures))
+        sink.record(RequestFinished(id=rid, status=200 if stop is None else 499, duration_ms=3))
+    sink.flush()
+    whole, cut = exporter.get_finished_spans()
+    assert whole.attributes["turbospark.rerank.pairs"] == 3 and whole.attributes["gen_ai.usage.input_tokens"] == 40
+    assert "gen_ai.response.finish_reasons" not in whole.attributes
+    assert tuple(cut.attributes["gen_ai.response.finish_reasons"]) == ("cancelled",)
+    sink.close()
 
 
 def test_500_is_an_error_and_a_raising_event_does_not_kill_the_worker():

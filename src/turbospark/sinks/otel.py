@@ -149,7 +149,7 @@ class OtelSink:
 
     # -- the observer ------------------------------------------------------------
     def record(self, event: ServerEvent) -> None:
-        if isinstance(event, (RequestStarted, RequestRouted, Generated, RequestFinished)):
+        if isinstance(event, (RequestStarted, RequestRouted, Generated, Ranked, RequestFinished)):
             self._queue.put((event, time.time_ns()))
 
     def trace_context(self, rid: int, carrier: dict[str, str]) -> None:
@@ -337,10 +337,14 @@ def _version() -> str:
 
 
 def _rerank_attributes(k: Ranked) -> dict[str, Any]:
-    """A rerank's pairs, their tokens and its times on the reranker's engine thread."""
-    return {
+    """A rerank's pairs, their tokens and its times on the reranker's engine
+    thread; one cut short (``stop_reason``) says so as a cut generation does."""
+    out: dict[str, Any] = {
         "gen_ai.usage.input_tokens": k.prompt_tokens,
         "turbospark.rerank.pairs": k.pairs,
         "turbospark.queue_seconds": k.queue_seconds,
         "turbospark.rerank.compute_seconds": k.compute_seconds,
     }
+    if k.stop_reason is not None:
+        out["gen_ai.response.finish_reasons"] = [k.stop_reason]
+    return out
