@@ -153,6 +153,14 @@ class LivePage:
     def type(self, text: str) -> None:
         self.call("Input.insertText", {"text": text}, page=True)
 
+    def choose_files(self, selector: str, paths: list[str]) -> None:
+        """Pick ``paths`` in the file input at ``selector``, as a person's
+        file dialog does (its ``change`` event fires)."""
+        params = {"expression": f"document.querySelector({json.dumps(selector)})"}
+        found = self.call("Runtime.evaluate", params, page=True)["result"]
+        assert found.get("subtype") == "node", f"no element {selector}"
+        self.call("DOM.setFileInputFiles", {"files": paths, "objectId": found["objectId"]}, page=True)
+
     def navigate(self, url: str) -> None:
         self.call("Page.navigate", {"url": url}, page=True)
 

@@ -5,6 +5,7 @@ import { $, randomId } from "./dom.js";
 import { api, ApiError, banner } from "./api.js";
 import * as list from "./convlist.js";
 import { Answer } from "./answer.js";
+import { restoreImage } from "./picker.js";
 import { record } from "./stats.js";
 import { append, copyable, create, imagesOf, removeItems, textOf, toMessages } from "./thread.js";
 import { choices, respond } from "./turn.js";
@@ -79,11 +80,12 @@ async function turn(s, run, userItem, before, said) {
   if (answer.requestId) answer.showStats(await record(answer.requestId));
 }
 
-/** A message the server refused (a 4xx): out of the log, back in the composer. */
+/** A message the server refused (a 4xx): out of the log, back in the composer (its image too). */
 function unsent(userItem, e) {
   ui.state.entries.splice(-2);
   ui.showAll();
   $("c-input").value = textOf(userItem);
+  for (const url of imagesOf(userItem)) restoreImage(url);
   banner("Not sent: " + e.message);
 }
 

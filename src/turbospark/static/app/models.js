@@ -51,22 +51,33 @@ export async function refresh() {
   }));
 }
 
+/** What the last reload did, in a line: ``added``, ``removed`` and ``reloaded`` are lists of
+ *  ids, ``failed`` maps an id to why it could not be loaded. */
+function lastReload(last) {
+  if (!last) return "not reloaded since the start";
+  const parts = [`last reload (${last.trigger}, ${new Date(last.at * 1000).toLocaleString()}): ` +
+    (last.ok ? "ok" : "failed: " + last.error)];
+  for (const k of ["added", "removed", "reloaded"]) if (last[k]?.length) parts.push(`${k}: ${last[k].join(", ")}`);
+  for (const [id, why] of Object.entries(last.failed || {})) parts.push(`${id} failed to load: ${why}`);
+  return parts.join("; ");
+}
+
 async function config() {
   let c;
   try { c = await api("/v1/admin/config"); } catch (e) { $("m-config-text").textContent = e.message; return; }
-  const last = c.last_reload;
   const lines = [`loaded at ${new Date(c.loaded_at * 1000).toLocaleString()}` + (c.watch ? " (watched)" : ""),
-    last ? `last reload (${last.trigger}, ${new Date(last.at * 1000).toLocaleString()}): ${last.ok ? "ok" : "failed: " + last.error}` +
-      ["added", "removed", "reloaded", "failed"].map((k) => (Object.keys(last[k] || {}).length ? `; ${k}: ${Object.keys(last[k]).join(", ")}` : "")).join("")
-      : "not reloaded since the start",
-    "", "presets:", ...c.models.map((m) => `  ${m.id} (${m.state}): ${JSON.stringify(m.preset)}`)];
+    lastReload(c.last_reload), "", "presets:", ...c.models.map((m) => `  ${m.id} (${m.state}): ${JSON.stringify(m.preset)}`)];
   $("m-config-text").textContent = lines.join("\n");
 }
 
-/** The server's model events (attached, detached, pulls) keep the view current. */
+/** The server's model events (attached, detached, pulls) keep the view current, and the config
+ *  file's (a reload made elsewhere, by SIGHUP, a watch or another client, attaches and detaches). */
 async function follow() {
   let timer = null;
-  const later = () => { clearTimeout(timer); timer = setTimeout(() => refresh().catch(() => {}), 200); };
+  const later = () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => { refresh().catch(() => {}); if (admin) config(); }, 200);
+  };
   for (;;) {
     try {
       const r = await fetch("/v1/events", { headers: authHeaders(), cache: "no-store" });
@@ -92,6 +103,7 @@ export async function mount() {
   $("m-pull").addEventListener("click", start);
   $("m-name").addEventListener("keydown", (e) => { if (e.key === "Enter") start(); });
   $("m-reload").addEventListener("click", async () => {
+    $("m-note").textContent = "";  // (an earlier refusal's message is no longer true)
     try { await api("/v1/admin/config/reload", { method: "POST" }); } catch (e) { $("m-note").textContent = e.message; }
     await config(); await refresh();
   });
