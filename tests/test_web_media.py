@@ -39,7 +39,7 @@ from .media_samples import RED  # noqa: E402
 from .mmproj import N_IMAGE_TOKENS, write_mmproj  # noqa: E402
 from .support import wait_until  # noqa: E402
 from .test_media_dialects import png_declaring  # noqa: E402
-from .web_support import CHAT, answer_js, foreign, idle, send, shot  # noqa: E402
+from .web_support import CHAT, answer_js, enter, foreign, idle, send, shot  # noqa: E402
 
 CONFIG = """
 [defaults]
@@ -99,6 +99,12 @@ def items(srv: Server, cid: str) -> list[dict[str, Any]]:
     return r.json()["data"]
 
 
+def press_attach(page: LivePage) -> None:
+    """The Image button pressed from the keyboard (Enter): the file chooser opens."""
+    page.js("document.getElementById('c-attach').focus()")
+    enter(page)
+
+
 THUMBS = "[...document.querySelectorAll('#c-log .msg.user img.attached')]"
 
 
@@ -116,7 +122,7 @@ def test_an_image_attached_in_the_page_reaches_the_engine_and_stays(served, page
     # a picture the server refuses (a decompression bomb): not sent, back in the composer with its text
     bomb = tmp_path / "bomb.png"
     bomb.write_bytes(png_declaring(100_000, 100_000))
-    page.choose_files("#c-file", [str(bomb)])
+    page.choose_files([str(bomb)], lambda: press_attach(page))
     page.wait("document.getElementById('c-attached').textContent.includes('bomb.png')")
     send(page, "Look at this.")
     page.wait("document.getElementById('banner').textContent.startsWith('Not sent:')")
@@ -130,7 +136,7 @@ def test_an_image_attached_in_the_page_reaches_the_engine_and_stays(served, page
 
     picture = tmp_path / "red.png"
     picture.write_bytes(RED)
-    page.choose_files("#c-file", [str(picture)])
+    page.choose_files([str(picture)], lambda: press_attach(page))
     page.wait("document.getElementById('c-attached').textContent.includes('red.png')")
     send(page, "What is in the picture?")
     idle(page)
