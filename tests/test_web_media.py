@@ -117,7 +117,7 @@ def test_an_image_attached_in_the_page_reaches_the_engine_and_stays(served, page
     assert page.js("document.getElementById('c-attach').hidden")
     pick(page, "eye")
     assert not page.js("document.getElementById('c-attach').hidden")
-    page.js("document.getElementById('c-max').value = '12'")
+    page.js("document.getElementById('c-max').value = '12'; document.getElementById('c-temp').value = '0'")
 
     # a picture the server refuses (a decompression bomb): not sent, back in the composer with its text
     bomb = tmp_path / "bomb.png"
@@ -157,8 +157,8 @@ def test_an_image_attached_in_the_page_reaches_the_engine_and_stays(served, page
         {"type": "input_text", "text": "What is in the picture?"},
         {"type": "input_image", "image_url": RED_URL},
     ]
-    kept = said[1]["content"][0]["text"]
-    assert kept and page.js(f"{answer_js()}.body.textContent").startswith(kept.strip())  # (then "(incomplete)")
+    kept = said[1]["content"][0]["text"]  # (the streamed text, as the page kept it, and shown)
+    assert kept and page.js(f"{answer_js()}.alts[0].text") == kept and page.js(f"{answer_js()}.body.textContent")
     # a thumbnail in the thread (decoded: the page's CSP lets a data: image load)
     page.wait(f"{THUMBS}.length === 1 && {THUMBS}[0].complete && {THUMBS}[0].naturalWidth === 56")
     shot(page, "image")
@@ -229,6 +229,10 @@ def test_the_config_files_presets_and_its_reloads(served, page: LivePage):
     assert r.status_code == 200 and r.json()["added"] == ["wide"], r.text
     page.wait("document.getElementById('m-config-text').textContent.includes('ok; added: wide; removed: far')")
     page.wait(f"!!document.querySelector('{row('wide')}') && !document.querySelector('{row('far')}')")
+    # a model the file names that cannot be loaded: the reload is ok, that model said to have failed
+    (config.parent / "junk.gguf").write_bytes(b"this is not a GGUF file")
+    text = reload_from_the_page(page, config, EDITED + '\n[models.junk]\nmodel = "junk.gguf"\n', "junk failed")
+    assert "ok; junk failed to load: " in text, text
     assert not page.errors(), page.errors()
 
 
