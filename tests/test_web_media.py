@@ -207,7 +207,11 @@ def test_the_config_files_presets_and_its_reloads(served, page: LivePage):
     far = next(line for line in lines if line.strip().startswith("far ("))
     assert "(loaded)" in eye and '"mmproj":"projectors/eye.gguf"' in eye and '"temperature":0' in eye, eye
     assert '"kind":"remote"' in far and '"model":"elsewhere"' in far, far
+    # a remote preset's row: another server runs it (no file, nothing resident, nothing to load or delete)
     page.wait(f"!!document.querySelector('{row('far')}')")
+    cells = page.js(f"[...document.querySelector('{row('far')}').children].map((td) => td.textContent)")
+    assert cells[1:4] + cells[5:6] + cells[8:] == ["remote", "–", "–", "–", ""], cells
+    assert cells[4] == "8192" and cells[7] == "loaded", cells
     shot(page, "presets")
 
     # edited: far removed, wide added (a remote: nothing loads); eye unchanged
