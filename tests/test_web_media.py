@@ -130,6 +130,9 @@ def test_an_image_attached_in_the_page_reaches_the_engine_and_stays(served, page
     assert "pixels" in page.js("document.getElementById('banner').textContent")
     assert page.js(f"[{CHAT}.entries.length, document.getElementById('c-input').value]") == [0, "Look at this."]
     assert "bomb.png" in page.js("document.getElementById('c-attached').textContent")
+    # the conversation made for it holds nothing: it is gone again (the next message makes its own)
+    page.wait(f"{CHAT}.cid === null && document.querySelectorAll('#c-list li').length === 0")
+    assert httpx.get(srv.url + "/v1/conversations", timeout=10).json()["data"] == []
     page.js("document.querySelector('#c-attached button').click()")  # removed (✕), the text cleared
     page.js("document.getElementById('c-input').value = ''")
     assert page.js("document.getElementById('c-attached').textContent") == ""
@@ -151,6 +154,8 @@ def test_an_image_attached_in_the_page_reaches_the_engine_and_stays(served, page
     assert streamed and streamed[-1]["response"]["mimeType"] == "text/event-stream"
     # kept in the conversation: the user item carries the image as sent
     cid = page.js(f"{CHAT}.cid")
+    (listed,) = httpx.get(srv.url + "/v1/conversations", timeout=10).json()["data"]
+    assert listed["id"] == cid and listed["metadata"]["title"] == "What is in the picture?", listed
     said = items(srv, cid)
     assert [(i["role"], i["type"]) for i in said] == [("user", "message"), ("assistant", "message")]
     assert said[0]["content"] == [
