@@ -217,7 +217,6 @@ def test_the_config_files_presets_and_its_reloads(served, page: LivePage):
     cells = page.js(f"[...document.querySelector('{row('far')}').children].map((td) => td.textContent)")
     assert cells[1:4] + cells[5:6] + cells[8:] == ["remote", "–", "–", "–", ""], cells
     assert cells[4] == "8192" and cells[7] == "loaded", cells
-    shot(page, "presets")
 
     # edited: far removed, wide added (a remote: nothing loads); eye unchanged
     text = reload_from_the_page(page, config, EDITED, "last reload (admin")
