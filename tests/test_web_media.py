@@ -5,15 +5,19 @@ vision projector (tests/mmproj.py: 16 tokens an image), and ``far``, a
 remote preset nothing answers for (never asked: it only shows in the
 lists). No keys, on loopback: the admin parts of the page show.
 
-Chat: the attach button shows for ``eye`` only; an image chosen in the
-page's file input goes with the message, the answer streams, and the image
-reached the engine (the request's ``generated`` event counts it and its
-tokens), is kept in the conversation as an ``input_image``, shows as a
-thumbnail, and again after a reload; the next turn still has it in its
-prompt. Models: the file's presets with their sections, then the file
-edited and reloaded from the page (what was added and removed), then a
-broken file (its error shown, the presets in force kept). Random weights:
-the answer's text is never judged. One server, one browser."""
+Chat: the Image button shows for ``eye`` only; an image it chooses (the
+file chooser answered over the DevTools protocol) goes with the message, the
+answer streams, and the image reached the engine (the request's
+``generated`` event counts it and its tokens), is kept in the conversation
+as an ``input_image``, shows as a thumbnail, and again after a reload; the
+next turn still has it in its prompt. An image the server refuses goes
+back to the composer with its message, and the conversation made for it
+is deleted again. Models: the file's presets with their sections (a remote
+one's row says so), then the file edited and reloaded from the page (what
+was added and removed), a broken file (its error shown, the presets in
+force kept), a reload by another client (the view follows), a model that
+fails to load. Random weights: the answer's text is never judged. One
+server, one browser."""
 
 from __future__ import annotations
 
@@ -172,7 +176,8 @@ def test_an_image_attached_in_the_page_reaches_the_engine_and_stays(served, page
     send(page, "And its colour?")
     idle(page)
     g2 = generated(seen, page.js(f"{answer_js()}.requestId"))
-    assert (g2.media_items, g2.media_tokens) == (1, N_IMAGE_TOKENS) and g2.prompt_tokens > g.prompt_tokens
+    assert (g2.media_items, g2.media_tokens, g2.media_encoded) == (1, N_IMAGE_TOKENS, 0), g2.to_dict()
+    assert g2.prompt_tokens > g.prompt_tokens and g2.reused_prefix_tokens > N_IMAGE_TOKENS, g2.to_dict()
 
     # a reload: the conversation opens with its thumbnail
     page.navigate(srv.url + "/")
