@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -152,6 +153,21 @@ class LivePage:
 
     def type(self, text: str) -> None:
         self.call("Input.insertText", {"text": text}, page=True)
+
+    def choose_files(self, paths: list[str], press: Callable[[], None], timeout: float = 30) -> None:
+        """Answer the file chooser that ``press`` (a person's key or click:
+        a chooser needs one) opens with ``paths``, as a person's file dialog
+        does (the input's ``change`` event fires)."""
+        self.call("Page.setInterceptFileChooserDialog", {"enabled": True}, page=True)
+        before = len(self.seen("Page.fileChooserOpened"))
+        press()
+        deadline = time.monotonic() + timeout
+        while len(self.seen("Page.fileChooserOpened")) == before:  # (events come with replies)
+            assert time.monotonic() < deadline, "no file chooser opened"
+            self.js("0")
+            time.sleep(0.05)
+        chooser = self.seen("Page.fileChooserOpened")[-1]
+        self.call("DOM.setFileInputFiles", {"files": paths, "backendNodeId": chooser["backendNodeId"]}, page=True)
 
     def navigate(self, url: str) -> None:
         self.call("Page.navigate", {"url": url}, page=True)

@@ -24,7 +24,8 @@ from uvicorn.server import HANDLED_SIGNALS
 
 from .access.auth import Auth, check_bind, read_key_file
 from .access.guard import policy_from
-from .compose import ConfigReloader, assemble
+from .compose import ConfigReloader, Reading, assemble, follow_config
+from .config import ConfigError, load_config, model_fields
 from .models.catalog import DEFAULT_MODEL
 from .models.loading import ModelArg
 from .models.registry import STALL_TIMEOUT, Registry
@@ -129,17 +130,46 @@ class Server:
         self._server: LiveUvicorn | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.config_file: ConfigReloader | None = None  # (from_config's)
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    @classmethod
+    def from_config(cls, path: str, models: Iterable[ModelArg] = (), *, watch: bool = False, **kw: Any) -> Server:
+        """A server of the config file at ``path`` (docs/MODELS.md): its
+        models (and ``models`` after them), its ``[defaults]`` over
+        ``model_defaults`` for a model attached later, its ``default = true``
+        section as ``default_model``; reloadable as ``turbospark serve
+        --config``'s (``POST /v1/admin/config/reload``; ``watch``: also when
+        it changes). Other arguments as :class:`Server`'s; ``[server]``
+        settings are refused (give them as those arguments), and so is a
+        ``pull`` section (no store resolves it here). :class:`ConfigError`
+        names a bad file's problem."""
+        given = dict(kw.pop("model_defaults", None) or {})
+
+        def read() -> Reading:
+            cfg = load_config(path)
+            if cfg.server:
+                raise ConfigError(f"{path}: [server] is turbospark serve's; give Server(...) its settings instead")
+            return cfg, {**given, **model_fields(cfg.defaults)}
+
+        first = read()
+        kw.setdefault("default_model", first[0].default)
+        server = cls([*first[0].models, *models], model_defaults=first[1], **kw)
+        keys = {"api_keys": len(server.auth.api_keys), "admin_keys": len(server.auth.admin_keys)}
+        server.config_file = follow_config(server.assembly, path, read, first, keys, watch)
+        return server
+
     def start(self, timeout: float = 30.0) -> Server:
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn_config(self.app, self._log_level, self.send_timeout, self.body_timeout, self.assembly.drain)
-        self._server = server = LiveUvicorn(config, self.live, self.registry, self.assembly.drain, self.drain_timeout)
+        self._server = server = LiveUvicorn(
+            config, self.live, self.registry, self.assembly.drain, self.drain_timeout, self.config_file
+        )
 
         def run() -> None:
             async def main() -> None:

@@ -5,8 +5,9 @@ import { $, randomId } from "./dom.js";
 import { api, ApiError, banner } from "./api.js";
 import * as list from "./convlist.js";
 import { Answer, toTimings } from "./answer.js";
+import { restoreImage } from "./picker.js";
 import { record } from "./stats.js";
-import { append, copyable, create, imagesOf, removeItems, textOf, toMessages } from "./thread.js";
+import { append, copyable, create, imagesOf, remove, removeItems, textOf, toMessages } from "./thread.js";
 import { choices, respond } from "./turn.js";
 
 let ui = null;  // chat.js: its state and drawing
@@ -26,11 +27,12 @@ export function stop() {
   run.controller.abort();
 }
 
-/** The conversation to write to (made on the first message, titled by it). */
-async function target(text) {
+/** The conversation to write to (made on the first message, titled by it: ``run.made``). */
+async function target(text, run) {
   if (ui.state.cid) return ui.state.cid;
   const title = (text.trim() || "Image").replace(/\s+/g, " ").slice(0, 60);
   const made = await create({ title });
+  run.made = made.id;
   ui.state.cid = made.id;
   ui.setTitle(title);
   list.prepend(made);
@@ -42,7 +44,7 @@ export async function send(s, text, images) {
   const run = { controller: new AbortController(), stopped: false };
   busy(run);
   try {
-    s = { ...s, cid: await target(text) };
+    s = { ...s, cid: await target(text, run) };
     const userItem = { type: "message", role: "user", id: randomId("msg_"),
       content: [{ type: "input_text", text }, ...images.map((url) => ({ type: "input_image", image_url: url }))] };
     const before = ui.state.entries.slice();
@@ -68,7 +70,7 @@ async function turn(s, run, userItem, before, said) {
     else final = await respond(s, userItem, answer, run.controller.signal);
   } catch (e) {
     answer.streaming(false);
-    if (e instanceof ApiError && e.status >= 400 && e.status < 500) return unsent(userItem, e);
+    if (e instanceof ApiError && e.status >= 400 && e.status < 500) return await unsent(userItem, e, run.made);
     if (e.name !== "AbortError") answer.fail(e.message);
   }
   answer.streaming(false);
@@ -83,12 +85,23 @@ async function turn(s, run, userItem, before, said) {
   if (answer.requestId) answer.showStats(rec);
 }
 
-/** A message the server refused (a 4xx): out of the log, back in the composer. */
-function unsent(userItem, e) {
+/** A message the server refused (a 4xx): out of the log, back in the composer (its image too);
+ *  the conversation made for it (``made``), which holds nothing, is gone again. */
+async function unsent(userItem, e, made) {
   ui.state.entries.splice(-2);
   ui.showAll();
   $("c-input").value = textOf(userItem);
-  banner("Not sent: " + e.message);
+  for (const url of imagesOf(userItem)) restoreImage(url);
+  if (made) {
+    try {
+      await remove(made);
+      list.drop(made);
+      ui.state.cid = null;
+      ui.setTitle("");
+      history.replaceState(null, "", "#/chat");
+    } catch { /* (kept, then: it is in the list) */ }
+  }
+  banner("Not sent: " + e.message);  // (after the calls above: a call that works clears the banner)
 }
 
 async function keep(cid, userItem, answer, rec) {

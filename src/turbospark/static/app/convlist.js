@@ -42,6 +42,12 @@ export function used(cid) {
   if (li && li !== $("c-list").firstElementChild) $("c-list").prepend(li);
 }
 
+/** A conversation gone (deleted by the chat): out of the list, and no longer the current one. */
+export function drop(cid) {
+  for (const li of [...$("c-list").children]) if (li.dataset.id === cid) li.remove();
+  if (current === cid) setCurrent(null);
+}
+
 function row(c) {
   const title = titleOf(c);
   const open = el("button", { type: "button", class: "open", text: title, title, onclick: () => onOpen(c.id) });

@@ -10,7 +10,8 @@ import { frames } from "./sse.js";
 
 let mounted = false, admin = false;
 
-function source(name) {
+function source(name, m) {
+  if (m?.upstream) return "remote";  // (another server runs it: /v1/models names its upstream)
   if (/^https?:/.test(name)) return "URL";
   if (name.includes("/")) return "Hugging Face";
   return name.includes(":") ? "Ollama" : "local";
@@ -23,6 +24,7 @@ async function isAdmin() {  // (asked quietly: no key prompt for a refusal here)
 function actions(name, m, loaded) {
   const act = (text, label, fn) => el("button", { type: "button", text, "aria-label": label + " " + name, onclick: () => run(fn) });
   const out = [];
+  if (m?.upstream) return out;  // (a remote model: nothing here to load, unload or delete)
   if (m && !loaded) out.push(act("Load", "Load", () => api("/api/generate", { method: "POST", body: { model: name, stream: false } })));
   if (loaded) out.push(act("Unload", "Unload", () => api("/api/generate", { method: "POST", body: { model: name, keep_alive: 0, stream: false } })));
   if (admin && source(name) !== "local") out.push(act("Delete", "Delete", () => api("/api/delete", { method: "DELETE", body: { model: name } })));
@@ -40,33 +42,45 @@ export async function refresh() {
   const names = [...new Set([...v1.data.map((m) => m.id), ...tags.models.map((t) => t.name)])];
   const tag = new Map(tags.models.map((t) => [t.name, t]));
   $("m-rows").replaceChildren(...names.map((name) => {
-    const m = served.get(name), t = tag.get(name), r = resident.get(name);
-    const loaded = m?.state === "loaded" || (r && r.state === "loaded");
+    const m = served.get(name), remote = Boolean(m?.upstream);
+    const t = remote ? null : tag.get(name), r = remote ? null : resident.get(name);  // (no file, nothing resident)
+    const loaded = m?.state === "loaded" || r?.state === "loaded";
     const caps = m ? Object.entries(m.capabilities || {}).filter(([, on]) => on).map(([k]) => k).join(", ") : "";
     const td = (text, cls) => el("td", { class: cls, text: text ?? "–" });
-    return el("tr", { "data-model": name }, td(name, "l"), td(source(name), "l"), td(t?.details?.quantization_level, "l"),
+    return el("tr", { "data-model": name }, td(name, "l"), td(source(name, m), "l"), td(t?.details?.quantization_level, "l"),
       td(t ? size(t.size) : null), td(m?.context_length ?? r?.context_length), td(r ? size(r.size) : null),
       el("td", { class: "l" }, el("span", { class: "caps", text: caps })), td(loaded ? "loaded" : m?.state ?? "in store", "l"),
       el("td", { class: "l" }, ...actions(name, m || t, loaded)));
   }));
 }
 
+/** What the last reload did, in a line: ``added``, ``removed`` and ``reloaded`` are lists of
+ *  ids, ``failed`` maps an id to why it could not be loaded. */
+function lastReload(last) {
+  if (!last) return "not reloaded since the start";
+  const parts = [`last reload (${last.trigger}, ${new Date(last.at * 1000).toLocaleString()}): ` +
+    (last.ok ? "ok" : "failed: " + last.error)];
+  for (const k of ["added", "removed", "reloaded"]) if (last[k]?.length) parts.push(`${k}: ${last[k].join(", ")}`);
+  for (const [id, why] of Object.entries(last.failed || {})) parts.push(`${id} failed to load: ${why}`);
+  return parts.join("; ");
+}
+
 async function config() {
   let c;
   try { c = await api("/v1/admin/config"); } catch (e) { $("m-config-text").textContent = e.message; return; }
-  const last = c.last_reload;
   const lines = [`loaded at ${new Date(c.loaded_at * 1000).toLocaleString()}` + (c.watch ? " (watched)" : ""),
-    last ? `last reload (${last.trigger}, ${new Date(last.at * 1000).toLocaleString()}): ${last.ok ? "ok" : "failed: " + last.error}` +
-      ["added", "removed", "reloaded", "failed"].map((k) => (Object.keys(last[k] || {}).length ? `; ${k}: ${Object.keys(last[k]).join(", ")}` : "")).join("")
-      : "not reloaded since the start",
-    "", "presets:", ...c.models.map((m) => `  ${m.id} (${m.state}): ${JSON.stringify(m.preset)}`)];
+    lastReload(c.last_reload), "", "presets:", ...c.models.map((m) => `  ${m.id} (${m.state}): ${JSON.stringify(m.preset)}`)];
   $("m-config-text").textContent = lines.join("\n");
 }
 
-/** The server's model events (attached, detached, pulls) keep the view current. */
+/** The server's model events (attached, detached, pulls) keep the view current, and the config
+ *  file's (a reload made elsewhere, by SIGHUP, a watch or another client, attaches and detaches). */
 async function follow() {
   let timer = null;
-  const later = () => { clearTimeout(timer); timer = setTimeout(() => refresh().catch(() => {}), 200); };
+  const later = () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => { refresh().catch(() => {}); if (admin) config(); }, 200);
+  };
   for (;;) {
     try {
       const r = await fetch("/v1/events", { headers: authHeaders(), cache: "no-store" });
@@ -92,6 +106,7 @@ export async function mount() {
   $("m-pull").addEventListener("click", start);
   $("m-name").addEventListener("keydown", (e) => { if (e.key === "Enter") start(); });
   $("m-reload").addEventListener("click", async () => {
+    $("m-note").textContent = "";  // (an earlier refusal's message is no longer true)
     try { await api("/v1/admin/config/reload", { method: "POST" }); } catch (e) { $("m-note").textContent = e.message; }
     await config(); await refresh();
   });

@@ -24,9 +24,20 @@ export function capabilities() {
   if ($("c-attach").hidden) clearImage();
 }
 
-let image = null;
+let image = null;  // the pending image (a data: URL)
+let last = { url: null, name: "" };  // the last one attached: a refused message gives it back
 export const pendingImage = () => image;
 export function clearImage() { image = null; $("c-attached").textContent = ""; $("c-file").value = ""; }
+
+function attach(url, name) {
+  image = url;
+  last = { url, name };
+  $("c-attached").replaceChildren(el("span", { text: name + " " }),
+    el("button", { type: "button", text: "✕", "aria-label": "Remove the image", onclick: clearImage }));
+}
+
+/** A message the server refused: its image pending again, as it was. */
+export function restoreImage(url) { attach(url, url === last.url ? last.name : "image"); }
 
 export function setupImages() {
   $("c-model").addEventListener("change", capabilities);
@@ -35,11 +46,7 @@ export function setupImages() {
     const file = $("c-file").files[0];
     if (!file) return;
     const reader = new FileReader();
-    reader.onload = () => {
-      image = reader.result;
-      $("c-attached").replaceChildren(el("span", { text: file.name + " " }),
-        el("button", { type: "button", text: "✕", "aria-label": "Remove the image", onclick: clearImage }));
-    };
+    reader.onload = () => attach(reader.result, file.name);
     reader.readAsDataURL(file);
   });
 }
