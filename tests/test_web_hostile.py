@@ -4,7 +4,7 @@ Markdown renders inert (no dialog, no script run, no request to another
 origin: checked through the DevTools protocol); several answers at once with
 arrows, all kept with the picked one and their numbers (a reload shows them
 and the pick still changes); regenerate; an earlier message edited into a
-new branch; the list by last use; a 200-turn conversation that opens and
+new branch; the list by last use; reasoning streamed folded; a 200-turn conversation that opens and
 scrolls. One server
 (no keys: loopback), one browser."""
 
@@ -36,6 +36,7 @@ SCRIPTS = [
     Script(["Regenerated ", "answer."]),
     Script(["Branch ", "answer."]),
     Script(["Later ", "answer."]),
+    Script(["<think>", "The user wants ", "a short ", "answer.", "</think>", "\n\nShort", " answer."]),
 ]
 
 
@@ -149,6 +150,29 @@ def test_several_answers_regenerate_and_a_branch(scripted_page):
     page.navigate(f"{srv.url}/#/chat/{cid}")
     page.wait("document.getElementById('c-list').dataset.loaded === '1'")
     assert page.js("[...document.querySelectorAll('#c-list li')].map((li) => li.dataset.id)") == [cid, branch]
+
+
+def test_reasoning_streams_folded_and_comes_back_after_a_reload(scripted_page):
+    """A model that thinks: its reasoning streams into a folded box, apart
+    from the answer, and is kept with the turn (a reload shows it again)."""
+    srv, page = scripted_page
+    page.js("document.getElementById('c-new').click()")
+    page.wait(f"{CHAT}.cid === null && {CHAT}.entries.length === 0")
+    send(page, "Think first.")
+    page.wait(f"{answer_js()}.reasoningBox.lastChild.textContent.length > 0")  # (seen while it streams)
+    idle(page)
+    box = f"{answer_js()}.reasoningBox"
+    assert page.js(f"{box}.hidden") is False and page.js(f"{box}.open") is False
+    assert page.js(f"{box}.lastChild.textContent") == "The user wants a short answer."
+    assert page.js(f"{answer_js()}.body.textContent").strip() == "Short answer."
+    cid = page.js(f"{CHAT}.cid")
+    items = httpx.get(f"{srv.url}/v1/conversations/{cid}/items?order=asc", timeout=10).json()["data"]
+    kinds = [i["type"] for i in items]
+    assert kinds == ["message", "reasoning", "message"], kinds
+    page.navigate(f"{srv.url}/#/chat/{cid}")
+    page.wait(f"{CHAT}.cid === '{cid}' && {CHAT}.entries.length === 2")
+    assert page.js(f"{box}.lastChild.textContent") == "The user wants a short answer."
+    assert page.js(f"{box}.open") is False and page.js(f"{answer_js()}.body.textContent").strip() == "Short answer."
 
 
 def test_a_long_conversation_opens_and_scrolls(scripted_page):
