@@ -34,13 +34,14 @@ from .web_support import (
 )
 
 KEYS = ("web-key-a", "web-key-b")
+ADMIN = "web-admin-key"
 
 
 @pytest.fixture(scope="module")
 def chatting(server, tmp_path_factory):
     seen = ListObserver()
     state = str(tmp_path_factory.mktemp("state"))
-    with fresh_server(server, observers=[seen], api_keys=KEYS, state_dir=state) as srv:
+    with fresh_server(server, observers=[seen], api_keys=KEYS, admin_keys=[ADMIN], state_dir=state) as srv:
         yield srv, seen
 
 
@@ -129,7 +130,8 @@ def test_chat_streams_stops_and_keeps_the_conversation(chatting):
 def test_another_browser_and_a_phone(chatting):
     """A second browser profile, 390 px wide: with the other key it sees no
     conversation of the first; with the same key it does. Nothing scrolls
-    sideways in any view; an inference key sees no admin action."""
+    sideways in any view; an inference key sees no admin action, and an
+    admin key given in the same tab shows them."""
     srv, _ = chatting
     with LivePage(srv.url + "/", width=390, height=844, mobile=True) as phone:
         give_key(phone, "not-a-key")  # a wrong key: said so, and asked again
@@ -168,3 +170,12 @@ def test_another_browser_and_a_phone(chatting):
         dark = phone.js("getComputedStyle(document.body).backgroundColor")
         assert (light, dark) == ("rgb(255, 255, 255)", "rgb(15, 20, 25)")
         shot(phone, "phone-dark")
+        # the admin key, given in the same tab: the Models view's admin parts show; an inference key hides them
+        admin_parts = "[...document.querySelectorAll('#view-models .admin')].map((e) => !e.hidden)"
+        phone.js("location.hash = '#/models'")
+        phone.wait("!document.getElementById('view-models').hidden")
+        assert not any(phone.js(admin_parts))
+        for key, shown in ((ADMIN, "true"), (KEYS[0], "false")):
+            phone.js("document.getElementById('keyButton').click()")
+            give_key(phone, key)
+            phone.wait(f"{admin_parts}.every((s) => s === {shown})")

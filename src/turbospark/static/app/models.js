@@ -94,11 +94,16 @@ async function follow() {
   }
 }
 
+/** Whether this tab's key administers: the admin parts shown or hidden. */
+async function access() {
+  admin = await isAdmin();
+  for (const n of document.querySelectorAll("#view-models .admin")) n.hidden = !admin;
+}
+
 export async function mount() {
   if (mounted) return refresh().catch((e) => banner(e.message));
   mounted = true;
-  admin = await isAdmin();
-  for (const n of document.querySelectorAll("#view-models .admin")) n.hidden = !admin;
+  await access();
   const start = () => {
     const name = $("m-name").value.trim();
     if (name) { $("m-name").value = ""; pull(name, () => refresh().catch(() => {})); }
@@ -110,7 +115,11 @@ export async function mount() {
     try { await api("/v1/admin/config/reload", { method: "POST" }); } catch (e) { $("m-note").textContent = e.message; }
     await config(); await refresh();
   });
-  window.addEventListener("turbospark-key", () => refresh().catch(() => {}));
+  window.addEventListener("turbospark-key", async () => {  // (another key: admin or not, again)
+    await access();
+    await refresh().catch(() => {});
+    if (admin) { config(); inFlight().catch(() => {}); }
+  });
   await refresh().catch((e) => banner(e.message));
   if (admin) { config(); inFlight().catch(() => {}); }
   follow();
