@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import orjson
@@ -406,11 +407,14 @@ def test_prose_after_a_call_read_on_speculation_streams(short_hold: float, paral
     call = '{"name": "Bash", "arguments": {"command": "ls"}}'
     prose = ["\nThis ", "lists ", "the ", "files", *([" here"] * 60), "."]
     srv, _, _ = scripted(Script([call[:20], call[20:], *prose], delay=0.05), guardrails=False)  # about 3.3 s
-    with srv:
-        body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH],
-                "parallel_tool_calls": parallel}  # fmt: skip
-        got = stream_chat(srv.url, body, timeout=60)
-        whole = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH],
+            "parallel_tool_calls": parallel}  # fmt: skip
+    # the stream and the whole answer at once (the script sleeps between
+    # pieces, so they do not slow one another): one answer's time
+    with srv, ThreadPoolExecutor(2) as pool:
+        streamed = pool.submit(stream_chat, srv.url, body, timeout=60)
+        plain = pool.submit(httpx.post, srv.url + "/v1/chat/completions", json=body, timeout=60)
+        got, whole = streamed.result(), plain.result().json()["choices"][0]["message"]
     assert got.names == ["Bash"] and json.loads(got.arguments) == {"command": "ls"}, got
     assert got.content == "".join(prose).lstrip("\n") == whole["content"], (got.content, whole)
     assert got.first_content_at is not None and got.first_content_at < got.total - 1, got

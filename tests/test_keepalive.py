@@ -9,6 +9,8 @@ official client reads its answer whole."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import anthropic
 import httpx
 import openai
@@ -38,16 +40,24 @@ def srv(tmp_path_factory):
 def test_anthropic_sdk_reads_a_stream_quiet_for_longer_than_its_timeout(srv: Server):
     timeout = anthropic.Timeout(30.0, read=READ_TIMEOUT)
     client = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0, timeout=timeout)
-    with client.messages.stream(
-        model="scripted", max_tokens=20, messages=[{"role": "user", "content": "hi"}]
-    ) as stream:
-        text = stream.get_final_text()
-    assert text == "".join(ANSWER)
-    with httpx.stream("POST", srv.url + "/v1/messages", timeout=TIMEOUT,
-                      json={"model": "scripted", "max_tokens": 20, "stream": True,
-                            "messages": [{"role": "user", "content": "hi"}]}) as r:  # fmt: skip
-        raw = r.read().decode()
-    names = [line[7:] for line in raw.splitlines() if line.startswith("event: ")]
+
+    def sdk() -> str:
+        with client.messages.stream(
+            model="scripted", max_tokens=20, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            return stream.get_final_text()
+
+    def raw() -> str:
+        with httpx.stream("POST", srv.url + "/v1/messages", timeout=TIMEOUT,
+                          json={"model": "scripted", "max_tokens": 20, "stream": True,
+                                "messages": [{"role": "user", "content": "hi"}]}) as r:  # fmt: skip
+            return r.read().decode()
+
+    # both at once (the script waits between tokens): one answer's time
+    with ThreadPoolExecutor(2) as pool:
+        text, body = pool.submit(sdk), pool.submit(raw)
+    assert text.result() == "".join(ANSWER)
+    names = [line[7:] for line in body.result().splitlines() if line.startswith("event: ")]
     first_text = names.index("content_block_delta")
     # pings while the first token was awaited (the opening sends one of its own)
     assert names[:2] == ["message_start", "ping"] and names[2:first_text].count("ping") >= 3, names
@@ -97,13 +107,21 @@ def test_a_background_stream_and_its_reader_stay_alive(srv: Server):
     client = openai.OpenAI(
         base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=openai.Timeout(30.0, read=READ_TIMEOUT)
     )
-    events = list(client.responses.create(model="scripted", input="hi", stream=True, background=True))
+
+    def follow() -> tuple[int, list[str]]:
+        started = client.responses.create(model="scripted", input="hi", background=True)
+        with httpx.stream("GET", f"{srv.url}/v1/responses/{started.id}", params={"stream": "true"},
+                          timeout=TIMEOUT) as r:  # fmt: skip
+            return r.status_code, [line for line in r.iter_lines() if line]
+
+    # the streamed run and the followed one at once (the script waits
+    # between tokens): one run's time
+    with ThreadPoolExecutor(2) as pool:
+        followed = pool.submit(follow)
+        events = list(client.responses.create(model="scripted", input="hi", stream=True, background=True))
+        status, lines = followed.result()
     assert events[-1].type == "response.completed" and events[-1].response.output_text == "".join(ANSWER)
-    started = client.responses.create(model="scripted", input="hi", background=True)
-    with httpx.stream("GET", f"{srv.url}/v1/responses/{started.id}", params={"stream": "true"},
-                      timeout=TIMEOUT) as r:  # fmt: skip
-        lines = [line for line in r.iter_lines() if line]
-    assert r.status_code == 200 and ": keep-alive" in lines, lines
+    assert status == 200 and ": keep-alive" in lines, lines
     assert any('"response.completed"' in line for line in lines if line.startswith("data: "))
 
 

@@ -22,10 +22,11 @@ CALL_TEXT = 'start: "<tool_call>" "\\n{\\"name\\": \\"ping\\"}\\n" "</tool_call>
 
 
 @pytest.fixture(scope="module")
-def qwen():
-    model = LlamaChatModel(ModelOptions(path=resolve_model("qwen2.5-coder-0.5b")[0], id="q", ctx=1024, parallel=1))
-    yield model
-    model.close()
+def qwen(qwen_server):
+    """The shared Qwen server's own engine model (not a second load of the
+    file): these tests run it directly, one generation at a time."""
+    srv, _ = qwen_server
+    return srv.registry.lookup("qwen").model.engine
 
 
 def run(model, ids, **cfg):

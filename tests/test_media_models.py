@@ -242,8 +242,9 @@ def test_no_mmproj_leaves_a_pulled_models_projector_off(served, tmp_path):
     # the command line: a pulled --model loads with its projector, unless --no-mmproj
     _, (opts,) = serve_args("--model", name, "--models-dir", str(store))
     assert opts.mmproj == str(store / "hf" / EYES / "mmproj-Eyes-f16.gguf")
-    args, (opts,) = serve_args("--model", name, "--models-dir", str(store), "--no-mmproj")
-    assert opts.mmproj is None and args.model_defaults["mmproj"] is None
+    small = ("--ctx", str(SMALL["ctx"]), "--parallel", str(SMALL["parallel"]))  # (a cheap load below)
+    args, (opts,) = serve_args("--model", name, "--models-dir", str(store), "--no-mmproj", *small)
+    assert opts.mmproj is None and args.model_defaults == {**SMALL, "mmproj": None}
 
     # a server with those defaults: its pulled models load without theirs
     quiet = Server(store_dir=str(store), model_defaults=args.model_defaults).start()
@@ -322,6 +323,14 @@ def test_config_sections_take_mmproj_relative_to_the_file(files, tmp_path):
 
 def test_turbospark_serve_with_mmproj_shows_it_and_a_bad_one_stops_the_start(files, tmp_path):
     common = [sys.executable, "-m", "turbospark.cli", "serve", "--port", "0", "--ctx", "512", "--parallel", "1"]
+    # a config section's projector that does not fit: a start-up error naming
+    # the file (started first, so it starts while the good one below runs)
+    config = tmp_path / "turbospark.toml"
+    shutil.copy(files["narrow"], tmp_path / "narrow.gguf")
+    config.write_text(f'[models.misfit]\nmodel = "{SMOL}"\nmmproj = "narrow.gguf"\n')
+    misfit = subprocess.Popen(
+        [*common, "--config", str(config)], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     proc = subprocess.Popen(
         [*common, "--model", SMOL, "--mmproj", str(files["vision"])],
         stderr=subprocess.PIPE,
@@ -338,13 +347,12 @@ def test_turbospark_serve_with_mmproj_shows_it_and_a_bad_one_stops_the_start(fil
     finally:
         proc.terminate()
         proc.wait(60)
-    # a config section's projector that does not fit: a start-up error naming the file
-    config = tmp_path / "turbospark.toml"
-    shutil.copy(files["narrow"], tmp_path / "narrow.gguf")
-    config.write_text(f'[models.misfit]\nmodel = "{SMOL}"\nmmproj = "narrow.gguf"\n')
-    out = subprocess.run([*common, "--config", str(config)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2, out.stderr
-    assert f"the projector {tmp_path / 'narrow.gguf'} does not load" in out.stderr, out.stderr
+        try:
+            _, stderr = misfit.communicate(timeout=300)
+        finally:
+            misfit.kill()  # (ended already, unless it failed to)
+    assert misfit.returncode == 2, stderr
+    assert f"the projector {tmp_path / 'narrow.gguf'} does not load" in stderr, stderr
 
 
 def test_the_server_api_refuses_a_projector_that_does_not_fit(files):

@@ -1020,13 +1020,22 @@ def test_remote_timings_are_sent_to_first_token_and_first_to_last(front, scripte
     its first piece shows it in decode."""
     srv, obs = front
     timings = {}
-    for mode in ("stall", "stall_mid"):
-        scripted_upstream.mode = mode
+
+    def ask(mode: str) -> None:
         raw = oai(srv).chat.completions.with_raw_response.create(model="scripted", messages=MESSAGES)
         assert raw.parse().choices[0].message.content == "Hello there"
         g = gen(obs, raw.headers["x-request-id"])
         timings[mode] = (g["prefillSeconds"], g["decodeSeconds"])
-    scripted_upstream.mode = "ok"
+
+    # both at once (each stalls STALL seconds): the first request sent takes
+    # the first mode, the second is sent once the upstream has it
+    scripted_upstream.queue = ["stall", "stall_mid"]
+    got = len(scripted_upstream.bodies)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(ask, "stall")
+        wait_until(lambda: len(scripted_upstream.bodies) > got, 60, "the first request at the upstream")
+        second = pool.submit(ask, "stall_mid")
+        first.result(), second.result()
     (pre, dec), (pre_mid, dec_mid) = timings["stall"], timings["stall_mid"]
     assert pre >= STALL - 0.2 and dec < STALL / 2, timings
     assert dec_mid >= STALL - 0.2 and pre_mid < STALL / 2, timings

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import orjson
@@ -291,22 +293,11 @@ def test_a_long_call_no_grammar_holds_streams_after_the_hold(short_hold: float):
     hold = short_hold
     pieces, args = _slow_bash_call()
     srv, _, _ = scripted(Script(pieces, delay=0.07))  # about 4.4 s
-    with srv:
-        body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH]}
-        got = stream_chat(srv.url, body, timeout=60)
-        first, total = got.first_call_at, got.total
-        assert got.content == "" and got.names == ["Bash"] and got.finish == "tool_calls"
-        assert json.loads(got.arguments) == args
-        assert first is not None and hold <= first < hold + 1.5 < total - 1, (first, total)
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH]}
+    a_tools = [{"name": "Bash", "input_schema": BASH["function"]["parameters"]}]
+    a_body = {"model": "scripted", "max_tokens": 400, "messages": body["messages"], "tools": a_tools, "stream": True}
 
-        a_tools = [{"name": "Bash", "input_schema": BASH["function"]["parameters"]}]
-        a_body = {
-            "model": "scripted",
-            "max_tokens": 400,
-            "messages": body["messages"],
-            "tools": a_tools,
-            "stream": True,
-        }
+    def anthropic_stream() -> tuple[float | None, float, str, str | None]:
         start, first, partial, stop = time.monotonic(), None, "", None
         with httpx.stream("POST", srv.url + "/v1/messages", json=a_body, timeout=60) as s:
             for line in s.iter_lines():
@@ -319,11 +310,27 @@ def test_a_long_call_no_grammar_holds_streams_after_the_hold(short_hold: float):
                         partial += e["delta"]["partial_json"]
                     elif e["type"] == "message_delta":
                         stop = e["delta"]["stop_reason"]
-        assert json.loads(partial) == args and stop == "tool_use"
-        assert first is not None and first < time.monotonic() - start - 1
+        return first, time.monotonic() - start, partial, stop
 
-        whole = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
-        assert [json.loads(c["function"]["arguments"]) for c in whole["tool_calls"]] == [args]
+    def whole() -> dict:
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+        return r.json()["choices"][0]["message"]
+
+    # the three requests at once (the script sleeps between pieces, so they
+    # do not slow one another): one call's time instead of three
+    with srv, ThreadPoolExecutor(3) as pool:
+        streamed = pool.submit(stream_chat, srv.url, body, timeout=60)
+        anthropic, plain = pool.submit(anthropic_stream), pool.submit(whole)
+        got, (a_first, a_total, partial, stop), message = streamed.result(), anthropic.result(), plain.result()
+    first, total = got.first_call_at, got.total
+    assert got.content == "" and got.names == ["Bash"] and got.finish == "tool_calls"
+    assert json.loads(got.arguments) == args
+    assert first is not None and hold <= first < hold + 1.5 < total - 1, (first, total)
+
+    assert json.loads(partial) == args and stop == "tool_use"
+    assert a_first is not None and a_first < a_total - 1
+
+    assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [args]
 
 
 def test_json_after_text_is_not_held_back_for_long():
@@ -370,15 +377,21 @@ def test_calls_and_text_after_a_call_read_on_speculation_are_kept(short_hold: fl
         "\nDone.",
     ]
     srv, _, _ = scripted(Script(pieces, delay=0.05))  # about 3.3 s
-    with srv:
-        for parallel, expected in ((True, ["echo hi; " * 80 + "true", "ls"]), (False, ["echo hi; " * 80 + "true"])):
-            body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH],
-                    "stream": True, "parallel_tool_calls": parallel}  # fmt: skip
-            got = stream_chat(srv.url, body, timeout=60)
-            assert [json.loads(got.calls[i])["command"] for i in sorted(got.calls)] == expected, parallel
-            assert got.content.strip() == "Done.", got.content  # the key after the arguments is no text
-            first = got.first_call_at
-            assert first is not None and first < got.total - 1  # the first call streamed
+    cases = ((True, ["echo hi; " * 80 + "true", "ls"]), (False, ["echo hi; " * 80 + "true"]))
+
+    def run(parallel: bool) -> Any:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "run"}], "tools": [BASH],
+                "stream": True, "parallel_tool_calls": parallel}  # fmt: skip
+        return stream_chat(srv.url, body, timeout=60)
+
+    # both at once (the script sleeps between pieces): one stream's time
+    with srv, ThreadPoolExecutor(len(cases)) as pool:
+        streams = list(pool.map(run, [parallel for parallel, _ in cases]))
+    for (parallel, expected), got in zip(cases, streams):
+        assert [json.loads(got.calls[i])["command"] for i in sorted(got.calls)] == expected, parallel
+        assert got.content.strip() == "Done.", got.content  # the key after the arguments is no text
+        first = got.first_call_at
+        assert first is not None and first < got.total - 1  # the first call streamed
 
 
 def test_the_speculative_reader_leaves_what_follows_its_calls():

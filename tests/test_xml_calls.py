@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import orjson
@@ -151,14 +152,11 @@ def test_a_grammar_held_xml_call_streams_from_its_start():
     goes out when its block opens and its content as it is written, in
     OpenAI's and Anthropic's frames; a non-streamed answer has the same call."""
     srv, _ = xml_server(slow(CALL), grammar=True)
-    with srv:
-        got = stream_openai(srv.url, [WRITE])
-        assert got.names == ["write_file"] and json.loads(got.arguments) == ARGS and got.finish == "tool_calls"
-        assert got.first_call_at is not None and got.first_call_at < got.total / 4, (got.first_call_at, got.total)
+    a_tool = {"name": "write_file", "input_schema": WRITE["function"]["parameters"]}
+    body = {"model": "scripted", "max_tokens": 900, "messages": [{"role": "user", "content": "write"}],
+            "tools": [a_tool], "stream": True}  # fmt: skip
 
-        a_tool = {"name": "write_file", "input_schema": WRITE["function"]["parameters"]}
-        body = {"model": "scripted", "max_tokens": 900, "messages": [{"role": "user", "content": "write"}],
-                "tools": [a_tool], "stream": True}  # fmt: skip
+    def anthropic_stream() -> tuple[float | None, float, str, int]:
         start, opened, partial, deltas = time.monotonic(), None, "", 0
         with httpx.stream("POST", srv.url + "/v1/messages", json=body, timeout=60) as s:
             for line in s.iter_lines():
@@ -169,16 +167,25 @@ def test_a_grammar_held_xml_call_streams_from_its_start():
                     elif e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta":
                         partial += e["delta"]["partial_json"]
                         deltas += 1
-        total = time.monotonic() - start
-        assert json.loads(partial) == ARGS and deltas > 20
-        assert opened is not None and opened < total / 4, (opened, total)
+        return opened, time.monotonic() - start, partial, deltas
 
-        r = httpx.post(
-            srv.url + "/v1/chat/completions",
-            json={"model": "scripted", "messages": [{"role": "user", "content": "write"}], "tools": [WRITE]},
-            timeout=60,
-        ).json()
-        assert [json.loads(c["function"]["arguments"]) for c in r["choices"][0]["message"]["tool_calls"]] == [ARGS]
+    def whole() -> dict:
+        chat = {"model": "scripted", "messages": [{"role": "user", "content": "write"}], "tools": [WRITE]}
+        return httpx.post(srv.url + "/v1/chat/completions", json=chat, timeout=60).json()
+
+    # the three requests at once (the script sleeps between pieces, so they
+    # do not slow one another): one call's time instead of three
+    with srv, ThreadPoolExecutor(3) as pool:
+        streamed = pool.submit(stream_openai, srv.url, [WRITE])
+        anthropic, plain = pool.submit(anthropic_stream), pool.submit(whole)
+        got, (opened, total, partial, deltas), r = streamed.result(), anthropic.result(), plain.result()
+    assert got.names == ["write_file"] and json.loads(got.arguments) == ARGS and got.finish == "tool_calls"
+    assert got.first_call_at is not None and got.first_call_at < got.total / 4, (got.first_call_at, got.total)
+
+    assert json.loads(partial) == ARGS and deltas > 20
+    assert opened is not None and opened < total / 4, (opened, total)
+
+    assert [json.loads(c["function"]["arguments"]) for c in r["choices"][0]["message"]["tool_calls"]] == [ARGS]
 
 
 def test_an_xml_call_no_grammar_holds_streams_after_the_hold(monkeypatch):
