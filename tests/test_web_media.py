@@ -246,6 +246,14 @@ def test_the_config_files_presets_and_its_reloads(served, page: LivePage):
     (config.parent / "junk.gguf").write_bytes(b"this is not a GGUF file")
     text = reload_from_the_page(page, config, EDITED + '\n[models.junk]\nmodel = "junk.gguf"\n', "junk failed")
     assert "ok; junk failed to load: " in text, text
+    # a [server] setting changed (turbospark serve's file; Server.from_config refuses [server], so the
+    # view's line is read from the view's own function): the reload is ok, and says it applies at a restart
+    said = page.js(
+        "import('/app/models.js').then((m) => m.lastReload({trigger: 'SIGHUP', at: 0, ok: true, added: [],"
+        " removed: [], reloaded: [], failed: {}, restart_needed: ['max_body', 'port']}))",
+        wait=True,
+    )
+    assert said.endswith("ok; [server] max_body, port changed: applies at a restart"), said
     assert not page.errors(), page.errors()
 
 

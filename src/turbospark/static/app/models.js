@@ -56,12 +56,13 @@ export async function refresh() {
 
 /** What the last reload did, in a line: ``added``, ``removed`` and ``reloaded`` are lists of
  *  ids, ``failed`` maps an id to why it could not be loaded. */
-function lastReload(last) {
+export function lastReload(last) {
   if (!last) return "not reloaded since the start";
   const parts = [`last reload (${last.trigger}, ${new Date(last.at * 1000).toLocaleString()}): ` +
     (last.ok ? "ok" : "failed: " + last.error)];
   for (const k of ["added", "removed", "reloaded"]) if (last[k]?.length) parts.push(`${k}: ${last[k].join(", ")}`);
   for (const [id, why] of Object.entries(last.failed || {})) parts.push(`${id} failed to load: ${why}`);
+  if (last.restart_needed?.length) parts.push(`[server] ${last.restart_needed.join(", ")} changed: applies at a restart`);
   return parts.join("; ");
 }
 
