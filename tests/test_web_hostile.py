@@ -19,7 +19,7 @@ from turbospark import ListObserver, Server
 
 from .chromium import LivePage
 from .fakes import Script, ScriptedModel
-from .web_support import CHAT, answer_js, foreign, idle, send, shot
+from .web_support import CHAT, answer_js, escape, foreign, idle, send, shot
 
 HOSTILE = [
     "Look: <img src=x onerror=\"window.pwned='img'\"> and <script>window.pwned='script'</script> ",
@@ -36,6 +36,8 @@ SCRIPTS = [
     Script(["Regenerated ", "answer."]),
     Script(["Branch ", "answer."]),
     Script(["Later ", "answer."]),
+    *[Script(["Never ", "shown."], delay=0.5)] * 2,  # several answers, stopped before their first piece
+    *[Script(["Cut ", "one ", "two ", "three ", "four ", "five."], delay=0.3)] * 2,  # ... and after it
     Script(["<think>", "The user wants ", "a short ", "answer.", "</think>", "\n\nShort", " answer."]),
 ]
 
@@ -152,6 +154,32 @@ def test_several_answers_regenerate_and_a_branch(scripted_page):
     assert page.js("[...document.querySelectorAll('#c-list li')].map((li) => li.dataset.id)") == [cid, branch]
 
 
+def test_several_answers_stopped(scripted_page):
+    """Stopped before any text: only the question is kept (no empty answer
+    for later turns to read); stopped after some: every answer the stop cut
+    is kept as cut, not only the one shown."""
+    srv, page = scripted_page
+    page.js("document.getElementById('c-new').click()")
+    page.wait(f"{CHAT}.cid === null && {CHAT}.entries.length === 0")
+    page.js("document.getElementById('c-n').value = '2'")
+    try:
+        send(page, "Two, but stop at once.")
+        page.wait(f"{CHAT}.busy !== null && {CHAT}.cid !== null")
+        escape(page)
+        idle(page)
+        cid = page.js(f"{CHAT}.cid")
+        assert texts(srv, cid) == [("user", "Two, but stop at once.")]
+        send(page, "Two, stop after a word.")
+        page.wait(f"{answer_js()}.alts.every((a) => a.text.length > 0)")
+        escape(page)
+        idle(page)
+        last = httpx.get(f"{srv.url}/v1/conversations/{cid}/items?order=desc&limit=1", timeout=10).json()["data"][0]
+        assert [a["status"] for a in last["alternatives"]] == ["incomplete", "incomplete"], last
+        assert all(a["content"][0]["text"].startswith("Cut ") for a in last["alternatives"]), last
+    finally:
+        page.js("document.getElementById('c-n').value = '1'")
+
+
 def test_reasoning_streams_folded_and_comes_back_after_a_reload(scripted_page):
     """A model that thinks: its reasoning streams into a folded box, apart
     from the answer, and is kept with the turn (a reload shows it again)."""
@@ -173,6 +201,43 @@ def test_reasoning_streams_folded_and_comes_back_after_a_reload(scripted_page):
     page.wait(f"{CHAT}.cid === '{cid}' && {CHAT}.entries.length === 2")
     assert page.js(f"{box}.lastChild.textContent") == "The user wants a short answer."
     assert page.js(f"{box}.open") is False and page.js(f"{answer_js()}.body.textContent").strip() == "Short answer."
+
+
+def test_items_posted_with_odd_fields_still_open(scripted_page):
+    """A conversation's items hold what any client of the key posted: odd
+    ``timings`` and ``alternatives`` open as well as they can (no script
+    error, the conversation opened), and an answer with no numbers shows
+    none, not those of the answer shown before it."""
+    srv, page = scripted_page
+    good = {"cache_n": 0, "prompt_n": 10, "prompt_ms": 20, "predicted_n": 4, "predicted_ms": 40, "queue_ms": 1}
+    items = [
+        {"type": "message", "role": "user", "content": "Odd numbers?"},
+        {"type": "message", "role": "assistant", "content": "Odd.", "timings": {"prompt_ms": "5", "predicted_n": "x"}},
+        {"type": "message", "role": "user", "content": "Odd answers?"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": "Alt two",
+            "chosen": 1,
+            "alternatives": [
+                None,
+                {"content": 5},
+                {"content": [{"type": "output_text", "text": "Alt two"}], "timings": {**good, "request_id": 7}},
+                {"content": "Alt three"},
+            ],
+        },
+    ]
+    made = httpx.post(srv.url + "/v1/conversations", json={"items": items}, timeout=10).json()["id"]
+    page.js(f"location.hash = '#/chat/{made}'")
+    page.wait(f"{CHAT}.cid === '{made}' && {CHAT}.entries.length === 4")
+    assert page.js(f"{answer_js(1)}.body.textContent").strip() == "Odd."
+    assert page.js(f"{answer_js()}.arrows.textContent") == "‹2 / 3›"
+    assert page.js(f"{answer_js()}.body.textContent").strip() == "Alt two"
+    assert page.js(f"{answer_js()}.stats.textContent") == "4 tokens · 100.0 tok/s · first token 21 ms · request 7"
+    page.js(f"{answer_js()}.arrows.querySelector('[aria-label=\"Next answer\"]').click()")
+    assert page.js(f"{answer_js()}.body.textContent").strip() == "Alt three"
+    assert page.js(f"{answer_js()}.stats.textContent") == ""
+    assert not page.errors(), page.errors()
 
 
 def test_a_long_conversation_opens_and_scrolls(scripted_page):

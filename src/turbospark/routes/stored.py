@@ -73,7 +73,7 @@ def conversation_items(value: str | list[Any]) -> list[dict[str, Any]]:
 
 def figures(final: Final, request_id: int | None) -> dict[str, Any]:
     """The engine's numbers for a turn's answer, kept with its last item in
-    a conversation (this server's extension ``timings``, docs/RESPONSES.md):
+    a conversation (this server's extension ``timings``, docs/SERVING.md, Conversations):
     llama.cpp's ``timings`` object, the engine's queue wait (``queue_ms``),
     why its run ended (``stop_reason``, the ``generated`` event's) and the
     request's id (its ``x-request-id``)."""

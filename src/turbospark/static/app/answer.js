@@ -16,6 +16,18 @@ export function userMessage(item, actions) {
 
 const blank = () => ({ text: "", reasoning: "", calls: [], end: null, timings: null });
 
+const num = (x) => (Number.isFinite(Number(x)) ? Number(x) : 0);
+
+/** The numbers kept with an answer, as numbers (an item holds what was posted: anything), or null. */
+function keptTimings(t) {
+  if (!t || typeof t !== "object") return null;
+  const out = {};
+  for (const k of ["cache_n", "prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "queue_ms"]) out[k] = num(t[k]);
+  out.request_id = Number.isInteger(t.request_id) ? t.request_id : null;
+  out.stop_reason = typeof t.stop_reason === "string" ? t.stop_reason : null;
+  return out;
+}
+
 /** A request's record (/v1/stats) from the engine's numbers a conversation keeps with an answer. */
 export function fromTimings(t) {
   return { generations: 1, newTokens: t.predicted_n, promptTokens: t.cache_n + t.prompt_n, reusedTokens: t.cache_n,
@@ -57,11 +69,12 @@ export class Answer {
       else if (item.type === "function_call_output") alt.calls.push({ name: "→ output", args: String(item.output ?? "") });
     }
     if (items.some((i) => i.status === "incomplete")) alt.end = "incomplete";
-    alt.timings = [...items].reverse().find((i) => i.timings)?.timings || null;
-    const several = items.find((i) => Array.isArray(i.alternatives) && i.alternatives.length > 1);
+    alt.timings = keptTimings([...items].reverse().find((i) => i.timings)?.timings);
+    const objects = (i) => (Array.isArray(i.alternatives) ? i.alternatives.filter((x) => x && typeof x === "object") : []);
+    const several = items.find((i) => objects(i).length > 1);
     if (several) {
-      a.alts = several.alternatives.map((x) => ({ ...blank(), text: textOf(x), timings: x.timings || null,
-                                                  end: x.status === "incomplete" ? "incomplete" : null }));
+      a.alts = objects(several).map((x) => ({ ...blank(), text: textOf(x), timings: keptTimings(x.timings),
+                                              end: x.status === "incomplete" ? "incomplete" : null }));
       a.shown = Math.min(Math.max(0, Number(several.chosen) || 0), a.alts.length - 1);
       a.arrows.hidden = false;
     }
@@ -103,7 +116,7 @@ export class Answer {
         el("span", { class: "which", text: `${this.shown + 1} / ${this.alts.length}` }),
         el("button", { type: "button", "aria-label": "Next answer", text: "›", onclick: () => this.pick(this.shown + 1) }));
     }
-    if (this.rec || this.alt(this.shown).timings) this.drawStats();
+    this.drawStats();  // (an answer with no numbers shows none: not those of the one shown before)
   }
 
   pick(i) {

@@ -41,6 +41,8 @@ async function target(text, run) {
 }
 
 export async function send(s, text, images) {
+  const prev = ui.state.entries[ui.state.entries.length - 1];
+  if (prev?.saving) await prev.saving;  // (a pick of the last answer still being kept: this turn follows it)
   const run = { controller: new AbortController(), stopped: false };
   busy(run);
   try {
@@ -74,7 +76,8 @@ async function turn(s, run, userItem, before, said) {
     if (e.name !== "AbortError") answer.fail(e.message);
   }
   answer.streaming(false);
-  if (run.stopped) answer.end("stopped", answer.shown);
+  if (run.stopped)  // (every answer the stop cut, not only the one shown)
+    answer.alts.forEach((a, i) => { if (!a.end && (i === answer.shown || !a.timings)) answer.end("stopped", i); });
   const rec = answer.requestId ? await record(answer.requestId) : null;
   for (const a of answer.alts.length > 1 ? answer.alts : [])  // (each choice's own; the queue is the request's)
     if (a.timings) Object.assign(a.timings, { queue_ms: rec?.queuedMs ?? 0, request_id: answer.requestId });
@@ -96,9 +99,11 @@ async function unsent(userItem, e, made) {
     try {
       await remove(made);
       list.drop(made);
-      ui.state.cid = null;
-      ui.setTitle("");
-      history.replaceState(null, "", "#/chat");
+      if (ui.state.cid === made) {  // (not one the person opened meanwhile)
+        ui.state.cid = null;
+        ui.setTitle("");
+        history.replaceState(null, "", "#/chat");
+      }
     } catch { /* (kept, then: it is in the list) */ }
   }
   banner("Not sent: " + e.message);  // (after the calls above: a call that works clears the banner)
@@ -109,7 +114,10 @@ async function keep(cid, userItem, answer, rec) {
   const tail = await api("/v1/conversations/" + encodeURIComponent(cid) + "/items?order=desc&limit=20");
   const at = tail.data.findIndex((i) => i.id === userItem.id);
   if (at >= 0) return tail.data.slice(0, at).reverse();
-  if (answer.alts.length > 1) return (await append(cid, [userItem, chosen(answer.alts.map(kept), answer.shown)])).slice(1);
+  if (answer.alts.length > 1) {  // (stopped before any text: the question alone, as for one answer)
+    const said = answer.alts.some((a) => a.text) ? [chosen(answer.alts.map(kept), answer.shown)] : [];
+    return (await append(cid, [userItem, ...said])).slice(1);
+  }
   const a = kept(answer.alt(answer.shown));
   const timings = toTimings(rec, answer.requestId);
   const reply = textOf(a) ? [{ type: "message", role: "assistant", ...a, ...(timings ? { timings } : {}) }] : [];
@@ -133,9 +141,10 @@ export function choose(cid, said, i) {
 }
 
 async function pick(cid, said, i) {
-  const entries = ui.state.entries;
-  if (ui.state.busy || entries[entries.length - 1] !== said) return;
+  const last = () => !ui.state.busy && ui.state.entries[ui.state.entries.length - 1] === said;
+  if (!last()) return;
   await said.saving;
+  if (!last()) return;  // (a new turn began while the pick before this one was saved)
   const all = said.items.find((x) => Array.isArray(x.alternatives))?.alternatives || said.answer.alts.map(kept);
   await removeItems(cid, said.items);
   said.items = await append(cid, [chosen(all, i)]);

@@ -56,7 +56,9 @@ export function entriesOf(items) {
   return out;
 }
 
-const parts = (item) => (typeof item.content === "string" ? [{ type: "text", text: item.content }] : item.content || []);
+// (an item is whatever was posted to the conversation: any part may be missing or of another type)
+const parts = (item) => (typeof item?.content === "string" ? [{ type: "text", text: item.content }]
+  : Array.isArray(item?.content) ? item.content.filter((p) => p && typeof p === "object") : []);
 export const textOf = (item) => parts(item).filter((p) => typeof p.text === "string").map((p) => p.text).join("");
 export const imagesOf = (item) =>
   parts(item).filter((p) => p.type === "input_image").map((p) => (typeof p.image_url === "string" ? p.image_url : p.image_url?.url));
