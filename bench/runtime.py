@@ -36,7 +36,12 @@ STORY = "Write a long story about a lighthouse keeper and a storm."
 
 
 def peer_binary() -> tuple[str, dict[str, str]]:
-    """Build llama-server once (``bench/peer.sh``), and its environment."""
+    """Build llama-server once (``bench/peer.sh``), and its environment;
+    ``LLAMA_SERVER``: another build to use (``bench/peer-same.sh``'s, from
+    the llama.cpp our llama-cpp-python vendors)."""
+    other = os.environ.get("LLAMA_SERVER")
+    if other:
+        return other, dict(os.environ)
     path = subprocess.run(
         [os.path.join(ROOT, "bench", "peer.sh")], capture_output=True, text=True, check=True
     ).stdout.strip()
