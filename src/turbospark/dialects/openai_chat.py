@@ -570,15 +570,7 @@ class ChatRenderer:
             return out
         if self.include_usage:
             finals = sorted(self._finals, key=lambda f: f.choice)
-            chunk = {
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "system_fingerprint": "turbospark",
-                "choices": [],
-                "usage": usage(*finals),
-            }
+            chunk = {**self._chunk({}), "choices": [], "usage": usage(*finals)}
             if self.per_token:
                 chunk["timings"] = timings(finals[0])
             out += sse_data(chunk)
