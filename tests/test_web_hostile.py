@@ -36,8 +36,10 @@ SCRIPTS = [
     Script(["Regenerated ", "answer."]),
     Script(["Branch ", "answer."]),
     Script(["Later ", "answer."]),
-    *[Script(["Never ", "shown."], delay=0.5)] * 2,  # several answers, stopped before their first piece
-    *[Script(["Cut ", "one ", "two ", "three ", "four ", "five."], delay=0.3)] * 2,  # ... and after it
+    # several answers, stopped before their first piece, and after it (pieces slow and many enough that a
+    # loaded machine's Esc still comes first: a stopped run ends at its next piece)
+    *[Script(["Never ", "shown."], delay=2.0)] * 2,
+    *[Script(["Cut "] + ["on "] * 40 + ["end."], delay=0.3)] * 2,
     Script(["<think>", "The user wants ", "a short ", "answer.", "</think>", "\n\nShort", " answer."]),
 ]
 
