@@ -75,8 +75,13 @@ def page_route(method: str, path: str, headers: Mapping[str, str]) -> bool:
     if method not in ("GET", "HEAD"):
         return False
     if path == "/":
-        return "text/html" in headers.get("accept", "").lower()
+        return wants_page(headers.get("accept", ""))
     return path == "/dashboard" or path.startswith("/app/")
+
+
+def wants_page(accept: str) -> bool:
+    """A browser's navigation: it accepts ``text/html`` (curl and the SDKs send ``*/*``)."""
+    return "text/html" in accept.lower()
 
 
 def is_admin_route(path: str) -> bool:

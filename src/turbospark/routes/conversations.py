@@ -21,7 +21,7 @@ from ..dialects import openai_responses as oa
 from ..dialects.common import BadRequest
 from ..state.conversations import Conversation, ConversationStore
 from .common import JSONResponse, read_body, state_of
-from .responses import list_page
+from .responses import list_page, page_limit
 from .stored import conversation_items, resolved, tenant_of
 
 #: the most items one request may add, as OpenAI
@@ -117,13 +117,6 @@ async def conversation(request: Request) -> Conversation:
     return found
 
 
-def _limit(request: Request) -> int:
-    raw = request.query_params.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= 100:
-        raise BadRequest("'limit' must be an integer from 1 to 100", "limit")
-    return int(raw)
-
-
 async def list_conversations(request: Request) -> Response:
     """This server's extension (OpenAI's API lists no conversations): the
     caller's conversations, the last used (an item added) first, ``after``
@@ -133,7 +126,7 @@ async def list_conversations(request: Request) -> Response:
     if q.get("order", "desc") != "desc":
         raise BadRequest("'order' must be 'desc': conversations are listed the last used first", "order")
     after, search = q.get("after") or None, q.get("search") or None
-    listed = await store_of(request).listing(tenant_of(request), _limit(request), after, search)
+    listed = await store_of(request).listing(tenant_of(request), page_limit(request), after, search)
     if listed is None:
         raise BadRequest(f"no conversation with id '{after}' in this list", "after", status=404, code="not_found")
     found, more = listed

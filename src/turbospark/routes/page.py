@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from ..access.auth import wants_page
 from .ollama import root as ollama_root
 
 #: The page may load nothing but itself and this server's data.
@@ -42,9 +43,10 @@ TYPES = {
 _NAME = re.compile(r"^(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)*[A-Za-z0-9_-][A-Za-z0-9._-]*$")
 
 
-def wants_page(accept: str) -> bool:
-    """A browser's navigation: it accepts ``text/html`` (curl and the SDKs send ``*/*``)."""
-    return "text/html" in accept.lower()
+@lru_cache(maxsize=64)
+def _etag(name: str) -> str:
+    """An existing asset's ETag (a hash of its bytes, once per file)."""
+    return '"' + hashlib.sha256(asset(name) or b"").hexdigest()[:20] + '"'
 
 
 @lru_cache(maxsize=64)
@@ -77,7 +79,7 @@ async def app_file(request: Request) -> Response:
     body = asset("app/" + name) if kind is not None and _NAME.match(name) else None
     if body is None:
         return Response("not found", status_code=404, media_type="text/plain", headers=HEADERS)
-    etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+    etag = _etag("app/" + name)
     headers = {**HEADERS, "ETag": etag, "Cache-Control": "no-cache"}
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)

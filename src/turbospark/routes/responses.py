@@ -99,6 +99,14 @@ async def delete(request: Request) -> Response:
     return JSONResponse({"id": found.id, "object": "response", "deleted": True})
 
 
+def page_limit(request: Request) -> int:
+    """A list page's ``limit``: 1 to 100, 20 when not given."""
+    raw = request.query_params.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise BadRequest("'limit' must be an integer from 1 to 100", "limit")
+    return int(raw)
+
+
 def list_page(items: list[dict[str, Any]], request: Request) -> dict[str, Any]:
     """OpenAI's list page: ``order`` (asc | desc, default desc), ``after``
     (an item id), ``limit`` (1 to 100, default 20)."""
@@ -106,12 +114,7 @@ def list_page(items: list[dict[str, Any]], request: Request) -> dict[str, Any]:
     order = q.get("order", "desc")
     if order not in ("asc", "desc"):
         raise BadRequest("'order' must be 'asc' or 'desc'", "order")
-    try:
-        limit = int(q.get("limit", "20"))
-    except ValueError:
-        raise BadRequest("'limit' must be an integer from 1 to 100", "limit") from None
-    if not 1 <= limit <= 100:
-        raise BadRequest("'limit' must be an integer from 1 to 100", "limit")
+    limit = page_limit(request)
     ordered = items if order == "asc" else list(reversed(items))
     after = q.get("after")
     if after is not None:
