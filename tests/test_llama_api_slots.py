@@ -123,6 +123,16 @@ def test_a_busy_named_slot_is_waited_for_while_others_go_on(served):
         assert started.wait(60)
         assert '"id_slot":0' in str(seen["first"]).replace(" ", "")  # streamed chunks say it too
         pinned.start()
+
+        def deferred() -> bool:  # (the pinned request waits for its slot before the free one is sent)
+            metrics = httpx.get(srv.url + "/metrics", timeout=10).text
+            return any(
+                line.split()[-1] == "1"
+                for line in metrics.splitlines()
+                if "requests_deferred" in line and line[0] != "#"
+            )
+
+        wait_until(deferred, timeout=60, what="the request naming the busy slot to wait for it")
         free = complete(srv, GERMANY, n_predict=2)
         assert free["id_slot"] == 1
         assert pinned.is_alive() and slot(srv, 0)["is_processing"] is True
