@@ -40,6 +40,8 @@ def hubs(tmp_path_factory):
     hf, reg = FakeHub().start(), FakeRegistry().start()
     hf.add_file(ONE, FILE, gguf)
     hf.add_file("hold-org/Two-GGUF", FILE, gguf)
+    for name in ("share-a", "share-b"):  # (two names, one blob)
+        reg.add_model(name, "latest", gguf)
     for repo in ("Mirror", "Bare", "Whole", "Broken", "Planted", "Half", "Watch", "Huge", "Stale"):
         hf.add_file(f"hold-org/{repo}-GGUF", M, gguf)
     hf.add_file("hold-org/Broken-GGUF", M, BROKEN)
@@ -127,6 +129,40 @@ def test_two_names_for_one_file_fetch_it_once(served, hubs):
     assert f"{ONE}:Q4_1" in tags(srv)
     assert not [p for p in (store / ".partial").iterdir() if p.suffix == ".part"]
     chat(srv, f"{ONE}:Q4_1")
+
+
+def test_cancelling_a_pull_that_follows_a_download_leaves_the_download(served, hubs):
+    """Two names of one blob: the second pull waits for the first's
+    download and is cancelled; it ends cancelled, and the download it
+    followed goes on to its end (the cancel had ended both)."""
+    srv, _, _ = served
+    _, reg = hubs
+    blob = "sha256:" + file_sha256(bundled())
+    hold = reg.hold(blob)
+    results: dict[str, httpx.Response] = {}
+
+    def one(name: str) -> None:
+        results[name] = pull(srv, name)
+
+    threads = [threading.Thread(target=one, args=(name,)) for name in ("share-a", "share-b")]
+    threads[0].start()
+    try:
+        assert hold.arrived.wait(60)
+        threads[1].start()
+        waiting = wait_until(
+            lambda: [p["model"] for p in pulls(srv) if p["state"] == "waiting"], what="the second pull follows"
+        )
+        assert "share-b" in waiting[0], waiting
+        r = httpx.delete(f"{srv.url}/v1/admin/pulls/{waiting[0]}", timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        hold.release()
+        for t in threads:
+            t.join(300)
+    assert results["share-a"].status_code == 200, results["share-a"].text
+    assert results["share-b"].status_code != 200 and "cancelled" in results["share-b"].text, results["share-b"].text
+    assert reg.bytes_sent(blob) == os.path.getsize(bundled())
+    assert "share-a" in tags(srv) and "share-b" not in tags(srv)
 
 
 def test_two_processes_fetch_one_file_once(hubs, tmp_path):

@@ -172,7 +172,11 @@ class Files:
                 try:
                     getattr(follower, which)(n)
                 except FetchError:
-                    raise
+                    if self.closed.is_set():
+                        raise  # (a shutdown stops every pull)
+                    with self._lock:  # (that pull was cancelled: it stops following; the download goes on)
+                        if follower in job.followers:
+                            job.followers.remove(follower)
                 except Exception:  # a follower's trouble spoils no download
                     log.debug("a pull following a download raised", exc_info=True)
 
